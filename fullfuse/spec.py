@@ -1,0 +1,103 @@
+"""What a matched region computes: the static description every path (fused, fallback, torch) works from.
+
+Shapes of the activations (batch, spatial extent) are run-time values and are NOT part of a spec; everything in
+a spec is fixed by the model's modules (channels, kernel, stride, ...).  Compile-time choices of a kernel
+(activation, pooling kind, dtype, precision) are selected at launch from the codes in ``fullfuse.codes``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from .codes import ACTIVATIONS, POOLS, REDUCTIONS
+
+IntTuple = Tuple[int, ...]
+
+
+def _check_choice(kind: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"fullfuse: unknown {kind} {value!r}; expected one of {sorted(allowed)}")
+
+
+@dataclass(frozen=True)
+class ConvActPoolSpec:
+    """Family A: ConvNd (N=2 or 3) -> activation -> global pool over all spatial dims.
+
+    Output: (N, C_out) or, with keepdim, (N, C_out, 1, ..., 1) exactly as the matched pool node returns it.
+    """
+
+    dims: int                      # spatial rank: 2 (Conv2d) or 3 (Conv3d)
+    in_channels: int
+    out_channels: int
+    kernel_size: IntTuple
+    stride: IntTuple
+    padding: IntTuple
+    dilation: IntTuple
+    has_bias: bool
+    activation: str = "gelu_erf"   # key of codes.ACTIVATIONS
+    pool: str = "mean"             # key of codes.POOLS
+    keepdim: bool = True           # adaptive pools keep the 1x1 dims; mean/amax(dim=...) may not
+    groups: int = 1
+    padding_mode: str = "zeros"
+
+    family = "A"
+
+    def __post_init__(self):
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("pool", self.pool, POOLS)
+        for name in ("kernel_size", "stride", "padding", "dilation"):
+            if len(getattr(self, name)) != self.dims:
+                raise ValueError(f"fullfuse: {name} must have {self.dims} entries, got {getattr(self, name)}")
+
+    def output_spatial(self, in_spatial: IntTuple) -> IntTuple:
+        """Spatial extent of the convolution output for an input of spatial extent ``in_spatial``."""
+        return tuple(
+            (i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, s, p, d in zip(in_spatial, self.kernel_size, self.stride, self.padding, self.dilation)
+        )
+
+
+@dataclass(frozen=True)
+class ConvTPoolReduceSpec:
+    """Family B: ConvTransposeNd (N=2 or 3) -> optional activation -> chain of non-overlapping max pools
+    (composed into one window) -> reduction over the channel dim (dim 1).
+
+    Output: (N, 1, *pooled) with keepdim, else (N, *pooled).
+    """
+
+    dims: int                      # spatial rank: 3 (ConvTranspose3d) or 2 (ConvTranspose2d)
+    in_channels: int
+    out_channels: int
+    kernel_size: IntTuple
+    stride: IntTuple
+    padding: IntTuple
+    output_padding: IntTuple
+    dilation: IntTuple
+    has_bias: bool
+    window: IntTuple               # composed max-pool window (kernel == stride, per dim)
+    activation: str = "none"       # applied between the conv and the pools
+    reduction: str = "sum"         # key of codes.REDUCTIONS
+    keepdim: bool = True
+    groups: int = 1
+    padding_mode: str = "zeros"
+
+    family = "B"
+
+    def __post_init__(self):
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("reduction", self.reduction, REDUCTIONS)
+        for name in ("kernel_size", "stride", "padding", "output_padding", "dilation", "window"):
+            if len(getattr(self, name)) != self.dims:
+                raise ValueError(f"fullfuse: {name} must have {self.dims} entries, got {getattr(self, name)}")
+
+    def conv_output_spatial(self, in_spatial: IntTuple) -> IntTuple:
+        return tuple(
+            (i - 1) * s - 2 * p + d * (k - 1) + op + 1
+            for i, k, s, p, op, d in zip(
+                in_spatial, self.kernel_size, self.stride, self.padding, self.output_padding, self.dilation
+            )
+        )
+
+    def pooled_spatial(self, in_spatial: IntTuple) -> IntTuple:
+        """floor(conv_out / window) per dim: a chain of pools with kernel == stride composes to this."""
+        return tuple(o // w for o, w in zip(self.conv_output_spatial(in_spatial), self.window))
