@@ -1,0 +1,17 @@
+"""Exceptions raised by fullfuse."""
+
+
+class FullfuseError(Exception):
+    """Base class of every fullfuse error."""
+
+
+class UnsupportedError(FullfuseError):
+    """The requested path cannot serve this region or input; the message says why."""
+
+
+class TraceError(FullfuseError, RuntimeError):
+    """torch.fx could not trace the model."""
+
+
+class BuildError(FullfuseError, RuntimeError):
+    """A kernel failed to compile or load."""
