@@ -13,5 +13,4 @@ class TraceError(FullfuseError, RuntimeError):
     """torch.fx could not trace the model."""
 
 
-class BuildError(FullfuseError, RuntimeError):
-    """A kernel failed to compile or load."""
+from cutlass_ops.build import BuildError  # noqa: E402  (a kernel failed to compile or load)

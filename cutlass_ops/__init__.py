@@ -1,0 +1,6 @@
+"""Kernel build system for fullfuse: render, compile (nvcc + ninja), cache and load the CUDA libraries."""
+from .build import BuildError, build, build_all, cache_dir, csrc_dir, find_nvcc, library_path, load, nvcc_version
+from .libraries import LIBRARIES, KernelLibrary
+
+__all__ = ["BuildError", "build", "build_all", "cache_dir", "csrc_dir", "find_nvcc", "library_path", "load",
+           "nvcc_version", "LIBRARIES", "KernelLibrary"]

@@ -1,0 +1,97 @@
+"""Run-time choice of the path for one call, then the call: fused | fallback | torch.
+
+``plan.py`` makes the static choice for a region; this module re-checks it against the actual input (device,
+dtype, rank, shape) and never lets a path run on an input it cannot serve: an explicit path that cannot serve
+raises UnsupportedError, "auto" steps down (fused -> fallback -> torch) and records why.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from . import precision as precision_mod
+from . import torch_path
+from .errors import UnsupportedError
+from .fallback import conv_act_pool as fallback_a
+from .fallback import convt_pool_reduce as fallback_b
+from .fused import conv_act_pool as fused_a
+from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+
+PATH_CHOICES = ("auto", "fused", "fallback", "torch")
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# spec -> (path, reason) of its most recent call, shown by FusedModel.plans
+last_decision: Dict[object, Tuple[str, str]] = {}
+
+
+def check_path(path: str) -> None:
+    if path not in PATH_CHOICES:
+        raise ValueError(f"fullfuse: path must be one of {PATH_CHOICES}, got {path!r}")
+
+
+def static_unsupported(spec) -> Optional[str]:
+    """Why no kernel path (fused or fallback) can serve this spec at all."""
+    if spec.groups != 1:
+        return f"groups={spec.groups} (the kernels cover groups=1)"
+    if spec.padding_mode != "zeros":
+        return f"padding_mode={spec.padding_mode!r} (the kernels cover zero padding)"
+    return None
+
+
+def fused_static_unsupported(spec) -> Optional[str]:
+    if isinstance(spec, ConvActPoolSpec):
+        return fused_a.static_unsupported(spec)
+    return "no fused kernel for family B yet (issue 4): runs the fallback"
+
+
+def _input_unsupported(spec, x: torch.Tensor, weight: torch.Tensor, bias) -> Optional[str]:
+    """Why no kernel can serve this input; torch then runs it (and raises torch's own error if it is invalid)."""
+    if x.device.type != "cuda":
+        return f"input on {x.device.type}"
+    if x.dim() != spec.dims + 2:
+        return f"input of rank {x.dim()} (kernels take batched rank-{spec.dims + 2} input)"
+    if x.dtype not in KERNEL_DTYPES:
+        return f"dtype {x.dtype}"
+    if weight.device != x.device or weight.dtype != x.dtype or (bias is not None and bias.device != x.device):
+        return "input, weight and bias differ in device or dtype"
+    if x.shape[1] != spec.in_channels or x.shape[0] == 0 or x.numel() == 0:
+        return f"input shape {tuple(x.shape)}"
+    if isinstance(spec, ConvActPoolSpec):
+        if min(spec.output_spatial(tuple(x.shape[2:]))) < 1:
+            return "empty convolution output"
+    elif min(spec.pooled_spatial(tuple(x.shape[2:]))) < 1:
+        return "convolution output smaller than the pooling window"
+    return static_unsupported(spec)
+
+
+def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool) -> Tuple[str, str]:
+    if requested == "torch":
+        return "torch", "requested"
+    reason = _input_unsupported(spec, x, weight, bias)
+    if reason:
+        if requested != "auto":
+            raise UnsupportedError(f"fullfuse: path {requested!r} cannot serve this call: {reason}")
+        return "torch", reason
+    if requested in ("auto", "fused"):
+        why = fused_static_unsupported(spec) or fused_a.unsupported(spec, x, mode, deterministic)
+        if why is None:
+            return "fused", "fused kernel serves it"
+        if requested == "fused":
+            raise UnsupportedError(f"fullfuse: the fused kernel cannot serve this call: {why}")
+        return "fallback", why
+    return "fallback", "requested"
+
+
+def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
+    check_path(path)
+    mode = precision_mod.resolve(precision, x.dtype)
+    chosen, reason = choose(spec, path, x, weight, bias, mode, deterministic)
+    last_decision[spec] = (chosen, reason)
+    if chosen == "torch":
+        with precision_mod.cudnn_conv_precision(mode):
+            return torch_path.run(spec, x, weight, bias)
+    if chosen == "fused":
+        return fused_a.run(spec, x, weight, bias, mode, deterministic)
+    module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
+    return module.run(spec, x, weight, bias, mode)

@@ -1,0 +1,65 @@
+"""Family A fused kernel (csrc/fused_conv_act_pool.cu): implicit-GEMM conv whose epilogue adds the bias, applies
+the activation and reduces per (image, channel); only (N, C_out) values leave the chip."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import launch
+from ..codes import ACTIVATIONS, POOLS, PRECISIONS, dtype_code
+from ..spec import ConvActPoolSpec
+from ..weights import float32_bias
+
+LIB = "fused_conv_act_pool"
+
+
+def static_unsupported(spec: ConvActPoolSpec) -> Optional[str]:
+    """Why the fused kernel can never serve this spec (None if it may, depending on the input)."""
+    if spec.dims != 2:
+        return "the fused kernel covers Conv2d only; Conv3d runs the fallback"
+    if spec.groups != 1:
+        return "groups != 1"
+    if spec.padding_mode != "zeros":
+        return f"padding_mode={spec.padding_mode!r}"
+    return None
+
+
+def _layout(x: torch.Tensor):
+    if x.is_contiguous():
+        return x, 0
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return x, 1
+    return x.contiguous(), 0
+
+
+def _shape_args(spec, x, channels_last, mode, deterministic):
+    n, c, h, w = x.shape
+    precision = PRECISIONS.get(mode, 0)
+    return (dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *spec.kernel_size, *spec.stride,
+            *spec.padding, *spec.dilation, ACTIVATIONS[spec.activation], POOLS[spec.pool], precision, int(deterministic))
+
+
+def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
+    """Why the fused kernel cannot serve this call (None if it can)."""
+    reason = static_unsupported(spec)
+    if reason:
+        return reason
+    try:
+        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_shape_args(spec, x, _layout(x)[1], mode, deterministic))
+    except Exception as exc:  # no nvcc and no cached build, or a build failure
+        return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
+    return None if why is None else why.decode()
+
+
+def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
+    x, channels_last = _layout(x)
+    args = _shape_args(spec, x, channels_last, mode, deterministic)
+    n, k = x.shape[0], spec.out_channels
+    out = torch.zeros(n, k, dtype=torch.float32, device=x.device)
+    ws_bytes = launch.call(LIB, "ff_fused_conv_act_pool_workspace_bytes", *args)
+    workspace = torch.zeros(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
+    launch.launch(LIB, "ff_fused_conv_act_pool", x, weight.contiguous(), float32_bias(bias), out, *args, workspace,
+                  device=x.device)
+    out = out.to(x.dtype)
+    return out.view(n, k, 1, 1) if spec.keepdim else out

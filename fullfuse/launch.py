@@ -1,0 +1,73 @@
+"""Kernel launch: the one place that turns the C API of the compiled libraries into Python calls.
+
+Every exported function is declared once in ``SIGNATURES``; ``launch(lib, fn, *args)`` converts tensors to
+device pointers, appends the current CUDA stream where the C function takes one, and raises on a non-zero
+return code.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_char_p, c_int, c_longlong, c_size_t, c_void_p
+from typing import Any, Dict, Tuple
+
+import torch
+
+import cutlass_ops
+
+_P = c_void_p
+_L = c_longlong
+_I = c_int
+_FUSED_A_SHAPE = [_I, _I, _L, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I]
+
+# name -> (restype, argtypes, takes_stream_last)
+SIGNATURES: Dict[str, Tuple[Any, list, bool]] = {
+    # family A fallback epilogue (csrc/fallback_act_pool.cu)
+    "ff_act_pool_workspace_bytes": (c_size_t, [_L, _L, _L, _I], False),
+    "ff_act_pool": (c_int, [_P, _I, _P, _P, _L, _L, _L, _I, _I, _I, _P], True),
+    # family B fallback epilogue (csrc/fallback_window_reduce.cu)
+    "ff_window_reduce": (c_int, [_P, _I, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _L, _L, _I, _I, _I, _I, _I], True),
+    # family A fused kernel (csrc/fused_conv_act_pool.cu)
+    "ff_fused_conv_act_pool_unsupported": (c_char_p, _FUSED_A_SHAPE, False),
+    "ff_fused_conv_act_pool_workspace_bytes": (c_size_t, _FUSED_A_SHAPE, False),
+    "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P], True),
+}
+
+_functions: Dict[Tuple[str, str], Any] = {}
+
+
+def function(lib: str, name: str):
+    key = (lib, name)
+    if key not in _functions:
+        restype, argtypes, _ = SIGNATURES[name]
+        fn = getattr(cutlass_ops.load(lib), name)
+        fn.restype, fn.argtypes = restype, argtypes
+        _functions[key] = fn
+    return _functions[key]
+
+
+def _arg(value):
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    return value
+
+
+def _cuda_error_name(code: int) -> str:
+    try:
+        return torch.cuda.cudart().cudaGetErrorString(torch.cuda.cudart().cudaError(code))
+    except Exception:
+        return f"cudaError {code}"
+
+
+def call(lib: str, name: str, *args):
+    """Call a host function that does not launch (queries); returns its value."""
+    return function(lib, name)(*[_arg(a) for a in args])
+
+
+def launch(lib: str, name: str, *args, device: torch.device):
+    """Launch a kernel on the current stream of ``device`` and check its return code."""
+    fn = function(lib, name)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with torch.cuda.device(device):
+        code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
+    if code != 0:
+        raise RuntimeError(f"fullfuse: {name} failed: {_cuda_error_name(code)} ({code})")

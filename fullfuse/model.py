@@ -1,0 +1,55 @@
+"""fused_model(): trace a model, replace every matched region with a FusedRegion, keep everything else."""
+from __future__ import annotations
+
+from typing import List
+
+from torch import nn
+
+from .dispatch import check_path
+from .match import find_matches, trace
+from .plan import Plan, make_plan
+from .precision import check_precision
+from .region import FusedRegion
+
+
+class FusedModel(nn.Module):
+    """The traced model with its regions replaced; ``plans`` lists each region's family, spec, path and reason."""
+
+    def __init__(self, graph_module: nn.Module, plans: List[Plan]):
+        super().__init__()
+        self.graph_module = graph_module
+        self.plans = plans
+
+    def forward(self, *args, **kwargs):
+        return self.graph_module(*args, **kwargs)
+
+
+def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto", deterministic: bool = True) -> FusedModel:
+    """Return a module computing the same outputs as ``model``, with every conv pipeline of family A
+    (conv -> activation -> global pool) and B (conv-transpose -> max-pool chain -> channel reduction) fused.
+
+    path: "auto" (fused where available, else the fallback, else torch), "fused" (raise UnsupportedError where
+    the fused kernel cannot serve), "fallback", "torch".  precision: "auto" (PyTorch's own setting for cuDNN
+    convs), "tf32" or "ieee" for float32 inputs.  deterministic: fixed reduction order (same bits every run).
+    The parameters stay shared with ``model``.
+    """
+    check_path(path)
+    check_precision(precision)
+    gm = trace(model)
+    plans = []
+    for index, match in enumerate(find_matches(gm)):
+        name = f"fullfuse_region_{index}"
+        plan = make_plan(name, match.spec, match.description, path)
+        conv = gm.get_submodule(match.conv_module) if match.conv_module else None
+        gm.add_submodule(name, FusedRegion(plan, conv, precision, deterministic))
+        args = (match.input_node,) if conv is not None else (match.input_node, match.weight, match.bias)
+        with gm.graph.inserting_before(match.output_node):
+            new_node = gm.graph.call_module(name, args)
+        match.output_node.replace_all_uses_with(new_node)
+        for node in reversed(match.nodes):
+            gm.graph.erase_node(node)
+        plans.append(plan)
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return FusedModel(gm, plans)

@@ -1,0 +1,151 @@
+"""Functional entry points, registered with ``torch.library`` as ``torch.ops.fullfuse.*`` so that
+``torch.compile(..., fullgraph=True)`` sees one opaque op per region (with a fake implementation for shapes).
+
+    conv_act_pool(x, weight, bias, stride, padding, dilation, activation="gelu_erf", pool="mean", keepdim=True)
+    convt_pool_reduce(x, weight, bias, stride, padding, output_padding, dilation, window, activation="none",
+                      reduction="sum", keepdim=True)
+
+Both take ``path`` ("auto" | "fused" | "fallback" | "torch"), ``precision`` ("auto" | "tf32" | "ieee") and
+``deterministic``.  Inputs that need gradients run the torch path (this is an inference library), with a
+one-time warning.
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from . import dispatch, torch_path
+from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+
+
+def _tuple(value, dims: int, name: str):
+    values = tuple(int(v) for v in ((value,) * dims if isinstance(value, int) else value))
+    if len(values) == 1 and dims > 1:
+        values = values * dims
+    if len(values) != dims:
+        raise ValueError(f"fullfuse: {name} needs {dims} values, got {value}")
+    return values
+
+
+@lru_cache(maxsize=256)
+def spec_a(dims, in_channels, out_channels, kernel, stride, padding, dilation, has_bias, activation, pool, keepdim):
+    return ConvActPoolSpec(dims, in_channels, out_channels, kernel, stride, padding, dilation, has_bias,
+                           activation, pool, keepdim)
+
+
+@lru_cache(maxsize=256)
+def spec_b(dims, in_channels, out_channels, kernel, stride, padding, output_padding, dilation, has_bias, window,
+           activation, reduction, keepdim):
+    return ConvTPoolReduceSpec(dims, in_channels, out_channels, kernel, stride, padding, output_padding, dilation,
+                               has_bias, window, activation, reduction, keepdim)
+
+
+def _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim):
+    dims = weight.dim() - 2
+    return spec_a(dims, int(weight.shape[1]), int(weight.shape[0]), tuple(int(s) for s in weight.shape[2:]),
+                  _tuple(stride, dims, "stride"), _tuple(padding, dims, "padding"), _tuple(dilation, dims, "dilation"),
+                  bias is not None, activation, pool, keepdim)
+
+
+def _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim):
+    dims = weight.dim() - 2
+    return spec_b(dims, int(weight.shape[0]), int(weight.shape[1]), tuple(int(s) for s in weight.shape[2:]),
+                  _tuple(stride, dims, "stride"), _tuple(padding, dims, "padding"),
+                  _tuple(output_padding, dims, "output_padding"), _tuple(dilation, dims, "dilation"),
+                  bias is not None, _tuple(window, dims, "window"), activation, reduction, keepdim)
+
+
+# ---------------------------------------------------------------- registered ops
+@torch.library.custom_op("fullfuse::conv_act_pool", mutates_args=())
+def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
+                      dilation: List[int], activation: str, pool: str, keepdim: bool, path: str, precision: str,
+                      deterministic: bool) -> Tensor:
+    spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim)
+    return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
+
+
+@_conv_act_pool_op.register_fake
+def _(x, weight, bias, stride, padding, dilation, activation, pool, keepdim, path, precision, deterministic):
+    dims = weight.dim() - 2
+    return x.new_empty((x.shape[0], weight.shape[0], *([1] * dims if keepdim else [])))
+
+
+@torch.library.custom_op("fullfuse::convt_pool_reduce", mutates_args=())
+def _convt_pool_reduce_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
+                          output_padding: List[int], dilation: List[int], window: List[int], activation: str,
+                          reduction: str, keepdim: bool, path: str, precision: str, deterministic: bool) -> Tensor:
+    spec = _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim)
+    return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
+
+
+@_convt_pool_reduce_op.register_fake
+def _(x, weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim, path,
+      precision, deterministic):
+    dims = weight.dim() - 2
+    pooled = []
+    for i in range(dims):
+        size = ((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
+                + output_padding[i] + 1)
+        pooled.append(size // window[i])
+    return x.new_empty((x.shape[0], *([1] if keepdim else []), *pooled))
+
+
+# ---------------------------------------------------------------- public wrappers
+_warned_grad = False
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _warn_grad_once():
+    global _warned_grad
+    if not _warned_grad:
+        _warned_grad = True
+        warnings.warn("fullfuse: an input or weight requires grad; running the torch path so autograd works "
+                      "(fullfuse's kernels are inference-only)", stacklevel=3)
+
+
+def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic=True) -> Tensor:
+    """Run a spec through the registered op (or the torch path when autograd or an unbatched input needs it)."""
+    dispatch.check_path(path)
+    if _needs_grad(x, weight, bias):
+        _warn_grad_once()
+        return torch_path.run(spec, x, weight, bias)
+    if x.dim() == spec.dims + 1:                         # unbatched input, as torch convs accept it
+        return run_spec(spec, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
+    if isinstance(spec, ConvActPoolSpec):
+        if spec.groups != 1 or spec.padding_mode != "zeros":
+            return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
+        return torch.ops.fullfuse.conv_act_pool(x, weight, bias, list(spec.stride), list(spec.padding),
+                                                list(spec.dilation), spec.activation, spec.pool, spec.keepdim,
+                                                path, precision, deterministic)
+    if spec.groups != 1:
+        return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
+    return torch.ops.fullfuse.convt_pool_reduce(x, weight, bias, list(spec.stride), list(spec.padding),
+                                                list(spec.output_padding), list(spec.dilation), list(spec.window),
+                                                spec.activation, spec.reduction, spec.keepdim, path, precision,
+                                                deterministic)
+
+
+def conv_act_pool(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Sequence[int] = 1,
+                  padding: Sequence[int] = 0, dilation: Sequence[int] = 1, activation: str = "gelu_erf",
+                  pool: str = "mean", keepdim: bool = True, *, path: str = "auto", precision: str = "auto",
+                  deterministic: bool = True) -> Tensor:
+    """pool(activation(convNd(x, weight, bias))) over all spatial dims; convNd = conv2d or conv3d by weight rank."""
+    spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim)
+    return run_spec(spec, x, weight, bias, path, precision, deterministic)
+
+
+def convt_pool_reduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Sequence[int] = 1,
+                      padding: Sequence[int] = 0, output_padding: Sequence[int] = 0, dilation: Sequence[int] = 1,
+                      window: Sequence[int] = 2, activation: str = "none", reduction: str = "sum",
+                      keepdim: bool = True, *, path: str = "auto", precision: str = "auto",
+                      deterministic: bool = True) -> Tensor:
+    """reduction over dim 1 of max_poolNd(activation(conv_transposeNd(x, weight, bias)), window, window)."""
+    spec = _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim)
+    return run_spec(spec, x, weight, bias, path, precision, deterministic)

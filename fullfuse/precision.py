@@ -1,0 +1,67 @@
+"""Precision names follow PyTorch's: "tf32" or "ieee" for float32 convolutions; "auto" follows PyTorch's own
+setting for cuDNN convolutions (``torch.backends.cudnn.conv.fp32_precision``, or ``allow_tf32`` on older torch),
+so a user gets what PyTorch would give them.  bfloat16/float16 inputs compute in their dtype with float32
+accumulation whatever the setting ("native").
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+PRECISION_CHOICES = ("auto", "tf32", "ieee")
+
+# Relative-error bounds vs float64 that the tests and `fullfuse check` hold each mode to.
+TOLERANCE = {"tf32": 1e-3, "ieee": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
+
+
+def _conv_backend():
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    return conv if conv is not None and hasattr(conv, "fp32_precision") else None
+
+
+def torch_conv_precision() -> str:
+    """What PyTorch would use for a float32 cuDNN convolution right now: "tf32" or "ieee"."""
+    conv = _conv_backend()
+    if conv is not None:
+        for holder in (conv, torch.backends.cudnn, torch.backends):
+            value = getattr(holder, "fp32_precision", "none")
+            if value in ("tf32", "ieee"):
+                return value
+    return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"fullfuse: precision must be one of {PRECISION_CHOICES}, got {precision!r}")
+
+
+def resolve(precision: str, dtype: torch.dtype) -> str:
+    """The mode a call runs in: "tf32" / "ieee" for float32, else "bfloat16" / "float16"."""
+    check_precision(precision)
+    if dtype != torch.float32:
+        return str(dtype).replace("torch.", "")
+    return torch_conv_precision() if precision == "auto" else precision
+
+
+@contextlib.contextmanager
+def cudnn_conv_precision(mode: str):
+    """Run the cuDNN convolutions inside in ``mode`` ("tf32" or "ieee"; other modes leave torch as it is)."""
+    if mode not in ("tf32", "ieee"):
+        yield
+        return
+    conv = _conv_backend()
+    if conv is not None:
+        saved = conv.fp32_precision
+        conv.fp32_precision = mode
+        try:
+            yield
+        finally:
+            conv.fp32_precision = saved
+    else:
+        saved = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = mode == "tf32"
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.allow_tf32 = saved

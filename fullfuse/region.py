@@ -1,0 +1,30 @@
+"""FusedRegion: the module that replaces one matched region inside the traced model."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import ops
+from .plan import Plan
+
+
+class FusedRegion(nn.Module):
+    """Runs one spec through ``fullfuse.ops``.  Holds the original conv module (sharing its parameters), or gets
+    the weight and bias as inputs when the model called F.convNd."""
+
+    def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool):
+        super().__init__()
+        self.plan = plan
+        self.conv = conv
+        self.precision = precision
+        self.deterministic = deterministic
+
+    def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
+        if self.conv is not None:
+            weight, bias = self.conv.weight, self.conv.bias
+        return ops.run_spec(self.plan.spec, x, weight, bias, self.plan.requested, self.precision, self.deterministic)
+
+    def extra_repr(self) -> str:
+        return f"{self.plan.description} -> {self.plan.path}, precision={self.precision}"
