@@ -70,12 +70,11 @@ class Match:
 # --------------------------------------------------------------------------------------------------------------
 
 def trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace(model)``; a GraphModule is returned as is.
+    """``torch.fx.symbolic_trace(model)``: a new GraphModule sharing ``model``'s parameters.
 
+    A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
     Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
     """
-    if isinstance(model, torch.fx.GraphModule):
-        return model
     try:
         return torch.fx.symbolic_trace(model)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct

@@ -847,9 +847,13 @@ def test_untraceable_model_raises_trace_error():
 
 
 def test_trace_returns_graph_module_and_accepts_one():
-    gm = trace(Backbone())
+    model = Backbone()
+    gm = trace(model)
     assert isinstance(gm, torch.fx.GraphModule)
-    assert trace(gm) is gm
+    assert gm.head_conv.weight is model.head_conv.weight  # parameters are shared, not copied
+    gm2 = trace(gm)  # a GraphModule is retraced into a new one: rewriting it leaves the caller's graph alone
+    assert isinstance(gm2, torch.fx.GraphModule) and gm2 is not gm and gm2.graph is not gm.graph
+    assert [m.spec for m in find_matches(gm2)] == [m.spec for m in find_matches(gm)]
 
 
 def test_traceable_submodule_of_untraceable_model():
