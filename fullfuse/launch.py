@@ -7,6 +7,7 @@ return code.
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import c_char_p, c_int, c_longlong, c_size_t, c_void_p
 from typing import Any, Dict, Tuple
 
@@ -33,6 +34,17 @@ SIGNATURES: Dict[str, Tuple[Any, list, bool]] = {
 }
 
 _functions: Dict[Tuple[str, str], Any] = {}
+
+# Tests and `fullfuse check` set this (or FULLFUSE_POISON_OUTPUTS=1): kernel outputs then start as NaN, so an
+# element a kernel fails to write cannot pass as a plausible value.
+POISON_OUTPUTS = os.environ.get("FULLFUSE_POISON_OUTPUTS", "0") == "1"
+
+
+def new_output(*shape, device) -> torch.Tensor:
+    """A float32 buffer for a kernel to write completely."""
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+    return torch.empty(*shape, dtype=torch.float32, device=device)
 
 
 def function(lib: str, name: str):

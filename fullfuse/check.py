@@ -1,0 +1,146 @@
+"""`fullfuse check`: every path against float64 on fresh random inputs, over seed-like and odd problems.
+
+The GPU tests use the same cases and the same tolerances (``precision.TOLERANCE``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+import torch
+
+from . import launch, ops, torch_path
+from .measure import errors
+from .precision import TOLERANCE, cudnn_conv_precision, resolve
+from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: object
+    shape: tuple          # input shape (N, C, *spatial)
+
+
+def _a(name, shape, k_out, kernel, stride=1, padding=0, dilation=1, bias=True, act="gelu_erf", pool="mean", keepdim=True):
+    dims = len(shape) - 2
+    t = lambda v: (v,) * dims if isinstance(v, int) else tuple(v)  # noqa: E731
+    spec = ConvActPoolSpec(dims, shape[1], k_out, t(kernel), t(stride), t(padding), t(dilation), bias, act, pool, keepdim)
+    return Case(name, spec, shape)
+
+
+def _b(name, shape, k_out, kernel, stride, padding=0, output_padding=0, window=2, bias=True, act="none",
+       reduction="sum", keepdim=True):
+    dims = len(shape) - 2
+    t = lambda v: (v,) * dims if isinstance(v, int) else tuple(v)  # noqa: E731
+    spec = ConvTPoolReduceSpec(dims, shape[1], k_out, t(kernel), t(stride), t(padding), t(output_padding), (1,) * dims,
+                               bias, t(window), act, reduction, keepdim)
+    return Case(name, spec, shape)
+
+
+def cases(family: str, quick: bool = False) -> List[Case]:
+    if family == "A":
+        out = [
+            _a("seed-like", (2, 8, 40, 36), 64, 3),
+            _a("odd: N1 C3 17x23 K5 s2 p1 d2 nobias", (1, 3, 17, 23), 5, 3, 2, 1, 2, bias=False),
+            _a("C5 K40 5x3 kernel, tanh, max", (3, 5, 21, 19), 40, (5, 3), 1, (2, 1), act="gelu_tanh", pool="max"),
+            _a("relu, keepdim False", (2, 16, 12, 12), 24, 1, act="relu", keepdim=False),
+            _a("silu, stride 3", (2, 4, 31, 29), 12, 3, 3, act="silu"),
+            _a("no activation, tiny image", (4, 2, 3, 3), 7, 3),
+            _a("conv3d", (2, 4, 9, 10, 11), 16, 3, 1, 1),
+        ]
+    else:
+        out = [
+            _b("seed-like (pools 2 then 3)", (2, 32, 8, 8, 8), 64, 5, 2, 2, window=6),
+            _b("stride 3, output_padding 1, window (2,3,2)", (1, 5, 5, 6, 4), 7, 4, 3, 1, 1, window=(2, 3, 2)),
+            _b("kernel < stride, mean", (2, 4, 6, 5, 7), 9, 2, 3, 0, window=2, reduction="mean", keepdim=False),
+            _b("gelu before pools, max, no bias", (1, 6, 5, 5, 5), 10, 3, 2, 1, window=3, act="gelu_erf",
+               reduction="max", bias=False),
+            _b("relu, window (1,2,2)", (2, 3, 4, 7, 6), 5, 3, 1, 1, window=(1, 2, 2), act="relu"),
+            _b("convtranspose2d", (2, 8, 11, 9), 12, 4, 2, 1, window=2),
+        ]
+    return out[:2] if quick else out
+
+
+def make_inputs(case: Case, dtype: torch.dtype, channels_last: bool, device, seed: int):
+    """Fresh random input, weight and bias (never zeros), PyTorch-default-like weight scale."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    spec = case.spec
+    if isinstance(spec, ConvActPoolSpec):
+        w_shape = (spec.out_channels, spec.in_channels, *spec.kernel_size)
+    else:
+        w_shape = (spec.in_channels, spec.out_channels, *spec.kernel_size)
+    fan_in = w_shape[1] * math.prod(spec.kernel_size)
+    bound = 1 / math.sqrt(fan_in)
+    x = torch.randn(case.shape, generator=gen)
+    w = (torch.rand(w_shape, generator=gen) * 2 - 1) * bound
+    b = (torch.rand(spec.out_channels, generator=gen) * 2 - 1) * bound if spec.has_bias else None
+    x, w = x.to(device, dtype), w.to(device, dtype)
+    b = None if b is None else b.to(device, dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last if spec.dims == 2 else torch.channels_last_3d)
+    return x, w, b
+
+
+def run_case(case: Case, path: str, dtype: str = "float32", precision: str = "auto", channels_last: bool = False,
+             device="cuda", seed: int = 0) -> dict:
+    """Run one case through ``path``; returns errors vs float64, the tolerance and whether it passed."""
+    x, w, b = make_inputs(case, DTYPES[dtype], channels_last, device, seed)
+    mode = resolve(precision, x.dtype)
+    saved, launch.POISON_OUTPUTS = launch.POISON_OUTPUTS, True
+    try:
+        out = ops.run_spec(case.spec, x, w, b, path=path, precision=precision)
+    finally:
+        launch.POISON_OUTPUTS = saved
+    with cudnn_conv_precision("ieee"):
+        ref = torch_path.float64_reference(case.spec, x, w, b)
+    err = errors(out, ref)
+    tol = _tolerance(mode, path, x.device)
+    return {"case": case.name, "family": case.spec.family, "path": path, "dtype": dtype, "mode": mode,
+            "channels_last": channels_last, **err, "tolerance": tol, "ok": err["relerr"] <= tol}
+
+
+def _tolerance(mode: str, path: str, device) -> float:
+    if torch.device(device).type == "cpu" and mode in ("tf32", "ieee"):
+        return TOLERANCE["ieee"]        # CPU convs never use TF32
+    return TOLERANCE[mode]
+
+
+def matrix(device_is_cuda: bool, quick: bool = False) -> Iterator[dict]:
+    """The combinations `fullfuse check` runs: (path, dtype, precision, layout)."""
+    if not device_is_cuda:
+        yield {"path": "torch", "dtype": "float32", "precision": "ieee", "channels_last": False}
+        return
+    for path in ("fallback", "auto", "torch"):
+        for dtype, precision in (("float32", "tf32"), ("float32", "ieee"), ("bfloat16", "auto"), ("float16", "auto")):
+            for channels_last in ((False,) if quick else (False, True)):
+                yield {"path": path, "dtype": dtype, "precision": precision, "channels_last": channels_last}
+
+
+def main(families=("A", "B"), quick: bool = False, seed: Optional[int] = None) -> int:
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    if not cuda:
+        print("fullfuse check: no CUDA GPU here: checking the torch path on the CPU only")
+    seed = seed if seed is not None else torch.seed() % (1 << 31)
+    failures, rows = 0, 0
+    print(f"{'family':6} {'case':44} {'path':8} {'dtype':8} {'mode':8} {'layout':6} {'relerr':>9} {'maxabs':>9} {'tol':>7}  ok")
+    for family in families:
+        for case in cases(family, quick):
+            for combo in matrix(cuda, quick):
+                try:
+                    r = run_case(case, device=device, seed=seed + rows, **combo)
+                except Exception as exc:  # an error is a failure, with its message
+                    print(f"{family:6} {case.name[:44]:44} {combo['path']:8} {combo['dtype']:8} ERROR {exc}")
+                    failures += 1
+                    continue
+                rows += 1
+                failures += not r["ok"]
+                layout = "NHWC" if r["channels_last"] else "NCHW"
+                print(f"{family:6} {case.name[:44]:44} {r['path']:8} {r['dtype']:8} {r['mode']:8} {layout:6} "
+                      f"{r['relerr']:9.2e} {r['maxabs']:9.2e} {r['tolerance']:7.0e}  {'ok' if r['ok'] else 'FAIL'}")
+    print(f"fullfuse check: {rows - failures} passed, {failures} failed (seed {seed})")
+    return 1 if failures else 0

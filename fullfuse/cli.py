@@ -1,0 +1,55 @@
+"""The `fullfuse` command: info | build | check | bench."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _shape(text: str):
+    return tuple(int(v) for v in text.replace("x", ",").split(",") if v)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fullfuse", description="Fused convolution pipelines for PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="GPU, versions, kernel cache")
+    p_build = sub.add_parser("build", help="compile every kernel library ahead of time (no GPU needed)")
+    p_build.add_argument("--jobs", type=int, default=None)
+    p_build.add_argument("--only", nargs="*", default=None, help="library names")
+    p_check = sub.add_parser("check", help="every path vs float64 on fresh random inputs")
+    p_check.add_argument("--family", choices=["A", "B", "both"], default="both")
+    p_check.add_argument("--quick", action="store_true")
+    p_check.add_argument("--seed", type=int, default=None)
+    p_bench = sub.add_parser("bench", help="eager vs torch.compile vs fallback vs fused at the seed shapes")
+    p_bench.add_argument("--family", choices=["A", "B", "both"], default="both")
+    p_bench.add_argument("--shape", type=_shape, default=None, help="input shape, e.g. 128,8,256,256")
+    p_bench.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p_bench.add_argument("--precision", choices=["auto", "tf32", "ieee"], default="auto")
+    p_bench.add_argument("--layout", choices=["contiguous", "channels_last", "both"], default="contiguous")
+    p_bench.add_argument("--variants", nargs="*", default=None,
+                         help="subset of: eager compile compile-max-autotune fallback fused")
+    p_bench.add_argument("--repeats", type=int, default=30)
+    p_bench.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG")
+    p_bench.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        from .info import main as run
+        return run()
+    if args.command == "build":
+        import cutlass_ops
+        for name, path in cutlass_ops.build_all(args.only, jobs=args.jobs).items():
+            print(f"{name:24} {path}")
+        return 0
+    families = ("A", "B") if args.family == "both" else (args.family,)
+    if args.command == "check":
+        from .check import main as run
+        return run(families, quick=args.quick, seed=args.seed)
+    from .bench import VARIANTS, main as run
+    layouts = ("contiguous", "channels_last") if args.layout == "both" else (args.layout,)
+    return run(families, args.shape, args.dtype, args.precision, layouts, tuple(args.variants or VARIANTS),
+               args.repeats, args.out, args.tag)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

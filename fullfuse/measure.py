@@ -1,0 +1,103 @@
+"""Measurement helpers shared by `fullfuse check`, `fullfuse bench` and the tests: errors vs float64, CUDA-event
+timing with an L2 flush, peak extra memory, and the environment a result was measured in."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Callable, Dict
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20   # > 4x the H200's 60 MB L2
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
+    """‖out − ref‖ / ‖ref‖ and max |out − ref| in float64; NaN anywhere in out gives inf."""
+    out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    if out64.shape != ref64.shape:
+        raise AssertionError(f"shape {tuple(out64.shape)} != reference {tuple(ref64.shape)}")
+    if not torch.isfinite(out64).all() and torch.isfinite(ref64).all():
+        return {"relerr": float("inf"), "maxabs": float("inf")}
+    diff = (out64 - ref64).nan_to_num(0.0)
+    norm = ref64.nan_to_num(0.0).norm().item()
+    return {"relerr": diff.norm().item() / (norm if norm > 0 else 1.0), "maxabs": diff.abs().max().item() if diff.numel() else 0.0}
+
+
+def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True) -> Dict[str, float]:
+    """Median and min in ms of ``fn`` timed with CUDA events, after warm-up, flushing the L2 before each run."""
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "runs": repeats}
+
+
+def peak_extra_memory(fn: Callable[[], object]) -> int:
+    """Bytes allocated by one call of ``fn`` above what was allocated before it (output included)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    del result
+    return torch.cuda.max_memory_allocated() - base
+
+
+def git_commit() -> str:
+    if os.environ.get("FULLFUSE_COMMIT"):
+        return os.environ["FULLFUSE_COMMIT"]
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def environment() -> Dict[str, object]:
+    import cutlass_ops
+
+    env = {
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nvcc": cutlass_ops.nvcc_version(),
+        "python": platform.python_version(),
+        "gpu": None,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                   driver=_driver_version())
+    try:
+        from importlib.metadata import version
+
+        env["cudnn_frontend"] = version("nvidia-cudnn-frontend")
+    except Exception:
+        env["cudnn_frontend"] = None
+    return env
+
+
+def _driver_version():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        return out or None
+    except Exception:
+        return None

@@ -1,0 +1,40 @@
+"""The two seed pipelines (the default problems of every tool) and their input shapes."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+SEED_SHAPE = {"A": (128, 8, 256, 256), "B": (16, 32, 32, 32, 32)}
+SMALL_SHAPE = {"A": (2, 8, 32, 32), "B": (2, 32, 8, 8, 8)}   # for machines without a GPU
+
+
+class SeedA(nn.Module):
+    """Conv2d(8->64, k=3) -> GELU (erf) -> AdaptiveAvgPool2d(1) -> squeeze."""
+
+    def __init__(self, in_channels=8, out_channels=64, kernel_size=3):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.act = nn.GELU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(self.act(self.conv(x))).squeeze()
+
+
+class SeedB(nn.Module):
+    """ConvTranspose3d(32->64, k=5, s=2, p=2) -> MaxPool3d(2) -> MaxPool3d(3) -> sum(dim=1, keepdim=True)."""
+
+    def __init__(self, in_channels=32, out_channels=64, kernel_size=5, stride=2, padding=2):
+        super().__init__()
+        self.conv_transpose = nn.ConvTranspose3d(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
+        self.pool1 = nn.MaxPool3d(2)
+        self.pool2 = nn.MaxPool3d(3)
+
+    def forward(self, x):
+        return torch.sum(self.pool2(self.pool1(self.conv_transpose(x))), dim=1, keepdim=True)
+
+
+def seed_model(family: str, in_channels: int | None = None) -> nn.Module:
+    if family == "A":
+        return SeedA(in_channels or 8)
+    return SeedB(in_channels or 32)

@@ -1,0 +1,197 @@
+"""fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullfuse
+from fullfuse import ops, precision, weights
+from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
+
+
+def _close(a, b, tol=1e-5):
+    assert a.shape == b.shape
+    assert torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max()
+
+
+class Backbone(nn.Module):
+    """A model with both patterns inside other layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2), nn.SiLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.up = nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x, v):
+        a = self.fc(self.head(torch.relu(self.bn(self.stem(x)))))
+        b = F.max_pool3d(self.up(v), 2).amax(dim=1)
+        return a, b
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_seed_models_same_output_on_cpu(family):
+    torch.manual_seed(0)
+    model = (SeedA() if family == "A" else SeedB()).eval()
+    x = torch.randn(SMALL_SHAPE[family])
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        _close(fused(x), model(x))
+    assert len(fused.plans) == 1
+    plan = fused.plans[0]
+    assert plan.family == family and plan.requested == "auto"
+    assert plan.path == ("fused" if family == "A" else "fallback")
+    assert plan.last_path == "torch" and "cpu" in plan.last_reason
+
+
+def test_patterns_inside_a_larger_model():
+    torch.manual_seed(1)
+    model = Backbone().eval()
+    x, v = torch.randn(2, 3, 20, 20), torch.randn(2, 4, 5, 5, 5)
+    fused = fullfuse.fused_model(model)
+    assert [p.family for p in fused.plans] == ["A", "B"]
+    with torch.no_grad():
+        for got, want in zip(fused(x, v), model(x, v)):
+            _close(got, want)
+
+
+def test_parameters_are_shared_and_reloads_are_seen():
+    torch.manual_seed(2)
+    model = SeedA().eval()
+    fused = fullfuse.fused_model(model)
+    other = SeedA().eval()
+    model.load_state_dict(other.state_dict())
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        _close(fused(x), other(x))
+
+
+def test_relayout_cache_follows_in_place_updates():
+    w = torch.randn(4, 3, 3, 3)
+    first = weights.as_memory_format(w, torch.channels_last)
+    assert torch.equal(first, w)
+    with torch.no_grad():
+        w.add_(1.0)
+    second = weights.as_memory_format(w, torch.channels_last)
+    assert torch.equal(second, w) and not torch.equal(first, second)
+
+
+def test_path_torch_and_bad_arguments():
+    model = SeedA().eval()
+    assert fullfuse.fused_model(model, path="torch").plans[0].path == "torch"
+    with pytest.raises(ValueError, match="path"):
+        fullfuse.fused_model(model, path="fast")
+    with pytest.raises(ValueError, match="precision"):
+        fullfuse.fused_model(model, precision="fp64")
+
+
+def test_fused_path_raises_where_no_fused_kernel():
+    with pytest.raises(fullfuse.UnsupportedError, match="family B"):
+        fullfuse.fused_model(SeedB(), path="fused")
+    conv3d = nn.Sequential(nn.Conv3d(2, 4, 3), nn.GELU(), nn.AdaptiveAvgPool3d(1))
+    with pytest.raises(fullfuse.UnsupportedError, match="Conv3d"):
+        fullfuse.fused_model(conv3d, path="fused")
+    assert fullfuse.fused_model(conv3d).plans[0].path == "fallback"
+
+
+def test_explicit_kernel_path_on_cpu_input_is_a_clear_error():
+    fused = fullfuse.fused_model(SeedA().eval(), path="fallback")
+    with pytest.raises(fullfuse.UnsupportedError, match="cpu"):
+        with torch.no_grad():
+            fused(torch.randn(SMALL_SHAPE["A"]))
+
+
+@pytest.mark.parametrize("kwargs,reason", [({"groups": 2}, "groups"), ({"padding_mode": "reflect", "padding": 1}, "padding_mode")])
+def test_unsupported_conv_parameters_run_torch_with_reason(kwargs, reason):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(4, 6, 3, **kwargs), nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval()
+    fused = fullfuse.fused_model(model)
+    assert fused.plans[0].path == "torch" and reason in fused.plans[0].reason
+    x = torch.randn(2, 4, 9, 9)
+    with torch.no_grad():
+        _close(fused(x), model(x))
+    with pytest.raises(fullfuse.UnsupportedError, match=reason):
+        fullfuse.fused_model(model, path="fallback")
+
+
+def test_grad_runs_torch_path_with_one_warning():
+    torch.manual_seed(4)
+    model = SeedA()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    ops._warned_grad = False
+    with pytest.warns(UserWarning, match="requires grad"):
+        out = fused(x)
+    out.sum().backward()
+    assert model.conv.weight.grad is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fused(x)
+
+
+def test_unbatched_input():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1)).eval()
+    x = torch.randn(3, 10, 11)
+    with torch.no_grad():
+        _close(fullfuse.fused_model(model)(x), model(x))
+
+
+def test_invalid_input_gives_torchs_own_error():
+    fused = fullfuse.fused_model(SeedA().eval())
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        fused(torch.randn(2, 5, 16, 16))          # wrong channel count
+
+
+def test_functional_ops_match_torch():
+    torch.manual_seed(6)
+    x, w, b = torch.randn(2, 3, 12, 13), torch.randn(7, 3, 3, 3), torch.randn(7)
+    out = ops.conv_act_pool(x, w, b, stride=2, padding=1, activation="silu", pool="max", keepdim=False)
+    _close(out, F.silu(F.conv2d(x, w, b, 2, 1)).amax(dim=(2, 3)))
+    v, wt = torch.randn(1, 4, 5, 6, 5), torch.randn(4, 3, 3, 3, 3)
+    out = ops.convt_pool_reduce(v, wt, None, stride=2, padding=1, output_padding=1, window=(2, 3, 2), reduction="mean")
+    want = F.max_pool3d(F.conv_transpose3d(v, wt, None, 2, 1, 1), (2, 3, 2)).mean(dim=1, keepdim=True)
+    _close(out, want)
+
+
+def test_custom_ops_are_registered_and_pass_opcheck():
+    assert hasattr(torch.ops.fullfuse, "conv_act_pool") and hasattr(torch.ops.fullfuse, "convt_pool_reduce")
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    torch.library.opcheck(torch.ops.fullfuse.conv_act_pool.default,
+                          (x, w, b, [1, 1], [0, 0], [1, 1], "gelu_erf", "mean", True, "auto", "auto", True))
+    v, wt = torch.randn(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    torch.library.opcheck(torch.ops.fullfuse.convt_pool_reduce.default,
+                          (v, wt, None, [2, 2, 2], [1, 1, 1], [0, 0, 0], [1, 1, 1], [2, 2, 2], "none", "sum", False,
+                           "auto", "auto", True))
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(7)
+    model = Backbone().eval()
+    x, v = torch.randn(2, 3, 20, 20), torch.randn(2, 4, 5, 5, 5)
+    compiled = torch.compile(fullfuse.fused_model(model), fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for got, want in zip(compiled(x, v), model(x, v)):
+            _close(got, want)
+
+
+def test_precision_auto_follows_torch(monkeypatch):
+    with precision.cudnn_conv_precision("ieee"):
+        assert precision.resolve("auto", torch.float32) == "ieee"
+    with precision.cudnn_conv_precision("tf32"):
+        assert precision.resolve("auto", torch.float32) == "tf32"
+    assert precision.resolve("ieee", torch.float32) == "ieee"
+    assert precision.resolve("auto", torch.bfloat16) == "bfloat16"
+
+
+def test_trace_error_is_clear():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(fullfuse.TraceError, match="Branchy"):
+        fullfuse.fused_model(Branchy())
