@@ -33,7 +33,7 @@ def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode
     y, channels_last = layout_of(y, spec.dims)
     n, k = y.shape[:2]
     s = math.prod(y.shape[2:])
-    out = torch.empty(n, k, dtype=torch.float32, device=x.device)
+    out = launch.new_output(n, k, device=x.device)
     ws_bytes = launch.call(LIB, "ff_act_pool_workspace_bytes", n, k, s, channels_last)
     workspace = torch.zeros(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
     launch.launch(LIB, "ff_act_pool", y, dtype_code(y.dtype), float32_bias(bias), out, n, k, s, channels_last,

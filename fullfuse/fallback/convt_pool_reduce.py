@@ -36,7 +36,7 @@ def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, 
     window = (1,) * (3 - spec.dims) + tuple(spec.window)
     n, k, d, h, w = y.shape
     pooled = [d // window[0], h // window[1], w // window[2]]
-    out = torch.empty(n, *pooled, dtype=torch.float32, device=x.device)
+    out = launch.new_output(n, *pooled, device=x.device)
     launch.launch(LIB, "ff_window_reduce", y, dtype_code(y.dtype), float32_bias(bias), out, n, k, d, h, w,
                   *y.stride(), *window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction], device=x.device)
     out = out.to(x.dtype)
