@@ -1,0 +1,167 @@
+"""GPU tests: every path against float64 on fresh random inputs (outputs poisoned with NaN first), the seed models,
+bad inputs, determinism, NaN/Inf behaviour and a dense sweep of the fast GELU.  Skipped without CUDA."""
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullfuse
+from fullfuse import launch
+from fullfuse.check import cases, matrix, run_case
+from fullfuse.measure import errors
+from fullfuse.precision import TOLERANCE, cudnn_conv_precision
+from fullfuse.seed_models import SeedA, SeedB
+
+pytestmark = pytest.mark.gpu
+SEED = int.from_bytes(os.urandom(4), "little") if "FULLFUSE_TEST_SEED" not in os.environ else int(os.environ["FULLFUSE_TEST_SEED"])
+ALL_CASES = cases("A") + cases("B")
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+
+
+def _id(combo):
+    return f"{combo['path']}-{combo['dtype']}-{combo['precision']}-{'cl' if combo['channels_last'] else 'contig'}"
+
+
+@pytest.mark.parametrize("combo", list(matrix(True)), ids=_id)
+@pytest.mark.parametrize("case", ALL_CASES, ids=[f"{c.spec.family}:{c.name}" for c in ALL_CASES])
+def test_paths_match_float64(case, combo):
+    result = run_case(case, device="cuda", seed=SEED, **combo)
+    assert result["ok"], f"{result} (seed {SEED})"
+
+
+def _seed_input(family, dtype=torch.float32, channels_last=False):
+    shape = (8, 8, 128, 160) if family == "A" else (2, 32, 32, 32, 32)
+    x = torch.randn(shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(SEED))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last if family == "A" else torch.channels_last_3d)
+    return x
+
+
+def _reference(model, x):
+    ref = type(model)().cuda().double()
+    ref.load_state_dict(model.state_dict())
+    with torch.no_grad(), cudnn_conv_precision("ieee"):
+        return ref(x.double())
+
+
+@pytest.mark.parametrize("path", ["fallback", "auto"])
+@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_seed_models(family, path, mode, channels_last):
+    torch.manual_seed(SEED)
+    dtype = torch.bfloat16 if mode == "bfloat16" else torch.float32
+    model = (SeedA() if family == "A" else SeedB()).cuda().eval()
+    x = _seed_input(family, torch.float32, channels_last)
+    ref = _reference(model, x.to(dtype))
+    fused = fullfuse.fused_model(model.to(dtype), path=path, precision="auto" if mode == "bfloat16" else mode)
+    with torch.no_grad():
+        out = fused(x.to(dtype))
+    err = errors(out, ref)
+    assert err["relerr"] <= TOLERANCE[mode], (err, fused.plans[0].last_path, SEED)
+    assert fused.plans[0].last_path in ("fused", "fallback")
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_deterministic_bits(family):
+    model = (SeedA() if family == "A" else SeedB()).cuda().eval()
+    fused = fullfuse.fused_model(model)
+    x = _seed_input(family)
+    with torch.no_grad():
+        first, second = fused(x), fused(x)
+    assert torch.equal(first, second)
+
+
+def test_state_dict_reload_is_seen_on_gpu():
+    model = SeedA().cuda().eval()
+    fused = fullfuse.fused_model(model, path="fallback")
+    other = SeedA().cuda().eval()
+    model.load_state_dict(other.state_dict())
+    x = _seed_input("A")
+    with torch.no_grad():
+        assert errors(fused(x), _reference(other, x))["relerr"] <= TOLERANCE["tf32"]
+
+
+def test_non_contiguous_and_empty_batch():
+    model = SeedB().cuda().eval()
+    fused = fullfuse.fused_model(model, path="fallback")
+    x = _seed_input("B")
+    strided = x[:, :, ::2, :, ::2]
+    with torch.no_grad():
+        assert errors(fused(strided), _reference(model, strided))["relerr"] <= TOLERANCE["tf32"]
+        empty = torch.empty(0, 32, 8, 8, 8, device="cuda")
+        auto = fullfuse.fused_model(model)
+        assert auto(empty).shape == model(empty).shape
+        with pytest.raises(fullfuse.UnsupportedError, match="shape"):
+            fused(empty)
+
+
+def test_wrong_device_dtype_and_rank():
+    model = SeedA().cuda().eval()
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):
+            fused(torch.randn(2, 8, 16, 16, device="cuda", dtype=torch.float16))   # dtype differs from weights
+        with pytest.raises(RuntimeError):
+            fused(torch.randn(2, 8, 16, device="cuda"))                            # rank 3 is unbatched C,H,W: wrong C
+        model64 = SeedA().cuda().double().eval()
+        x64 = torch.randn(2, 8, 16, 16, device="cuda", dtype=torch.float64)
+        auto64 = fullfuse.fused_model(model64)
+        assert torch.allclose(auto64(x64), model64(x64))
+        assert auto64.plans[0].last_path == "torch" and "float64" in auto64.plans[0].last_reason
+        with pytest.raises(fullfuse.UnsupportedError, match="float64"):
+            fullfuse.fused_model(model64, path="fallback")(x64)
+    cpu_weights = fullfuse.fused_model(SeedA().eval())
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        cpu_weights(torch.randn(2, 8, 16, 16, device="cuda"))
+
+
+def test_nan_and_inf_propagate_like_torch():
+    """A NaN or Inf in an image makes that image's pooled values non-finite, as in torch; B keeps the NaN at
+    exactly the pooled positions whose windows see it (compared with the float64 reference)."""
+    model_a = SeedA().cuda().eval()
+    x = _seed_input("A")[:3].clone()
+    x[0, 3, 50, 60] = float("nan")
+    x[1, 5, 10, 20] = float("inf")
+    with torch.no_grad():
+        got = fullfuse.fused_model(model_a, path="fallback")(x)
+    assert torch.isnan(got[0]).all() and not torch.isfinite(got[1]).any() and torch.isfinite(got[2]).all()
+    model_b = SeedB().cuda().eval()
+    v = _seed_input("B").clone()
+    v[0, 4, 7, 9, 11] = float("nan")
+    with torch.no_grad():
+        got = fullfuse.fused_model(model_b, path="fallback")(v)
+    want = _reference(model_b, v)
+    assert torch.isnan(got).any() and torch.equal(torch.isnan(got), torch.isnan(want))
+
+
+def test_fast_gelu_dense_sweep_and_specials():
+    """GELU evaluated by the fallback kernel, one value per image: conv 1x1 with weight 1 (ieee) is the identity.
+    Bound: |err| <= 1e-6 * max(1, |x|) against float64, over a dense sweep of float32 values."""
+    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval()
+    fused = fullfuse.fused_model(model, path="fallback", precision="ieee")
+    worst = 0.0
+    for lo, hi in ((-12.0, 12.0), (-0.01, 0.01)):
+        x = torch.linspace(lo, hi, 1 << 22, device="cuda", dtype=torch.float32).view(-1, 1, 1, 1)
+        with torch.no_grad():
+            got = fused(x).view(-1).double()
+        x64 = x.view(-1).double()
+        ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
+        worst = max(worst, ((got - ref).abs() / x64.abs().clamp(min=1)).max().item())
+    assert worst <= 1e-6, worst
+    specials = torch.tensor([float("-inf"), float("inf"), float("nan"), 3e38, -3e38, 1e-30], device="cuda").view(-1, 1, 1, 1)
+    with torch.no_grad():
+        got, want = fused(specials).view(-1), F.gelu(specials).view(-1)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
+    finite = torch.isfinite(want)
+    assert torch.allclose(got[finite], want[finite]) and torch.equal(got[torch.isinf(want)], want[torch.isinf(want)])
