@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
+# result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
+#   tests  probe  check  bench-quick  bench-full  bench-dtypes
+set -uo pipefail
+export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH="/tmp/site:$PWD"
+ff() { python3 -m fullfuse.cli "$@"; }
+ff info 2>&1 | tee "$OUT/info.txt"
+ff build 2>&1 | tail -5
+rc=0
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case "$stage" in
+    tests) python3 -m pytest -q -x --timeout=900 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.txt" | tail -40; rc=$((rc | ${PIPESTATUS[0]})) ;;
+    probe) python3 benchmarks/probe_convt.py 2>&1 | tee "$OUT/probe_convt.txt" ;;
+    check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
+    bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
+    bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;
+    bench-dtypes)
+      for p in tf32 ieee; do ff bench --precision $p --variants eager compile fallback fused --layout channels_last --out "$OUT" --tag $p 2>&1 | tail -8; done
+      for d in bfloat16 float16; do ff bench --dtype $d --variants eager compile fallback fused --layout channels_last --out "$OUT" 2>&1 | tail -8; done ;;
+  esac
+done
+exit $rc

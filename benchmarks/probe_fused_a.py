@@ -1,0 +1,253 @@
+"""Standalone probe for csrc/fused_conv_act_pool.cu (family A: Conv2d -> activation -> global mean/max pool, fused).
+
+Loads the library with ctypes (FF_FUSED_A_SO=path, else compiles it with nvcc into /tmp), checks it against a
+float64 reference (torch.float64 conv on the GPU) on fresh random inputs with the output poisoned with NaN first,
+over the seed problem and odd shapes, for every precision/dtype/layout/pool/reduction mode, then times the seed
+(CUDA events, warm-up, median of >= 30, 256 MB L2 flush before each run) and prints a table; JSON goes to $OUT.
+
+Env: FF_FUSED_A_SO, FF_PROBE_QUICK=1 (fewer cases), FF_PROBE_REPS (timed runs, default 40),
+FF_PROBE_VARIANTS (';'-separated list of 'VAR=VAL,VAR=VAL' env settings to time, e.g. 'FF_FUSED_A_NW=8').
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "csrc" / "fused_conv_act_pool.cu"
+FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
+         "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_80,code=sm_80"]
+
+DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
+TOL = {"tf32": 1e-3, "ieee": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+
+
+def load_lib():
+    so = os.environ.get("FF_FUSED_A_SO")
+    if not so:
+        so = "/tmp/ff_fused_a_probe.so"
+        cmd = ["nvcc", *FLAGS, "-o", so, str(SRC)]
+        t = time.time()
+        subprocess.run(cmd, check=True)
+        print(f"compiled in {time.time() - t:.0f} s", flush=True)
+    lib = ctypes.CDLL(so)
+    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 16
+    lib.ff_fused_conv_act_pool_unsupported.restype = ctypes.c_char_p
+    lib.ff_fused_conv_act_pool_unsupported.argtypes = shape
+    lib.ff_fused_conv_act_pool_workspace_bytes.restype = ctypes.c_size_t
+    lib.ff_fused_conv_act_pool_workspace_bytes.argtypes = shape
+    lib.ff_fused_conv_act_pool.restype = ctypes.c_int
+    lib.ff_fused_conv_act_pool.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+class Case:
+    def __init__(self, name, N, C, H, W, K, R, S, stride=(1, 1), pad=(0, 0), dil=(1, 1), bias=True):
+        self.name, self.N, self.C, self.H, self.W, self.K, self.R, self.S = name, N, C, H, W, K, R, S
+        self.stride, self.pad, self.dil, self.bias = stride, pad, dil, bias
+
+    def args(self, dtype_code, cl, act, pool, prec, det):
+        return [dtype_code, cl, self.N, self.C, self.H, self.W, self.K, self.R, self.S, self.stride[0], self.stride[1],
+                self.pad[0], self.pad[1], self.dil[0], self.dil[1], act, pool, prec, det]
+
+
+def make_inputs(c: Case, gen_seed=0):
+    g = torch.Generator(device="cuda").manual_seed(gen_seed)
+    x = torch.rand(c.N, c.C, c.H, c.W, device="cuda", generator=g)
+    bound = 1.0 / (c.C * c.R * c.S) ** 0.5
+    w = (torch.rand(c.K, c.C, c.R, c.S, device="cuda", generator=g) * 2 - 1) * bound
+    b = (torch.rand(c.K, device="cuda", generator=g) * 2 - 1) * bound if c.bias else None
+    return x, w, b
+
+
+def ref_conv64(c: Case, x, w, b):
+    return F.conv2d(x.double(), w.double(), None if b is None else b.double(), c.stride, c.pad, c.dil)
+
+
+def ref_pool(y64, act, pool):
+    if act == "relu":
+        y64 = torch.relu(y64)
+    elif act == "gelu_erf":
+        y64 = F.gelu(y64)
+    elif act == "gelu_tanh":
+        y64 = F.gelu(y64, approximate="tanh")
+    elif act == "silu":
+        y64 = F.silu(y64)
+    return y64.mean(dim=(2, 3)) if pool == 0 else y64.amax(dim=(2, 3))
+
+
+def run_kernel(lib, c, xin, win, b, dtype, cl, act, pool, prec, det, out=None, ws=None):
+    a = c.args(DT[dtype], cl, ACTS[act], pool, prec, det)
+    why = lib.ff_fused_conv_act_pool_unsupported(*a)
+    if why:
+        return None, why.decode()
+    nws = lib.ff_fused_conv_act_pool_workspace_bytes(*a)
+    if out is None:
+        out = torch.full((c.N, c.K), float("nan"), device="cuda")   # poisoned
+    if pool == 0 and not det:
+        out.zero_()              # atomic mean accumulates into a zero-filled out; other modes overwrite the NaN poison
+    if ws is None:
+        ws = torch.zeros(max(nws, 16), dtype=torch.uint8, device="cuda")
+    rc = lib.ff_fused_conv_act_pool(xin.data_ptr(), win.data_ptr(), b.data_ptr() if b is not None else None,
+                                    out.data_ptr(), *a, ws.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"kernel returned {rc}")
+    return out, None
+
+
+def modes():
+    # (label, dtype, prec)
+    return [("tf32", torch.float32, 0), ("ieee", torch.float32, 1), ("bf16", torch.bfloat16, 0), ("fp16", torch.float16, 0)]
+
+
+def prep(x, w, dtype, cl):
+    xd = x.to(dtype)
+    xin = xd.contiguous(memory_format=torch.channels_last) if cl else xd.contiguous()
+    return xd, xin, w.to(dtype).contiguous()
+
+
+def check_all(lib, quick):
+    cases = [
+        Case("seed", 128, 8, 256, 256, 64, 3, 3),
+        Case("N1 C3 37x45 K40 nobias", 1, 3, 37, 45, 40, 3, 3, bias=False),
+        Case("C8 33x50 s2 p1", 2, 8, 33, 50, 64, 3, 3, stride=(2, 2), pad=(1, 1)),
+        Case("C5 40x31 p1 d2 K16", 3, 5, 40, 31, 16, 3, 3, pad=(1, 1), dil=(2, 2)),
+        Case("C8 20x300 K72 1x1", 2, 8, 20, 300, 72, 1, 1),
+        Case("C16 1x3 p(0,1) K130", 2, 16, 19, 23, 130, 1, 3, pad=(0, 1)),
+        Case("C8 12x5000 K64 (segments)", 1, 8, 12, 5000, 64, 3, 3),
+        Case("C24 3x1 s(1,2) H17 W9", 2, 24, 17, 9, 33, 3, 1, stride=(1, 2)),
+    ]
+    results, fails = [], 0
+    for c in cases:
+        x, w, b = make_inputs(c, 1)
+        ref_cache = {}
+        for label, dtype, prec in modes():
+            for cl in (0, 1):
+                xd, xin, wd = prep(x, w, dtype, cl)
+                key = dtype
+                if key not in ref_cache:
+                    ref_cache[key] = ref_conv64(c, xd, wd, b)
+                y64 = ref_cache[key]
+                combos = []
+                acts = list(ACTS) if (c.name == "seed" and cl == 0) or c.name.startswith("N1") else ["gelu_erf"]
+                for act in acts:
+                    combos.append((act, 0, 0))
+                if not quick or c.name != "seed" or (label == "tf32" and cl == 0) or label == "ieee":
+                    combos += [("gelu_erf", 0, 1), ("gelu_erf", 1, 0), ("gelu_erf", 1, 1), ("relu", 1, 0)]
+                for act, pool, det in combos:
+                    out, why = run_kernel(lib, c, xin, wd, b, dtype, cl, act, pool, prec, det)
+                    if why:
+                        results.append(dict(case=c.name, mode=label, cl=cl, act=act, pool=pool, det=det, unsupported=why))
+                        print(f"  {c.name:28s} {label:5s} cl={cl} {act:9s} pool={pool} det={det}: UNSUPPORTED {why}")
+                        continue
+                    torch.cuda.synchronize()
+                    ref = ref_pool(y64, act, pool)
+                    err = ((out.double() - ref).norm() / ref.norm()).item()
+                    maxabs = (out.double() - ref).abs().max().item()
+                    ok = err <= TOL[label] and bool(torch.isfinite(out).all())
+                    bitsame = None
+                    if det or pool == 1:
+                        out2, _ = run_kernel(lib, c, xin, wd, b, dtype, cl, act, pool, prec, det)
+                        bitsame = bool(torch.equal(out.view(torch.int32), out2.view(torch.int32)))
+                        ok = ok and bitsame
+                    fails += not ok
+                    results.append(dict(case=c.name, mode=label, cl=cl, act=act, pool=pool, det=det, rel_err=err,
+                                        max_abs=maxabs, ok=ok, repeat_bitwise=bitsame))
+                    if not ok or c.name == "seed" or act == "gelu_erf":
+                        print(f"  {c.name:28s} {label:5s} cl={cl} {act:9s} pool={pool} det={det}: rel {err:.2e} "
+                              f"maxabs {maxabs:.2e} {'ok' if ok else 'FAIL'}" + ("" if bitsame is None else f" bits={bitsame}"),
+                              flush=True)
+        del ref_cache
+        torch.cuda.empty_cache()
+    # unsupported report
+    for c in [Case("C16 3x3 (too many taps)", 1, 16, 32, 32, 64, 3, 3), Case("W huge dilation", 1, 8, 8, 64, 8, 3, 3, dil=(1, 200))]:
+        why = lib.ff_fused_conv_act_pool_unsupported(*c.args(0, 0, 2, 0, 0, 0))
+        print(f"  unsupported check {c.name}: {why.decode() if why else 'SUPPORTED'}")
+        results.append(dict(case=c.name, unsupported=why.decode() if why else None))
+    return results, fails
+
+
+def time_seed(lib, reps, variants):
+    c = Case("seed", 128, 8, 256, 256, 64, 3, 3)
+    x, w, b = make_inputs(c, 2)
+    flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
+    rows = []
+    for var in variants:
+        saved = {}
+        for kv in filter(None, var.split(",")):
+            k, v = kv.split("=")
+            saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        for label, dtype, prec in modes():
+            for cl in (0, 1):
+                xd, xin, wd = prep(x, w, dtype, cl)
+                for act, pool, det in [("gelu_erf", 0, 0), ("gelu_erf", 0, 1), ("gelu_erf", 1, 0), ("none", 0, 0)]:
+                    if (act, pool, det) != ("gelu_erf", 0, 0) and (var or label not in ("tf32", "bf16") or cl != 0):
+                        continue
+                    a = c.args(DT[dtype], cl, ACTS[act], pool, prec, det)
+                    nws = lib.ff_fused_conv_act_pool_workspace_bytes(*a)
+                    out = torch.zeros(c.N, c.K, device="cuda")
+                    ws = torch.zeros(max(nws, 16), dtype=torch.uint8, device="cuda")
+                    stream = torch.cuda.current_stream().cuda_stream
+
+                    def call():
+                        out.zero_()
+                        rc = lib.ff_fused_conv_act_pool(xin.data_ptr(), wd.data_ptr(), b.data_ptr(), out.data_ptr(), *a,
+                                                        ws.data_ptr(), stream)
+                        assert rc == 0, rc
+                    for _ in range(5):
+                        call()
+                    ts = []
+                    for _ in range(reps):
+                        flush.fill_(1.0)
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                        call()
+                        e1.record()
+                        e1.synchronize()
+                        ts.append(e0.elapsed_time(e1))
+                    ts.sort()
+                    med = ts[len(ts) // 2]
+                    tflops = 2 * c.N * c.K * 254 * 254 * c.C * 9 / (med * 1e-3) / 1e12
+                    row = dict(variant=var or "default", mode=label, cl=cl, act=act, pool=pool, det=det, median_ms=med,
+                               min_ms=ts[0], tflops=tflops)
+                    rows.append(row)
+                    print(f"  {row['variant']:24s} {label:5s} cl={cl} {act:9s} pool={pool} det={det}: median {med:.4f} ms "
+                          f"(min {ts[0]:.4f}) {tflops:6.1f} TFLOP/s", flush=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rows
+
+
+def main():
+    quick = os.environ.get("FF_PROBE_QUICK") == "1"
+    reps = int(os.environ.get("FF_PROBE_REPS", "40"))
+    variants = [""] + [v for v in os.environ.get("FF_PROBE_VARIANTS", "").split(";") if v]
+    lib = load_lib()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    res = {}
+    if os.environ.get("FF_PROBE_SKIP_CHECK") != "1":
+        print("== correctness vs float64 ==", flush=True)
+        res["checks"], fails = check_all(lib, quick)
+        res["check_failures"] = fails
+        print(f"check failures: {fails}", flush=True)
+    print("== timing, seed (128x8x256x256 -> 64, 3x3), median of %d, L2 flushed ==" % reps, flush=True)
+    res["timing"] = time_seed(lib, reps, variants)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "probe_fused_a.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
