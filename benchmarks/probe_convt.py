@@ -1,5 +1,6 @@
-"""Probe (device): how fast can the transposed conv of seed B run through cuDNN?  PyTorch's call with and without
-cudnn.benchmark, in both layouts, against the cuDNN frontend's best plan (fullfuse.fallback.cudnn_dgrad)."""
+"""Probe (device): how fast can the convolutions of the seeds run through cuDNN?  A: PyTorch's conv2d in both layouts,
+with and without cudnn.benchmark (TF32).  B: the transposed conv likewise, against the cuDNN frontend's best plan
+(fullfuse.fallback.cudnn_dgrad)."""
 import torch
 import torch.nn.functional as F
 
@@ -7,6 +8,20 @@ from fullfuse.fallback import cudnn_dgrad
 from fullfuse.measure import time_cuda
 from fullfuse.precision import cudnn_conv_precision
 from fullfuse.spec import ConvTPoolReduceSpec
+
+x = torch.randn(128, 8, 256, 256, device="cuda")
+w = torch.randn(64, 8, 3, 3, device="cuda") * 0.1
+with cudnn_conv_precision("tf32"):
+    for layout, fmt in (("nchw", torch.contiguous_format), ("nhwc", torch.channels_last)):
+        xi, wi = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+        for bench in (False, True):
+            torch.backends.cudnn.benchmark = bench
+            ms = time_cuda(lambda: F.conv2d(xi, wi), repeats=10, warmup=2)["median_ms"]
+            print(f"A tf32 conv2d {layout} benchmark={bench}: {ms:.3f} ms", flush=True)
+    ms = time_cuda(lambda: x.contiguous(memory_format=torch.channels_last), repeats=10)["median_ms"]
+    print(f"A NCHW -> channels_last copy of x: {ms:.3f} ms", flush=True)
+torch.backends.cudnn.benchmark = False
+del x, w
 
 spec = ConvTPoolReduceSpec(3, 32, 64, (5,) * 3, (2,) * 3, (2,) * 3, (0,) * 3, (1,) * 3, True, (6,) * 3)
 for dtype, mode in ((torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfloat16, "bfloat16")):
