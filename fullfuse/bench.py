@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .cudnn_peer import cudnn_fused_a
 from .errors import UnsupportedError
 from .measure import environment, errors, peak_extra_memory, time_cuda
 from .model import fused_model
@@ -21,10 +22,12 @@ from .precision import cudnn_conv_precision, resolve
 from .seed_models import SEED_SHAPE, SMALL_SHAPE, seed_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-VARIANTS = ("eager", "compile", "compile-max-autotune", "fallback", "fused")
+VARIANTS = ("eager", "compile", "compile-max-autotune", "cudnn-fused-graph", "fallback", "fused")
 
 
-def _variant(name: str, model, precision: str) -> Optional[Callable]:
+def _variant(name: str, model, precision: str, x) -> Optional[Callable]:
+    if name == "cudnn-fused-graph":
+        return cudnn_fused_a(model, x) if x.dim() == 4 else None
     if name == "eager":
         return model
     if name == "compile":
@@ -55,7 +58,7 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
         del ref
     rows = []
     for name in variants:
-        fn_model = _variant(name, model, precision)
+        fn_model = _variant(name, model, precision, x)
         if fn_model is None:
             rows.append({"variant": name, "available": False})
             continue
@@ -90,7 +93,7 @@ def plot(results: List[Dict], path: Path) -> None:
         rows = [r for r in res["rows"] if r.get("available")]
         names = [r["variant"] for r in rows]
         values = [r["median_ms"] for r in rows]
-        bars = ax.bar(names, values, color=["#888" if n not in ("fallback", "fused") else "#2a7" for n in names])
+        bars = ax.bar(names, values, color=["#2a7" if n in ("fallback", "fused") else "#888" for n in names])
         ax.bar_label(bars, fmt="%.2f")
         ax.set_ylabel("median ms (lower is better)")
         ax.set_title(f"{res['family']} {tuple(res['shape'])} {res['dtype']} {res['mode']} {res['layout']}", fontsize=9)

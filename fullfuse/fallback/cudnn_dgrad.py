@@ -23,7 +23,7 @@ _handles: Dict[int, object] = {}
 _lock = threading.Lock()
 
 
-def _cudnn():
+def frontend():
     if os.environ.get("FULLFUSE_CUDNN_FRONTEND", "1") == "0":
         return None
     try:
@@ -35,7 +35,7 @@ def _cudnn():
 
 
 def available() -> bool:
-    return _cudnn() is not None
+    return frontend() is not None
 
 
 class _Entry:
@@ -44,12 +44,12 @@ class _Entry:
         self.ms, self.plans = ms, plans
 
 
-def _data_type(cudnn, dtype: torch.dtype):
+def data_type(cudnn, dtype: torch.dtype):
     return {torch.float32: cudnn.data_type.FLOAT, torch.bfloat16: cudnn.data_type.BFLOAT16,
             torch.float16: cudnn.data_type.HALF}[dtype]
 
 
-def _handle(cudnn, device: torch.device):
+def handle_for(cudnn, device: torch.device):
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _handles:
         with torch.cuda.device(index):
@@ -57,7 +57,7 @@ def _handle(cudnn, device: torch.device):
     return _handles[index]
 
 
-def _time_plan(graph, pack, workspace, index, handle) -> float:
+def time_plan(graph, pack, workspace, index, handle) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(_REPEATS):
@@ -72,8 +72,8 @@ def _time_plan(graph, pack, workspace, index, handle) -> float:
 
 
 def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
-    io = _data_type(cudnn, x.dtype)
-    handle = _handle(cudnn, x.device)
+    io = data_type(cudnn, x.dtype)
+    handle = handle_for(cudnn, x.device)
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT, handle=handle)
     tx = graph.tensor(name="x", dim=list(x.shape), stride=list(x.stride()), data_type=io)
@@ -82,7 +82,7 @@ def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
                           dilation=list(spec.dilation), compute_data_type=cudnn.data_type.FLOAT, name="convT")
     y = torch.empty(out_shape, dtype=x.dtype, device=x.device,
                     memory_format=torch.channels_last_3d if spec.dims == 3 else torch.channels_last)
-    ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(io)
+    ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).setdata_type(io)
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -98,7 +98,7 @@ def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
         try:
             ws = graph.get_workspace_size_plan_at_index(index)
             workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=x.device)
-            ms = _time_plan(graph, pack, workspace, index, handle)
+            ms = time_plan(graph, pack, workspace, index, handle)
         except Exception:
             continue
         if best is None or ms < best[1]:
@@ -110,7 +110,7 @@ def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
 
 def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str) -> Optional[torch.Tensor]:
     """x, weight in channels_last(_3d); returns the transposed conv output (no bias) in channels_last(_3d)."""
-    cudnn = _cudnn()
+    cudnn = frontend()
     if cudnn is None or spec.groups != 1:
         return None
     out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
@@ -130,7 +130,7 @@ def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Ten
     y = torch.empty(out_shape, dtype=x.dtype, device=x.device,
                     memory_format=torch.channels_last_3d if spec.dims == 3 else torch.channels_last)
     workspace = torch.empty(max(entry.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
-    handle = _handle(cudnn, x.device)
+    handle = handle_for(cudnn, x.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
     tx, tw, ty = entry.tensors
     entry.graph.execute_plan_at_index({tx: x, tw: weight, ty: y}, workspace, index=entry.index, handle=handle)
