@@ -160,11 +160,16 @@ def check_all(lib, quick):
                         bitsame = bool(torch.equal(out.view(torch.int32), out2.view(torch.int32)))
                         ok = ok and bitsame
                     fails += not ok
+                    e32 = None
+                    if dtype != torch.float32 and torch.float32 in ref_cache:   # end to end vs the fp32 model in float64
+                        r32 = ref_pool(ref_cache[torch.float32], act, pool)
+                        e32 = ((out.double() - r32).norm() / r32.norm()).item()
                     results.append(dict(case=c.name, mode=label, cl=cl, act=act, pool=pool, det=det, rel_err=err,
-                                        max_abs=maxabs, ok=ok, repeat_bitwise=bitsame))
+                                        max_abs=maxabs, ok=ok, repeat_bitwise=bitsame, rel_err_vs_fp32_model=e32))
                     if not ok or c.name == "seed" or act == "gelu_erf":
                         print(f"  {c.name:28s} {label:5s} cl={cl} {act:9s} pool={pool} det={det}: rel {err:.2e} "
-                              f"maxabs {maxabs:.2e} {'ok' if ok else 'FAIL'}" + ("" if bitsame is None else f" bits={bitsame}"),
+                              f"maxabs {maxabs:.2e} {'ok' if ok else 'FAIL'}" + ("" if bitsame is None else f" bits={bitsame}")
+                              + ("" if e32 is None else f" vs_fp32_model {e32:.2e}"),
                               flush=True)
         del ref_cache
         torch.cuda.empty_cache()

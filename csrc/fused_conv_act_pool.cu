@@ -56,6 +56,10 @@ struct FAParams {
   int CG, nu;                          // channel groups of 8, K-dim units = R*S*CG (<= 9)
   int BR, QS, nbands, nseg, nksl;      // output rows per band, output cols per segment, counts
   int TR, TWa;                         // smem tile rows / cols
+  unsigned long long mTWa, mTR;         // fast division magic (see fdiv)
+  int sTWa, sTR;
+  int dbg;                             // 1: skip staging, 2: skip MMA/epilogue (timing diagnostics only)
+  long long nitems_total;
   float inv_pq;
   float* ws_part; unsigned* ws_max; int* ws_cnt;
 };
@@ -121,6 +125,11 @@ __device__ __forceinline__ float dec_max(unsigned e) {
   return __uint_as_float((e & 0x80000000u) ? (e & 0x7FFFFFFFu) : ~e);
 }
 
+// exact n / d for 0 <= n < 2^31: (n * m) >> s with m = ceil(2^s / d), s = 31 + ceil(log2 d)
+__device__ __forceinline__ int fdiv(int n, unsigned long long m, int s) {
+  return (int)(((unsigned long long)(unsigned)n * m) >> s);
+}
+
 // --------------------------------------------------------------------------------------------------------------
 // Stage the input tile [CG][TR][TWa][8ch] (16-byte chunks) for this block; out-of-image positions are zero.
 template <int DT, bool ROUND>
@@ -128,7 +137,32 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
   constexpr int CPP = (DT == FF_F32) ? 2 : 1;          // 16-byte chunks per (cg,row,col)
   const int total = p.CG * p.TR * p.TWa * CPP;
   const int nthr = blockDim.x;
-  constexpr int UNR = 4;
+  if (p.nhwc && p.vec_ok) {                              // channels_last, C % 8 == 0: async 16-byte copies
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(tile);
+    for (int i = threadIdx.x; i < total; i += nthr) {
+      int half = (CPP == 2) ? (i & 1) : 0;
+      int rest = (CPP == 2) ? (i >> 1) : i;
+      int q1 = fdiv(rest, p.mTWa, p.sTWa), col = rest - q1 * p.TWa;
+      int cg = fdiv(q1, p.mTR, p.sTR), row = q1 - cg * p.TR;
+      int h = h0 + row, w = w0 + col;
+      bool ok = (h >= 0 && h < p.H && w >= 0 && w < p.W);
+      const char* src = reinterpret_cast<const char*>(p.x);
+      if (ok) src += ((((n * p.H + h) * p.W + w) * p.C) + cg * 8 + half * 4 * (CPP - 1)) * (DT == FF_F32 ? 4 : 2);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(sbase + i * 16), "l"(src), "r"(ok ? 16 : 0));
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    if (ROUND) {                                          // round to tf32 in place (each thread its own chunks)
+      for (int i = threadIdx.x; i < total; i += nthr) {
+        uint4* a = reinterpret_cast<uint4*>(tile + (size_t)i * 16);
+        uint4 v = *a;
+        v.x = f2tf32(__uint_as_float(v.x)); v.y = f2tf32(__uint_as_float(v.y));
+        v.z = f2tf32(__uint_as_float(v.z)); v.w = f2tf32(__uint_as_float(v.w));
+        *a = v;
+      }
+    }
+    return;
+  }
+  constexpr int UNR = (DT == FF_F32) ? 8 : 4;
   for (int base = threadIdx.x; base < total; base += UNR * nthr) {
     uint4 v[UNR];
 #pragma unroll
@@ -138,8 +172,8 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
       if (i < total) {
         int half = (CPP == 2) ? (i & 1) : 0;
         int rest = (CPP == 2) ? (i >> 1) : i;
-        int col = rest % p.TWa; rest /= p.TWa;
-        int row = rest % p.TR; int cg = rest / p.TR;
+        int q1 = fdiv(rest, p.mTWa, p.sTWa), col = rest - q1 * p.TWa;
+        int cg = fdiv(q1, p.mTR, p.sTR), row = q1 - cg * p.TR;
         int h = h0 + row, w = w0 + col;
         if (h >= 0 && h < p.H && w >= 0 && w < p.W) {
           const int c0 = cg * 8 + half * 4;
@@ -239,7 +273,7 @@ __device__ __forceinline__ void epi_dispatch(int act, float (&acc)[MT][2][4], fl
 constexpr int NU_MAX = 9;
 
 template <int DT, bool SPLIT, int MT, int NW, bool FULL>
-__global__ void __launch_bounds__(NW * 32, NW == 8 ? 1 : (DT == FF_F32 ? 2 : 3))
+__global__ void __launch_bounds__(NW * 32, NW == 8 ? 1 : (NW == 4 ? (DT == FF_F32 ? 2 : 3) : (DT == FF_F32 ? 4 : 6)))
 fused_conv_act_pool_kernel(const FAParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red_s[NW][MT * 16];
@@ -251,8 +285,22 @@ fused_conv_act_pool_kernel(const FAParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int chg = warp % CHG, stream = warp / CHG;
 
-  // block -> (n, kslice, band, seg); band fastest so neighbouring blocks share halo rows in L2
-  long long bid = blockIdx.x;
+  // ---- per-block constants: K-dim unit offsets into the smem tile (unit u = t * CG + cg, tap t = r * S + s) ----
+  int uoff[NU_MAX];
+#pragma unroll
+  for (int u = 0; u < NU_MAX; ++u) {
+    int uu = (FULL || u < p.nu) ? u : 0;
+    int t = uu / p.CG, cg = uu - t * p.CG, r = t / p.S, s = t - r * p.S;
+    uoff[u] = ((cg * p.TR + r * p.dh) * p.TWa + s * p.dw) * PIXB + tig * (PIXB / 4);
+  }
+  uint32_t wa[MT][NU_MAX][(DT == FF_F32) ? 4 : 2];
+  uint32_t wsm[MT][NU_MAX][SPLIT ? 4 : 1];
+  float bias_r[MT][2];
+  int ksl_loaded = -1;
+
+  // ---- persistent loop over work items (n, kslice, band, seg); band fastest so co-resident blocks share halos in L2
+  for (long long item_id = blockIdx.x; item_id < p.nitems_total; item_id += gridDim.x) {
+  long long bid = item_id;
   const int seg = (int)(bid % p.nseg); bid /= p.nseg;
   const int band = (int)(bid % p.nbands); bid /= p.nbands;
   const int ksl = (int)(bid % p.nksl);
@@ -262,19 +310,17 @@ fused_conv_act_pool_kernel(const FAParams p) {
   const int rows_b = min(p.BR, p.P - p0), qs_b = min(p.QS, p.Q - q0);
   const int kbase = ksl * 64 + chg * MT * 16;
 
+  __syncthreads();                                   // previous item done with the tile and red_s
   // ---- stage input tile (all threads) ----
-  stage_tile<DT, (DT == FF_F32 && !SPLIT)>(p, smem, n, p0 * p.sh - p.ph, q0 * p.sw - p.pw);
+  if (p.dbg != 1) stage_tile<DT, (DT == FF_F32 && !SPLIT)>(p, smem, n, p0 * p.sh - p.ph, q0 * p.sw - p.pw);
 
-  // ---- weights -> registers (fragment order), bias ----
-  // unit u = t * CG + cg, tap t = r * S + s
-  uint32_t wa[MT][NU_MAX][(DT == FF_F32) ? 4 : 2];
-  uint32_t wsm[MT][NU_MAX][SPLIT ? 4 : 1];
-  int uoff[NU_MAX];
+  // ---- weights -> registers (fragment order), bias; reloaded only when the 64-channel slice changes ----
+  if (ksl != ksl_loaded) {
+  ksl_loaded = ksl;
 #pragma unroll
   for (int u = 0; u < NU_MAX; ++u) {
     int uu = (FULL || u < p.nu) ? u : 0;
     int t = uu / p.CG, cg = uu - t * p.CG, r = t / p.S, s = t - r * p.S;
-    uoff[u] = ((cg * p.TR + r * p.dh) * p.TWa + s * p.dw) * PIXB + tig * (PIXB / 4);
     const int c = cg * 8 + 2 * tig;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -298,7 +344,6 @@ fused_conv_act_pool_kernel(const FAParams p) {
       }
     }
   }
-  float bias_r[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -306,6 +351,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
       int k = kbase + mt * 16 + g + 8 * h;
       bias_r[mt][h] = (p.bias != nullptr && k < p.K) ? __ldg(p.bias + k) : 0.0f;
     }
+  }
 
   float redv[MT][2];
   const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
@@ -319,7 +365,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
   const int ntiles = rows_b * ppr;
   const uint32_t tile_base = (uint32_t)__cvta_generic_to_shared(smem);
   const int dq8 = 8 * p.sw * PIXB;
-  for (int it = stream; it < ntiles; it += NSTREAM) {
+  for (int it = (p.dbg == 2) ? ntiles : stream; it < ntiles; it += NSTREAM) {
     const int pl = it / ppr, qp = it - pl * ppr;
     const uint32_t pix = tile_base + (uint32_t)((pl * p.sh * p.TWa + (qp * 16 + g) * p.sw) * PIXB);
     float acc[MT][2][4];
@@ -442,7 +488,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
       }
     }
   }
-  if (p.pool == FF_POOL_MEAN && !p.det) return;
+  if (p.pool == FF_POOL_MEAN && !p.det) continue;
   // ---- last block of this image finishes (fixed order, same bits every run) and re-zeroes the workspace ----
   __threadfence();
   __syncthreads();
@@ -451,7 +497,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
     last_s = (old == p.nksl * nitems - 1);
   }
   __syncthreads();
-  if (!last_s) return;
+  if (!last_s) continue;
   __threadfence();
   for (int k = threadIdx.x; k < p.K; k += blockDim.x) {
     if (p.pool == FF_POOL_MEAN) {
@@ -467,6 +513,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
     }
   }
   if (threadIdx.x == 0) p.ws_cnt[n] = 0;
+  }  // item loop
 }
 
 // --------------------------------------------------------------------------------------------------------------
@@ -512,8 +559,10 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
   pl.MT = split ? 2 : 4;
   pl.NW = env_int("FF_FUSED_A_NW", 4);
-  if (pl.NW != 4 && pl.NW != 8) pl.NW = 4;
-  const long long budget = env_int("FF_FUSED_A_SMEM_KB", pl.NW == 8 ? 200 : 100) * 1024LL;
+  if (pl.NW != 2 && pl.NW != 4 && pl.NW != 8) pl.NW = 4;
+  // measured on H200 (seed): fp32 2 blocks x 100 KB (255 regs); 16-bit 3 blocks x 72 KB (168 regs)
+  const int kb_default = pl.NW == 8 ? 200 : (pl.NW == 4 ? (dtype == FF_F32 ? 100 : 72) : 50);
+  const long long budget = env_int("FF_FUSED_A_SMEM_KB", kb_default) * 1024LL;
   const int brcap = env_int("FF_FUSED_A_BRMAX", 64);
   // width segment: full output width if a 1-row band fits, else the widest multiple of 16 that fits
   auto tw_of = [&](long long qs) { return ((qs + 15) / 16 * 16 - 1) * sw + (long long)(S - 1) * dw + 1; };
@@ -555,13 +604,23 @@ int launch_t(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_t
   auto kern = fused_conv_act_pool_kernel<DT, SPLIT, MT, NW, FULL>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
   if (e != cudaSuccess) return (int)e;
-  kern<<<(unsigned)blocks, NW * 32, pl.smem, stream>>>(prm);
+  long long grid = blocks;
+  if (env_int("FF_FUSED_A_PERSIST", 1)) {
+    int dev = 0, nsm = 0, occ = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, NW * 32, pl.smem);
+    if (occ < 1) occ = 1;
+    if ((long long)occ * nsm < grid) grid = (long long)occ * nsm;
+  }
+  kern<<<(unsigned)grid, NW * 32, pl.smem, stream>>>(prm);
   return (int)cudaGetLastError();
 }
 
 template <int DT, bool SPLIT, int MT>
 int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_t stream) {
   const bool full = (pl.nu == NU_MAX);
+  if (pl.NW == 2) return full ? launch_t<DT, SPLIT, MT, 2, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 2, false>(prm, pl, blocks, stream);
   if (pl.NW == 8) return full ? launch_t<DT, SPLIT, MT, 8, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 8, false>(prm, pl, blocks, stream);
   return full ? launch_t<DT, SPLIT, MT, 4, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 4, false>(prm, pl, blocks, stream);
 }
@@ -601,6 +660,14 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
   prm.vec_ok = (channels_last && C % 8 == 0 && ((uintptr_t)x & 15) == 0) ? 1 : 0;
   prm.CG = pl.CG; prm.nu = pl.nu; prm.BR = pl.BR; prm.QS = pl.QS; prm.nbands = pl.nbands; prm.nseg = pl.nseg;
   prm.nksl = pl.nksl; prm.TR = pl.TR; prm.TWa = pl.TWa;
+  auto magic = [](int d, unsigned long long& m, int& sh) {
+    int l = 0; while ((1LL << l) < d) ++l;
+    sh = 31 + l; m = ((1ULL << sh) + (unsigned long long)d - 1) / (unsigned long long)d;
+  };
+  magic(pl.TWa, prm.mTWa, prm.sTWa);
+  magic(pl.TR, prm.mTR, prm.sTR);
+  prm.dbg = env_int("FF_FUSED_A_DBG", 0);
+  prm.nitems_total = N * pl.nksl * pl.nbands * pl.nseg;
   prm.inv_pq = (float)(1.0 / ((double)pl.P * (double)pl.Q));
   char* ws = (char*)workspace;
   prm.ws_cnt = pl.ws_bytes ? (int*)ws : nullptr;
