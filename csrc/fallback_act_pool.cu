@@ -1,0 +1,254 @@
+// Family A epilogue: out[n,k] = pool over the spatial positions s of act(y[n,k,s] + bias[k]) (global mean/max pool
+// after a conv), so y (the cuDNN output) is read exactly once, in fixed order (deterministic, no float atomics).
+//
+// Work is split into items of at most a few tens of KB.  An item whose (n,k) plane (layout 0) or image (layout 1)
+// is split across several items writes a partial to the workspace; the last item to finish (int counter +
+// __threadfence) sums the partials in index order and writes out.  One launch per call.
+#include "activation.cuh"
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+
+struct Plan {
+  long long C;    // items per plane (layout 0) / row chunks per image (layout 1)
+  long long len;  // elements per item (layout 0) / rows per chunk (layout 1)
+};
+
+// Depends on the shape only (not dtype), so the workspace size is known before the dtype is.
+Plan make_plan(long long N, long long K, long long S, int channels_last) {
+  if (!channels_last) {  // warp items over a plane of S contiguous elements
+    const long long P = N * K;
+    long long C = ff_ceil_div(S, 8192);
+    while (P * C < 8192 && ff_ceil_div(S, C) > 2048) C *= 2;  // small batch: more, shorter items
+    if (C > 4096) C = 4096;                                   // bounds the finalize (<= 128 partials a lane)
+    const long long len = ff_ceil_div(ff_ceil_div(S, C), 256) * 256;
+    return {ff_ceil_div(S, len), len};
+  }
+  long long rows = 32768 / K;                                  // ~32 K elements a block item
+  if (rows < 64) rows = 64;                                    // partials <= y / 64
+  while (N * ff_ceil_div(S, rows) < 1024 && rows > 8) rows = ff_ceil_div(rows, 2);
+  if (ff_ceil_div(S, rows) > 4096) rows = ff_ceil_div(S, 4096);
+  return {ff_ceil_div(S, rows), rows};
+}
+
+// Workspace: int counters (one per plane or per image), then float partials.  Empty when nothing is split.
+size_t counters_bytes(long long n) { return (size_t)ff_ceil_div(n * 4, 256) * 256; }
+
+template <bool MAX>
+__device__ __forceinline__ float finish(float v, float scale) { return MAX ? v : v * scale; }
+
+// act(x + b) folded into one lane's V accumulators.
+template <int ACT, bool MAX, int V>
+__device__ __forceinline__ void fold(float (&acc)[V], const float (&x)[V], const float (&b)[V]) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = ff_red<MAX>::op(acc[e], ff_activate<ACT>(x[e] + b[e]));
+}
+
+template <bool MAX>
+__device__ __forceinline__ float warp_all(float v) {  // xor butterfly: every lane ends with the same bits
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = ff_red<MAX>::op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---- layout 0: y[(n*K+k)*S + s]. One warp per item = a contiguous range of one plane: warp w of block
+// (x, c) handles plane p = 8x + w, chunk c.  (No 64-bit divisions: they compile to calls.) ----
+template <typename T, int ACT, bool MAX>
+__global__ void __launch_bounds__(kThreads, 4) pool_planes(const T* __restrict__ y, const float* __restrict__ bias,
+                                                         float* __restrict__ out, unsigned P, unsigned K,
+                                                         long long S, int C, long long len, float scale,
+                                                         int* __restrict__ cnt, float* __restrict__ part) {
+  constexpr int V = ff_vec_width<T>::value, U = 4;
+  using R = ff_red<MAX>;
+  const int lane = threadIdx.x & 31;
+  const unsigned p = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (p >= P) return;
+  const long long lo = blockIdx.y * len, item = (long long)p * C + blockIdx.y;
+  const long long n_el = min(len, S - lo);
+  const T* src = y + p * S + lo;
+  const float b1 = bias ? bias[p % K] : -0.0f;  // -0: y + (-0) == y bit for bit
+  float b[V], acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) b[e] = b1, acc[e] = R::identity();
+
+  // scalar head up to 16-byte alignment, 16-byte vectors, scalar tail
+  const long long head = min((long long)((16 - ((uintptr_t)src & 15)) & 15) / (long long)sizeof(T), n_el);
+  if (lane < head) acc[0] = R::op(acc[0], ff_activate<ACT>(ff_load1(src + lane) + b1));
+  const T* vsrc = src + head;
+  const long long nv = (n_el - head) / V;
+  long long i = lane;
+  for (; i + 32 * (U - 1) < nv; i += 32 * U) {
+    float x[U][V];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ff_load<T, V>(vsrc + (i + 32 * u) * V, x[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) fold<ACT, MAX, V>(acc, x[u], b);
+  }
+  for (; i < nv; i += 32) {
+    float x[V];
+    ff_load<T, V>(vsrc + i * V, x);
+    fold<ACT, MAX, V>(acc, x, b);
+  }
+  const long long tail = n_el - head - nv * V;
+  if (lane < tail) acc[V - 1] = R::op(acc[V - 1], ff_activate<ACT>(ff_load1(vsrc + nv * V + lane) + b1));
+
+  float v = warp_all<MAX>(R::template all<V>(acc));
+  if (C == 1) {
+    if (lane == 0) out[p] = finish<MAX>(v, scale);
+    return;
+  }
+  int last = 0;
+  if (lane == 0) {
+    part[item] = v;
+    __threadfence();
+    last = atomicAdd(&cnt[p], 1) == C - 1;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();
+  v = R::identity();
+#pragma unroll 8
+  for (int c = lane; c < C; c += 32) v = R::op(v, __ldcg(part + (long long)p * C + c));
+  v = warp_all<MAX>(v);
+  if (lane == 0) out[p] = finish<MAX>(v, scale);
+}
+
+// ---- layout 1: y[(n*S+s)*K + k]. One block per item = (image n, row chunk c, column block b). ----
+// Thread t owns vector column b*Cw + t%Cw and rows t/Cw + R*j of the chunk; rows are combined in smem in fixed order.
+template <typename T, int ACT, bool MAX, int V>
+__global__ void __launch_bounds__(kThreads, 4) pool_rows(const T* __restrict__ y, const float* __restrict__ bias,
+                                                       float* __restrict__ out, long long K, long long S, int C,
+                                                       long long rows, int B, int Cw, int R, float scale,
+                                                       int* __restrict__ cnt, float* __restrict__ part) {
+  constexpr int U = V == 1 ? 8 : 4;
+  using Op = ff_red<MAX>;
+  __shared__ float red[kThreads * V];
+  __shared__ int last;
+  const int t = threadIdx.x;
+  const long long Kv = K / V;
+  const int b = (int)(blockIdx.x % (unsigned)B);  // 32-bit divisions (blockIdx.x < 2^31)
+  const unsigned nc = blockIdx.x / (unsigned)B, n = nc / (unsigned)C, c = nc - n * C;
+  const long long col = (long long)b * Cw + t % Cw, r0 = c * rows, r1 = min(S, r0 + rows);
+  const int rl = t / Cw;
+
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = Op::identity();
+  if (rl < R && col < Kv) {
+    float bv[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) bv[e] = bias ? bias[col * V + e] : -0.0f;
+    const T* base = y + n * S * K + col * V;
+    long long r = r0 + rl;
+    for (; r + (long long)R * (U - 1) < r1; r += (long long)R * U) {
+      float x[U][V];
+#pragma unroll
+      for (int u = 0; u < U; ++u) ff_load<T, V>(base + (r + (long long)R * u) * K, x[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) fold<ACT, MAX, V>(acc, x[u], bv);
+    }
+    for (; r < r1; r += R) {
+      float x[V];
+      ff_load<T, V>(base + r * K, x);
+      fold<ACT, MAX, V>(acc, x, bv);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) red[t * V + e] = acc[e];
+  __syncthreads();
+  for (int q = t; q < Cw * V; q += kThreads) {  // q = (column in block, component)
+    const long long k = ((long long)b * Cw) * V + q;
+    if (k >= K) break;
+    float v = red[q];
+    for (int j = 1; j < R; ++j) v = Op::op(v, red[j * Cw * V + q]);
+    if (C == 1) out[n * K + k] = finish<MAX>(v, scale);
+    else part[((long long)n * C + c) * K + k] = v;
+  }
+  if (C == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (t == 0) last = atomicAdd(&cnt[n], 1) == C * B - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // finalize image n: channel k's C partials summed in index order, split into Pp contiguous runs when K is small
+  const float* pn = part + (long long)n * C * K;
+  if (2 * K <= kThreads) {
+    const int Kt = (int)K, Pp = min(kThreads / Kt, C), run = (C + Pp - 1) / Pp;
+    float v = Op::identity();
+    if (t < Kt * Pp) {
+      const int k = t % Kt, c0 = (t / Kt) * run, c1 = min(C, c0 + run);
+#pragma unroll 8  // loads issued ahead, adds in order
+      for (int cc = c0; cc < c1; ++cc) v = Op::op(v, __ldcg(pn + (long long)cc * K + k));
+    }
+    red[t] = v;  // every read of red above happened before the previous __syncthreads
+    __syncthreads();
+    if (t < K) {
+      v = red[t];
+      for (int j = 1; j < Pp; ++j) v = Op::op(v, red[j * K + t]);
+      out[n * K + t] = finish<MAX>(v, scale);
+    }
+  } else {
+    for (long long k = t; k < K; k += kThreads) {
+      float v = Op::identity();
+#pragma unroll 8
+      for (int cc = 0; cc < C; ++cc) v = Op::op(v, __ldcg(pn + (long long)cc * K + k));
+      out[n * K + k] = finish<MAX>(v, scale);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" size_t ff_act_pool_workspace_bytes(long long N, long long K, long long S, int channels_last) {
+  if (N < 1 || K < 1 || S < 1) return 0;
+  const Plan pl = make_plan(N, K, S, channels_last);
+  if (pl.C == 1) return 0;
+  const long long units = channels_last ? N : N * K;  // counters
+  const long long parts = channels_last ? N * pl.C * K : N * K * pl.C;
+  return counters_bytes(units) + (size_t)parts * sizeof(float);
+}
+
+extern "C" int ff_act_pool(const void* y, int dtype, const float* bias, float* out, long long N, long long K,
+                           long long S, int channels_last, int activation, int pool, void* workspace,
+                           cudaStream_t stream) {
+  if (N < 1 || K < 1 || S < 1 || N * K > 0x7fffffffLL || !y || !out || (pool != FF_POOL_MEAN && pool != FF_POOL_MAX))
+    return (int)cudaErrorInvalidValue;
+  const Plan pl = make_plan(N, K, S, channels_last);
+  if (pl.C > 1 && !workspace) return (int)cudaErrorInvalidValue;
+  int* cnt = static_cast<int*>(workspace);
+  float* part = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                                     counters_bytes(channels_last ? N : N * K))
+                          : nullptr;
+  const float scale = (float)(1.0 / (double)S);
+  return ff_dispatch_dtype(dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    if ((uintptr_t)y % sizeof(T)) return (int)cudaErrorInvalidValue;
+    return ff_dispatch_act(activation, [&](auto act) {
+      return ff_dispatch_bool(pool == FF_POOL_MAX, [&](auto mx) {
+        constexpr int ACT = decltype(act)::value;
+        constexpr bool MAX = decltype(mx)::value;
+        const T* yt = static_cast<const T*>(y);
+        if (!channels_last) {
+          const dim3 grid((unsigned)ff_ceil_div(N * K, kWarps), (unsigned)pl.C);  // C <= 4096
+          pool_planes<T, ACT, MAX><<<grid, kThreads, 0, stream>>>(yt, bias, out, (unsigned)(N * K), (unsigned)K, S,
+                                                                   (int)pl.C, pl.len, scale, cnt, part);
+          return (int)cudaGetLastError();
+        }
+        constexpr int VW = ff_vec_width<T>::value;
+        const bool vec = K % VW == 0 && (uintptr_t)y % 16 == 0;
+        const long long Kv = vec ? K / VW : K;
+        const int Cw = (int)min(Kv, (long long)kThreads), B = (int)ff_ceil_div(Kv, Cw), R = kThreads / Cw;
+        const long long blocks = N * pl.C * B;
+        if (blocks > 0x7fffffffLL) return (int)cudaErrorInvalidValue;
+        if (vec)
+          pool_rows<T, ACT, MAX, VW><<<(unsigned)blocks, kThreads, 0, stream>>>(yt, bias, out, K, S, (int)pl.C, pl.len,
+                                                                               B, Cw, R, scale, cnt, part);
+        else
+          pool_rows<T, ACT, MAX, 1><<<(unsigned)blocks, kThreads, 0, stream>>>(yt, bias, out, K, S, (int)pl.C, pl.len,
+                                                                              B, Cw, R, scale, cnt, part);
+        return (int)cudaGetLastError();
+      });
+    });
+  });
+}
