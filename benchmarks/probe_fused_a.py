@@ -6,7 +6,9 @@ over the seed problem and odd shapes, for every precision/dtype/layout/pool/redu
 (CUDA events, warm-up, median of >= 30, 256 MB L2 flush before each run) and prints a table; JSON goes to $OUT.
 
 Env: FF_FUSED_A_SO, FF_PROBE_QUICK=1 (fewer cases), FF_PROBE_REPS (timed runs, default 40),
-FF_PROBE_VARIANTS (';'-separated list of 'VAR=VAL,VAR=VAL' env settings to time, e.g. 'FF_FUSED_A_NW=8').
+FF_PROBE_VARIANTS (';'-separated list of 'VAR=VAL,VAR=VAL' env settings to time, e.g. 'FF_FUSED_A_IMPL=1'; the
+library reads its knobs once per process, so each variant runs in a child process; prefix a variant with 'check:' to
+also run the quick correctness pass under it), FF_PROBE_TIME_ALL=1 (time every pool/det/act combination per mode).
 """
 from __future__ import annotations
 
@@ -105,8 +107,15 @@ def run_kernel(lib, c, xin, win, b, dtype, cl, act, pool, prec, det, out=None, w
 
 
 def modes():
-    # (label, dtype, prec)
-    return [("tf32", torch.float32, 0), ("ieee", torch.float32, 1), ("bf16", torch.bfloat16, 0), ("fp16", torch.float16, 0)]
+    # (label, dtype, prec); FF_PROBE_MODES=tf32,bf16 restricts
+    allm = [("tf32", torch.float32, 0), ("ieee", torch.float32, 1), ("bf16", torch.bfloat16, 0), ("fp16", torch.float16, 0)]
+    want = os.environ.get("FF_PROBE_MODES")
+    return [m for m in allm if not want or m[0] in want.split(",")]
+
+
+def layouts():
+    want = os.environ.get("FF_PROBE_LAYOUTS")   # "0", "1" or "0,1"
+    return [cl for cl in (0, 1) if not want or str(cl) in want.split(",")]
 
 
 def prep(x, w, dtype, cl):
@@ -125,13 +134,22 @@ def check_all(lib, quick):
         Case("C16 1x3 p(0,1) K130", 2, 16, 19, 23, 130, 1, 3, pad=(0, 1)),
         Case("C8 12x5000 K64 (segments)", 1, 8, 12, 5000, 64, 3, 3),
         Case("C24 3x1 s(1,2) H17 W9", 2, 24, 17, 9, 33, 3, 1, stride=(1, 2)),
+        Case("N5 C8 70x300 K64 (2 segs, blocks span images)", 5, 8, 70, 300, 64, 3, 3, pad=(1, 1)),
+        Case("C16 1x3 K64 (2 ch groups)", 3, 16, 21, 40, 64, 1, 3),
+        Case("C8 3x3 s(2,1) K48", 2, 8, 41, 37, 48, 3, 3, stride=(2, 1)),
+        Case("C4 5x1 d(2,1) K20 p(3,0)", 2, 4, 29, 33, 20, 5, 1, pad=(3, 0), dil=(2, 1)),
+        Case("C8 3x3 K64 W=1 H=300", 2, 8, 300, 3, 64, 3, 3),
     ]
     results, fails = [], 0
+    only = os.environ.get("FF_PROBE_CASES")       # '|'-separated substrings of case names
+    if only:
+        cases = [c for c in cases if any(o in c.name for o in only.split("|"))]
+    verbose = os.environ.get("FF_PROBE_VERBOSE") == "1"
     for c in cases:
         x, w, b = make_inputs(c, 1)
         ref_cache = {}
         for label, dtype, prec in modes():
-            for cl in (0, 1):
+            for cl in layouts():
                 xd, xin, wd = prep(x, w, dtype, cl)
                 key = dtype
                 if key not in ref_cache:
@@ -166,7 +184,7 @@ def check_all(lib, quick):
                         e32 = ((out.double() - r32).norm() / r32.norm()).item()
                     results.append(dict(case=c.name, mode=label, cl=cl, act=act, pool=pool, det=det, rel_err=err,
                                         max_abs=maxabs, ok=ok, repeat_bitwise=bitsame, rel_err_vs_fp32_model=e32))
-                    if not ok or c.name == "seed" or act == "gelu_erf":
+                    if verbose or not ok or c.name == "seed" or act == "gelu_erf":
                         print(f"  {c.name:28s} {label:5s} cl={cl} {act:9s} pool={pool} det={det}: rel {err:.2e} "
                               f"maxabs {maxabs:.2e} {'ok' if ok else 'FAIL'}" + ("" if bitsame is None else f" bits={bitsame}")
                               + ("" if e32 is None else f" vs_fp32_model {e32:.2e}"),
@@ -187,16 +205,12 @@ def time_seed(lib, reps, variants):
     flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
     rows = []
     for var in variants:
-        saved = {}
-        for kv in filter(None, var.split(",")):
-            k, v = kv.split("=")
-            saved[k] = os.environ.get(k)
-            os.environ[k] = v
         for label, dtype, prec in modes():
-            for cl in (0, 1):
+            for cl in layouts():
                 xd, xin, wd = prep(x, w, dtype, cl)
                 for act, pool, det in [("gelu_erf", 0, 0), ("gelu_erf", 0, 1), ("gelu_erf", 1, 0), ("none", 0, 0)]:
-                    if (act, pool, det) != ("gelu_erf", 0, 0) and (var or label not in ("tf32", "bf16") or cl != 0):
+                    if (act, pool, det) != ("gelu_erf", 0, 0) and os.environ.get("FF_PROBE_TIME_ALL") != "1" and (
+                            var or label not in ("tf32", "bf16") or cl != 0):
                         continue
                     a = c.args(DT[dtype], cl, ACTS[act], pool, prec, det)
                     nws = lib.ff_fused_conv_act_pool_workspace_bytes(*a)
@@ -228,19 +242,16 @@ def time_seed(lib, reps, variants):
                     rows.append(row)
                     print(f"  {row['variant']:24s} {label:5s} cl={cl} {act:9s} pool={pool} det={det}: median {med:.4f} ms "
                           f"(min {ts[0]:.4f}) {tflops:6.1f} TFLOP/s", flush=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return rows
 
 
 def main():
     quick = os.environ.get("FF_PROBE_QUICK") == "1"
     reps = int(os.environ.get("FF_PROBE_REPS", "40"))
-    variants = [""] + [v for v in os.environ.get("FF_PROBE_VARIANTS", "").split(";") if v]
+    variants = [v for v in os.environ.get("FF_PROBE_VARIANTS", "").split(";") if v]
     lib = load_lib()
+    if os.environ.get("FF_PROBE_CHILD") != "1":
+        os.environ["FF_FUSED_A_SO"] = os.environ.get("FF_FUSED_A_SO") or "/tmp/ff_fused_a_probe.so"
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     res = {}
     if os.environ.get("FF_PROBE_SKIP_CHECK") != "1":
@@ -249,9 +260,23 @@ def main():
         res["check_failures"] = fails
         print(f"check failures: {fails}", flush=True)
     print("== timing, seed (128x8x256x256 -> 64, 3x3), median of %d, L2 flushed ==" % reps, flush=True)
-    res["timing"] = time_seed(lib, reps, variants)
+    label = os.environ.get("FF_PROBE_LABEL", "")
+    res["timing"] = time_seed(lib, reps, [label])
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "probe_fused_a.json").write_text(json.dumps(res, indent=1))
+        tag = "".join(ch if ch.isalnum() else "_" for ch in label)
+        Path(os.environ["OUT"], f"probe_fused_a{('_' + tag) if tag else ''}.json").write_text(json.dumps(res, indent=1))
+    if os.environ.get("FF_PROBE_CHILD") == "1":
+        return
+    for var in variants:
+        check = var.startswith("check:")
+        var = var[len("check:"):] if check else var
+        env = dict(os.environ, FF_PROBE_CHILD="1", FF_PROBE_LABEL=var, FF_PROBE_QUICK="1",
+                   FF_PROBE_SKIP_CHECK="0" if check else "1")
+        for kv in filter(None, var.split(",")):
+            k, v = kv.split("=")
+            env[k] = v
+        print(f"== variant {var} (child process{', with checks' if check else ''}) ==", flush=True)
+        subprocess.run([sys.executable, __file__], env=env, check=False)
 
 
 if __name__ == "__main__":

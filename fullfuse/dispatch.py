@@ -94,4 +94,4 @@ def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = 
     if chosen == "fused":
         return fused_a.run(spec, x, weight, bias, mode, deterministic)
     module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
-    return module.run(spec, x, weight, bias, mode)
+    return module.run(spec, x, weight, bias, mode, deterministic)

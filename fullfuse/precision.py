@@ -65,3 +65,15 @@ def cudnn_conv_precision(mode: str):
             yield
         finally:
             torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def cudnn_settings(mode: str, deterministic: bool):
+    """cudnn_conv_precision(mode), and cuDNN's deterministic-algorithm switch while inside."""
+    saved = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = deterministic or saved
+    try:
+        with cudnn_conv_precision(mode):
+            yield
+    finally:
+        torch.backends.cudnn.deterministic = saved

@@ -1,5 +1,6 @@
 """Family A fallback: cuDNN conv (channels_last, precision as selected) -> csrc/fallback_act_pool.cu, which adds
-the bias, applies the activation and pools per (image, channel) in one read of the conv output."""
+the bias, applies the activation and pools per (image, channel) in one read of the conv output.  The batch runs
+in chunks so that the epilogue of one chunk overlaps the convolution of the next (pipeline.py)."""
 from __future__ import annotations
 
 import math
@@ -9,9 +10,10 @@ import torch.nn.functional as F
 
 from .. import launch
 from ..codes import ACTIVATIONS, POOLS, dtype_code
-from ..precision import cudnn_conv_precision
+from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec
 from ..weights import as_memory_format, float32_bias
+from . import pipeline
 
 LIB = "fallback_act_pool"
 _CONV = {2: F.conv2d, 3: F.conv3d}
@@ -25,18 +27,30 @@ def layout_of(y: torch.Tensor, dims: int):
     return y.contiguous(), 0
 
 
-def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> torch.Tensor:
-    memory_format = CHANNELS_LAST[spec.dims]
-    with cudnn_conv_precision(mode):
-        y = _CONV[spec.dims](x.contiguous(memory_format=memory_format), as_memory_format(weight, memory_format),
-                             None, spec.stride, spec.padding, spec.dilation)
+def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor) -> None:
+    """out[n, k] = pool over space of act(y[n, k, ...] + bias[k]); y is the bias-free conv output."""
     y, channels_last = layout_of(y, spec.dims)
     n, k = y.shape[:2]
     s = math.prod(y.shape[2:])
-    out = launch.new_output(n, k, device=x.device)
     ws_bytes = launch.call(LIB, "ff_act_pool_workspace_bytes", n, k, s, channels_last)
-    workspace = torch.zeros(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
+    workspace = torch.zeros(ws_bytes, dtype=torch.uint8, device=y.device) if ws_bytes else None
     launch.launch(LIB, "ff_act_pool", y, dtype_code(y.dtype), float32_bias(bias), out, n, k, s, channels_last,
-                  ACTIVATIONS[spec.activation], POOLS[spec.pool], workspace, device=x.device)
+                  ACTIVATIONS[spec.activation], POOLS[spec.pool], workspace, device=y.device)
+
+
+def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool = True) -> torch.Tensor:
+    memory_format = CHANNELS_LAST[spec.dims]
+    w = as_memory_format(weight, memory_format)
+    n, k = x.shape[0], spec.out_channels
+    out = launch.new_output(n, k, device=x.device)
+
+    def conv(n0, n1):
+        with cudnn_settings(mode, deterministic):
+            return _CONV[spec.dims](x[n0:n1].contiguous(memory_format=memory_format), w, None, spec.stride,
+                                    spec.padding, spec.dilation)
+
+    per_image = k * math.prod(spec.output_spatial(tuple(x.shape[2:]))) * x.element_size()
+    pipeline.run_chunked(x.device, pipeline.chunks(n, per_image), conv,
+                         lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
     out = out.to(x.dtype)
     return out.view(n, k, *([1] * spec.dims)) if spec.keepdim else out

@@ -71,7 +71,7 @@ def time_plan(graph, pack, workspace, index, handle) -> float:
     return min(times)
 
 
-def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
+def _build(cudnn, spec, x, weight, out_shape, mode, deterministic) -> Optional[_Entry]:
     io = data_type(cudnn, x.dtype)
     handle = handle_for(cudnn, x.device)
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -86,8 +86,11 @@ def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    if mode == "ieee" and x.dtype == torch.float32:
-        graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])   # no TF32: fp32-accurate plans only
+    notes = [cudnn.numerical_note.TENSOR_CORE] if mode == "ieee" and x.dtype == torch.float32 else []  # no TF32
+    if deterministic:
+        notes.append(cudnn.numerical_note.NONDETERMINISTIC)
+    if notes:
+        graph.deselect_numeric_notes(notes)
     graph.check_support()
     graph.build_plans(cudnn.build_plan_policy.ALL)
     count = graph.get_execution_plan_count()
@@ -99,30 +102,42 @@ def _build(cudnn, spec, x, weight, out_shape, mode) -> Optional[_Entry]:
             ws = graph.get_workspace_size_plan_at_index(index)
             workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=x.device)
             ms = time_plan(graph, pack, workspace, index, handle)
-        except Exception:
+        except Exception as exc:
+            _debug(f"plan {index} of {count} failed: {exc}")
             continue
         if best is None or ms < best[1]:
             best = (index, ms, ws)
     if best is None:
-        return None
+        raise RuntimeError(f"none of the {count} plans ran")
+    _debug(f"{count} plans, best #{best[0]} {best[1]:.3f} ms")
     return _Entry(graph, (tx, tw, ty), best[0], best[2], best[1], count)
 
 
-def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str) -> Optional[torch.Tensor]:
+def _debug(message: str) -> None:
+    global last_error
+    last_error = message
+    if os.environ.get("FULLFUSE_DEBUG"):
+        print(f"fullfuse: cuDNN frontend: {message}", file=sys.stderr, flush=True)
+
+
+last_error = ""
+
+
+def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
+                   deterministic: bool = True) -> Optional[torch.Tensor]:
     """x, weight in channels_last(_3d); returns the transposed conv output (no bias) in channels_last(_3d)."""
     cudnn = frontend()
     if cudnn is None or spec.groups != 1:
         return None
     out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
     key = (tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype, x.device,
-           spec.stride, spec.padding, spec.output_padding, spec.dilation, mode)
+           spec.stride, spec.padding, spec.output_padding, spec.dilation, mode, deterministic)
     with _lock:
         if key not in _entries:
             try:
-                _entries[key] = _build(cudnn, spec, x, weight, out_shape, mode)
-            except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: use PyTorch's call
-                if os.environ.get("FULLFUSE_DEBUG"):
-                    print(f"fullfuse: cuDNN frontend dgrad unavailable for {out_shape}: {exc}", file=sys.stderr)
+                _entries[key] = _build(cudnn, spec, x, weight, out_shape, mode, deterministic)
+            except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
+                _debug(f"dgrad unavailable for {out_shape} ({mode}): {type(exc).__name__}: {exc}")
                 _entries[key] = None
         entry = _entries[key]
     if entry is None:
