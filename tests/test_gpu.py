@@ -69,6 +69,15 @@ def test_seed_models(family, path, mode, channels_last):
     assert fused.plans[0].last_path in ("fused", "fallback")
 
 
+@pytest.mark.parametrize("case", [c for c in ALL_CASES if c.shape[0] > 1], ids=lambda c: f"{c.spec.family}:{c.name}")
+def test_chunked_overlap_pipeline(case, monkeypatch):
+    """One image per chunk: every chunk's conv and epilogue on two streams must give the unchunked answer."""
+    from fullfuse.fallback import pipeline
+    monkeypatch.setattr(pipeline, "CHUNK_BYTES", 1)
+    result = run_case(case, "fallback", precision="ieee", device="cuda", seed=SEED)
+    assert result["ok"], f"{result} (seed {SEED})"
+
+
 @pytest.mark.parametrize("family", ["A", "B"])
 def test_deterministic_bits(family):
     model = (SeedA() if family == "A" else SeedB()).cuda().eval()

@@ -3,7 +3,7 @@ while the epilogue kernel of chunk i (memory-bound) runs on a side stream.  Each
 hundred MB instead of the whole intermediate, so the peak extra memory drops too."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -11,8 +11,9 @@ CHUNK_BYTES = 256 << 20     # conv output per chunk
 _side_streams: Dict[int, torch.cuda.Stream] = {}
 
 
-def chunks(n: int, bytes_per_image: int, chunk_bytes: int = CHUNK_BYTES) -> List[Tuple[int, int]]:
+def chunks(n: int, bytes_per_image: int, chunk_bytes: Optional[int] = None) -> List[Tuple[int, int]]:
     """Even split of range(n) into chunks of at most ~chunk_bytes of conv output (at least one image each)."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     count = max(1, min(n, -(-n * bytes_per_image // chunk_bytes)))
     bounds = [round(i * n / count) for i in range(count + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(count) if bounds[i + 1] > bounds[i]]
