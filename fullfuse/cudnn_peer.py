@@ -42,7 +42,7 @@ def _build(cudnn, conv, x):
                      dilation=list(conv.dilation), compute_data_type=f32)
     a = g.gelu(input=g.bias(input=y, bias=tb))
     r = g.reduction(input=g.mul(a=a, b=ts), mode=cudnn.reduction_mode.ADD)
-    r.set_output(True).set_dim([n, k, 1, 1]).set_stride([k, 1, k, k]).setdata_type(f32)
+    r.set_output(True).set_dim([n, k, 1, 1]).set_stride([k, 1, k, k]).set_data_type(f32)
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])

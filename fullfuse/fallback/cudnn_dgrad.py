@@ -82,7 +82,7 @@ def _build(cudnn, spec, x, weight, out_shape, mode, deterministic) -> Optional[_
                           dilation=list(spec.dilation), compute_data_type=cudnn.data_type.FLOAT, name="convT")
     y = torch.empty(out_shape, dtype=x.dtype, device=x.device,
                     memory_format=torch.channels_last_3d if spec.dims == 3 else torch.channels_last)
-    ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).setdata_type(io)
+    ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(io)
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 CHUNK_BYTES = 256 << 20     # conv output per chunk
+OVERLAP = True              # epilogue on a side stream; False: both on the caller's stream, one after the other
 _side_streams: Dict[int, torch.cuda.Stream] = {}
 
 
@@ -29,8 +30,9 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 def run_chunked(device: torch.device, spans: List[Tuple[int, int]],
                 produce: Callable[[int, int], torch.Tensor], consume: Callable[[torch.Tensor, int, int], None]) -> None:
     """For each span: y = produce(n0, n1) on the current stream, then consume(y, n0, n1) on a side stream."""
-    if len(spans) == 1:
-        consume(produce(*spans[0]), *spans[0])
+    if len(spans) == 1 or not OVERLAP:
+        for n0, n1 in spans:
+            consume(produce(n0, n1), n0, n1)
         return
     main, side = torch.cuda.current_stream(device), _side_stream(device)
     for n0, n1 in spans:
