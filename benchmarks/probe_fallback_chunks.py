@@ -18,6 +18,9 @@ for family, model in (("A", SeedA()), ("B", SeedB())):
         with torch.no_grad():
             for mb in (24, 48, 96, 256, 1 << 16):
                 for overlap in (False, True):
-                    pipeline.CHUNK_BYTES, pipeline.OVERLAP = mb << 20, overlap
+                    pipeline.AUTOTUNE, pipeline.CHUNK_BYTES, pipeline.OVERLAP = False, mb << 20, overlap
                     ms = time_cuda(lambda: fused(x), repeats=15)["median_ms"]
                     print(f"{family} {fmt:13} chunk {mb:6d} MB overlap={overlap!s:5}: {ms:.3f} ms", flush=True)
+            pipeline.AUTOTUNE = True
+            ms = time_cuda(lambda: fused(x), repeats=15)["median_ms"]
+            print(f"{family} {fmt:13} autotuned: {ms:.3f} ms; chosen {pipeline.describe()[-1][1:]}", flush=True)

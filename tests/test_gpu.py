@@ -69,11 +69,14 @@ def test_seed_models(family, path, mode, channels_last):
     assert fused.plans[0].last_path in ("fused", "fallback")
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("case", [c for c in ALL_CASES if c.shape[0] > 1], ids=lambda c: f"{c.spec.family}:{c.name}")
-def test_chunked_overlap_pipeline(case, monkeypatch):
-    """One image per chunk: every chunk's conv and epilogue on two streams must give the unchunked answer."""
+def test_chunked_pipeline(case, overlap, monkeypatch):
+    """One image per chunk, with and without the side stream: must give the unchunked answer."""
     from fullfuse.fallback import pipeline
+    monkeypatch.setattr(pipeline, "AUTOTUNE", False)
     monkeypatch.setattr(pipeline, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(pipeline, "OVERLAP", overlap)
     result = run_case(case, "fallback", precision="ieee", device="cuda", seed=SEED)
     assert result["ok"], f"{result} (seed {SEED})"
 

@@ -33,6 +33,6 @@ def test_subpixel_equals_conv_transpose_on_random_problems():
 def test_chunks_cover_the_batch_evenly():
     assert pipeline.chunks(128, 16 << 20) == [(i * 16, i * 16 + 16) for i in range(8)]
     assert pipeline.chunks(1, 10 << 30) == [(0, 1)]
-    assert pipeline.chunks(5, 1) == [(0, 5)]
+    assert pipeline.chunks(5, 1, 1 << 20) == [(0, 5)]
     spans = pipeline.chunks(7, 200 << 20)
     assert spans[0][0] == 0 and spans[-1][1] == 7 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))

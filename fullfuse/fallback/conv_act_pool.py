@@ -50,7 +50,7 @@ def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode
                                     spec.padding, spec.dilation)
 
     per_image = k * math.prod(spec.output_spatial(tuple(x.shape[2:]))) * x.element_size()
-    pipeline.run_chunked(x.device, pipeline.chunks(n, per_image), conv,
-                         lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
+    key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
+    pipeline.run(x.device, key, n, per_image, conv, lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
     out = out.to(x.dtype)
     return out.view(n, k, *([1] * spec.dims)) if spec.keepdim else out

@@ -53,8 +53,8 @@ def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, 
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     out = launch.new_output(n, *pooled, device=x.device)
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
-    pipeline.run_chunked(x.device, pipeline.chunks(n, per_image),
-                         lambda n0, n1: transposed_conv(spec, x[n0:n1], weight, mode, deterministic),
-                         lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
+    key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
+    pipeline.run(x.device, key, n, per_image, lambda n0, n1: transposed_conv(spec, x[n0:n1], weight, mode, deterministic),
+                 lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
     out = out.to(x.dtype)
     return out.unsqueeze(1) if spec.keepdim else out
