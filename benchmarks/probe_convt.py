@@ -1,12 +1,9 @@
 """Probe (device): how fast can the transposed conv of seed B run?  PyTorch's call, sub-pixel forward convs, and the cuDNN frontend's best plan
-(fullfuse.fallback.cudnn_dgrad)."""
-import os
-import traceback
-
+(fullfuse.fallback.cudnn_conv)."""
 import torch
 import torch.nn.functional as F
 
-from fullfuse.fallback import cudnn_dgrad, subpixel
+from fullfuse.fallback import cudnn_conv, subpixel
 from fullfuse.measure import time_cuda
 from fullfuse.precision import cudnn_conv_precision
 from fullfuse.spec import ConvTPoolReduceSpec
@@ -25,22 +22,34 @@ for dtype, mode in ((torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfl
         fn = lambda: subpixel.conv_transpose(xc, wc, (2, 2, 2), (2, 2, 2), (0, 0, 0))  # noqa: E731
         rel = ((fn().float() - ref.float()).norm() / ref.float().norm()).item()
         rows.append((f"sub-pixel conv3d x8 (relerr vs torch {rel:.1e})", time_cuda(fn, repeats=10)["median_ms"]))
-        if dtype == torch.float32 and mode == "tf32":
-            try:  # the frontend's own error, with its traceback
-                cudnn_dgrad._build(cudnn_dgrad.frontend(), spec, xc, wc, tuple(ref.shape), mode, True)
-            except Exception:
-                traceback.print_exc()
         try:
-            y = cudnn_dgrad.conv_transpose(spec, xc, wc, mode)
+            y = cudnn_conv.conv_transpose(spec, xc, wc, mode)
             if y is None:
                 rows.append(("cudnn frontend", float("nan")))
             else:
                 rel = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
-                fn = lambda: cudnn_dgrad.conv_transpose(spec, xc, wc, mode)  # noqa: E731
+                fn = lambda: cudnn_conv.conv_transpose(spec, xc, wc, mode)  # noqa: E731
                 rows.append((f"cudnn frontend best plan (relerr vs torch {rel:.1e})", time_cuda(fn, repeats=10)["median_ms"]))
         except Exception as exc:
             rows.append((f"cudnn frontend error {exc}", float("nan")))
     for name, ms in rows:
         print(f"{mode:9} {name:60} {ms:8.3f} ms", flush=True)
-print("frontend last message:", cudnn_dgrad.last_error)
-print("frontend plans:", [(k[4], k[-1], i, round(ms, 3), n) for k, i, ms, n in cudnn_dgrad.describe()])
+print("frontend last message:", cudnn_conv.last_error)
+print("frontend plans:", [(k[4], k[-1], i, round(ms, 3), n) for k, i, ms, n in cudnn_conv.describe()])
+
+# Family A's conv through the frontend: channels_last input, and the NCHW input as it is (NHWC output).
+from fullfuse.spec import ConvActPoolSpec  # noqa: E402
+
+spec_a = ConvActPoolSpec(2, 8, 64, (3, 3), (1, 1), (0, 0), (1, 1), True)
+x = torch.randn(128, 8, 256, 256, device="cuda")
+w = (torch.randn(64, 8, 3, 3, device="cuda") * 0.1).contiguous(memory_format=torch.channels_last)
+for mode in ("tf32", "ieee"):
+    for name, xi in (("nchw input", x), ("nhwc input", x.contiguous(memory_format=torch.channels_last))):
+        y = cudnn_conv.conv_forward(spec_a, xi, w, mode)
+        if y is None:
+            print(f"A {mode} frontend fprop {name}: no plan ({cudnn_conv.last_error})", flush=True)
+            continue
+        ms = time_cuda(lambda: cudnn_conv.conv_forward(spec_a, xi, w, mode), repeats=10)["median_ms"]
+        with cudnn_conv_precision(mode):
+            torch_ms = time_cuda(lambda: F.conv2d(xi, w), repeats=10)["median_ms"]
+        print(f"A {mode} frontend fprop {name}: {ms:.3f} ms (torch's call {torch_ms:.3f} ms)", flush=True)

@@ -16,7 +16,7 @@ import torch
 
 from .cudnn_peer import cudnn_fused_a
 from .errors import UnsupportedError
-from .fallback import cudnn_dgrad, pipeline
+from .fallback import cudnn_conv, pipeline
 from .measure import environment, errors, peak_extra_memory, time_cuda
 from .model import fused_model
 from .precision import cudnn_conv_precision, resolve
@@ -77,7 +77,7 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
             row["plans"] = [str(p) for p in fn_model.plans]
             row["ran"] = [p.last_path for p in fn_model.plans]
             row["chunk_schedules"] = [str(d) for d in pipeline.describe()]
-            row["cudnn_frontend_plans"] = [str(d) for d in cudnn_dgrad.describe()]
+            row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe()]
         rows.append(row)
         print(f"  {name:22} {timing['median_ms']:8.3f} ms (min {timing['min_ms']:.3f})  relerr {err['relerr']:.2e}  "
               f"extra mem {extra / 2**20:8.1f} MB", flush=True)

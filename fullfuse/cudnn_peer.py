@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .fallback.cudnn_dgrad import data_type, frontend, handle_for, time_plan
+from .fallback.cudnn_conv import data_type, frontend, handle_for, time_plan
 
 
 def cudnn_fused_a(model: torch.nn.Module, x: torch.Tensor) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:

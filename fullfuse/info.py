@@ -5,7 +5,7 @@ import torch
 
 import cutlass_ops
 
-from .fallback import cudnn_dgrad
+from .fallback import cudnn_conv
 from .measure import environment
 
 
@@ -18,7 +18,7 @@ def main() -> int:
         print("GPU            none visible to torch: kernels cannot run here; the torch path serves every model")
     print(f"torch          {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']})")
     print(f"nvcc           {env['nvcc'] or 'not found (set CUDA_HOME): only cached kernels can be used'}")
-    print(f"cuDNN frontend {env['cudnn_frontend'] or 'not installed'} ({'importable' if cudnn_dgrad.available() else 'not importable'})")
+    print(f"cuDNN frontend {env['cudnn_frontend'] or 'not installed'} ({'importable' if cudnn_conv.available() else 'not importable'})")
     print(f"commit         {env['commit']}")
     cache = cutlass_ops.cache_dir()
     print(f"kernel cache   {cache}")

@@ -14,7 +14,7 @@ from ..codes import ACTIVATIONS, REDUCTIONS, dtype_code
 from ..precision import cudnn_settings
 from ..spec import ConvTPoolReduceSpec
 from ..weights import as_memory_format, float32_bias
-from . import cudnn_dgrad, pipeline, subpixel
+from . import cudnn_conv, pipeline, subpixel
 from .conv_act_pool import CHANNELS_LAST
 
 LIB = "fallback_window_reduce"
@@ -26,7 +26,7 @@ def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Te
     """The bias-free transposed conv output, channels_last(_3d) where cuDNN gives it so."""
     memory_format = CHANNELS_LAST[spec.dims]
     x = x.contiguous(memory_format=memory_format)
-    y = cudnn_dgrad.conv_transpose(spec, x, weight, mode, deterministic)
+    y = cudnn_conv.conv_transpose(spec, x, weight, mode, deterministic)
     if y is not None:
         return y
     with cudnn_settings(mode, deterministic):

@@ -1,9 +1,10 @@
-"""Transposed convolution through the cuDNN frontend (strided ``conv_dgrad``), with cuDNN's fastest plan.
+"""Convolutions through the cuDNN frontend with cuDNN's fastest plan: ``conv_fprop`` (family A's conv) and
+strided ``conv_dgrad`` (= ConvTranspose, family B's conv).
 
-PyTorch's own call picks a slow plan for some fp32 ConvTranspose3d problems (40.8 ms at the seed shape on an
-H200, against 1.21 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest
-is kept for the process.  Returns None whenever the frontend is missing or has no plan, and the caller falls
-back to PyTorch's call.  Set FULLFUSE_CUDNN_FRONTEND=0 to skip it.
+PyTorch's own call picks a slow plan for some problems (40.8 ms for seed B's fp32 ConvTranspose3d on an H200,
+against 1.2 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest is kept
+for the process.  Returns None whenever the frontend is missing or has no plan, and the caller falls back to
+PyTorch's call.  Set FULLFUSE_CUDNN_FRONTEND=0 to skip it.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..spec import ConvTPoolReduceSpec
+from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
 _REPEATS = 3
@@ -71,17 +72,25 @@ def time_plan(graph, pack, workspace, index, handle) -> float:
     return min(times)
 
 
-def _build(cudnn, spec, x, weight, out_shape, mode, deterministic) -> Optional[_Entry]:
+def _channels_last(shape, dtype, device):
+    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
+    return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
+
+
+def _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, deterministic) -> Optional[_Entry]:
     io = data_type(cudnn, x.dtype)
     handle = handle_for(cudnn, x.device)
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT, handle=handle)
     tx = graph.tensor(name="x", dim=list(x.shape), stride=list(x.stride()), data_type=io)
     tw = graph.tensor(name="w", dim=list(weight.shape), stride=list(weight.stride()), data_type=io)
-    ty = graph.conv_dgrad(loss=tx, filter=tw, padding=list(spec.padding), stride=list(spec.stride),
-                          dilation=list(spec.dilation), compute_data_type=cudnn.data_type.FLOAT, name="convT")
-    y = torch.empty(out_shape, dtype=x.dtype, device=x.device,
-                    memory_format=torch.channels_last_3d if spec.dims == 3 else torch.channels_last)
+    geometry = dict(padding=list(padding), stride=list(stride), dilation=list(dilation),
+                    compute_data_type=cudnn.data_type.FLOAT)
+    if kind == "dgrad":
+        ty = graph.conv_dgrad(loss=tx, filter=tw, **geometry)
+    else:
+        ty = graph.conv_fprop(image=tx, weight=tw, **geometry)
+    y = _channels_last(out_shape, x.dtype, x.device)
     ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(io)
     graph.validate()
     graph.build_operation_graph()
@@ -123,33 +132,50 @@ def _debug(message: str) -> None:
 last_error = ""
 
 
-def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
-                   deterministic: bool = True) -> Optional[torch.Tensor]:
-    """x, weight in channels_last(_3d); returns the transposed conv output (no bias) in channels_last(_3d)."""
+def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
+        deterministic: bool) -> Optional[torch.Tensor]:
+    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), or None (no frontend/plan)."""
     cudnn = frontend()
-    if cudnn is None or spec.groups != 1:
+    if cudnn is None:
         return None
-    out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
-    key = (tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype, x.device,
-           spec.stride, spec.padding, spec.output_padding, spec.dilation, mode, deterministic)
+    key = (kind, tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype, x.device,
+           tuple(out_shape), tuple(padding), tuple(stride), tuple(dilation), mode, deterministic)
     with _lock:
         if key not in _entries:
             try:
-                _entries[key] = _build(cudnn, spec, x, weight, out_shape, mode, deterministic)
+                _entries[key] = _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, deterministic)
             except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
-                _debug(f"dgrad unavailable for {out_shape} ({mode}): {type(exc).__name__}: {exc}")
+                _debug(f"{kind} unavailable for {tuple(out_shape)} ({mode}): {type(exc).__name__}: {exc}")
                 _entries[key] = None
         entry = _entries[key]
     if entry is None:
         return None
-    y = torch.empty(out_shape, dtype=x.dtype, device=x.device,
-                    memory_format=torch.channels_last_3d if spec.dims == 3 else torch.channels_last)
+    y = _channels_last(out_shape, x.dtype, x.device)
     workspace = torch.empty(max(entry.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
     handle = handle_for(cudnn, x.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
     tx, tw, ty = entry.tensors
     entry.graph.execute_plan_at_index({tx: x, tw: weight, ty: y}, workspace, index=entry.index, handle=handle)
     return y
+
+
+def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
+                   deterministic: bool = True) -> Optional[torch.Tensor]:
+    """The transposed conv (no bias), or None.  Not for fp32 "ieee": cuDNN's non-tensor-core dgrad plans take
+    ~200 ms at seed B, where sub-pixel forward convs take ~9 ms."""
+    if spec.groups != 1 or (mode == "ieee" and x.dtype == torch.float32):
+        return None
+    out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
+    return run("dgrad", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic)
+
+
+def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
+                 deterministic: bool = True) -> Optional[torch.Tensor]:
+    """The forward conv (no bias), or None."""
+    if spec.groups != 1:
+        return None
+    out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
+    return run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic)
 
 
 def describe() -> list:
