@@ -8,7 +8,8 @@ over the seed problem and odd shapes, for every precision/dtype/layout/pool/redu
 Env: FF_FUSED_A_SO, FF_PROBE_QUICK=1 (fewer cases), FF_PROBE_REPS (timed runs, default 40),
 FF_PROBE_VARIANTS (';'-separated list of 'VAR=VAL,VAR=VAL' env settings to time, e.g. 'FF_FUSED_A_IMPL=1'; the
 library reads its knobs once per process, so each variant runs in a child process; prefix a variant with 'check:' to
-also run the quick correctness pass under it), FF_PROBE_TIME_ALL=1 (time every pool/det/act combination per mode).
+also run the quick correctness pass under it), FF_PROBE_TIME_ALL=1 (time every pool/det/act combination per mode), FF_PROBE_SKIP_TIME=1, FF_PROBE_SKIP_CHECK=1,
+FF_PROBE_MODES=tf32,ieee,bf16,fp16 / FF_PROBE_LAYOUTS=0,1 / FF_PROBE_CASES=substr|substr (filters), FF_PROBE_VERBOSE=1.
 """
 from __future__ import annotations
 
@@ -261,6 +262,8 @@ def main():
         print(f"check failures: {fails}", flush=True)
     print("== timing, seed (128x8x256x256 -> 64, 3x3), median of %d, L2 flushed ==" % reps, flush=True)
     label = os.environ.get("FF_PROBE_LABEL", "")
+    if os.environ.get("FF_PROBE_SKIP_TIME") == "1":
+        return
     res["timing"] = time_seed(lib, reps, [label])
     if os.environ.get("OUT"):
         tag = "".join(ch if ch.isalnum() else "_" for ch in label)
