@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-chunks  check  bench-quick  bench-full  bench-dtypes
+#   tests  probe  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -22,6 +22,13 @@ for stage in "$@"; do
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;
+    final)   # the recorded comparison: one JSON + PNG per invocation, packed into one archive at the end
+      mkdir -p "$OUT/r"
+      for fam in A B; do ff bench --family $fam --layout contiguous --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; done
+      for d in bfloat16 float16; do ff bench --dtype $d --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" 2>&1 | tail -5; done
+      ff bench --precision ieee --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -5
+      for fam in A B; do ff bench --family $fam --layout channels_last --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; done
+      (cd "$OUT/r" && tar czf "$OUT/results.tgz" . && rm -rf "$OUT/r") ;;
     bench-dtypes)
       for p in tf32 ieee; do ff bench --precision $p --variants eager compile fallback fused --layout channels_last --out "$OUT" --tag $p 2>&1 | tail -8; done
       for d in bfloat16 float16; do ff bench --dtype $d --variants eager compile fallback fused --layout channels_last --out "$OUT" 2>&1 | tail -8; done ;;
