@@ -22,13 +22,14 @@ for stage in "$@"; do
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;
-    final)   # the recorded comparison: one JSON + PNG per invocation, packed into one archive at the end
+    final)   # the recorded comparison: one JSON + PNG per invocation, re-packed into one archive after each
       mkdir -p "$OUT/r"
-      for fam in A B; do ff bench --family $fam --layout contiguous --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; done
-      for d in bfloat16 float16; do ff bench --dtype $d --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" 2>&1 | tail -5; done
-      ff bench --precision ieee --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -5
-      for fam in A B; do ff bench --family $fam --layout channels_last --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; done
-      (cd "$OUT/r" && tar czf "$OUT/results.tgz" . && rm -rf "$OUT/r") ;;
+      pack() { (cd "$OUT/r" && tar czf "$OUT/results.tgz" .); }
+      for fam in A B; do ff bench --family $fam --layout contiguous --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; pack; done
+      for d in bfloat16 float16; do ff bench --dtype $d --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" 2>&1 | tail -5; pack; done
+      ff bench --precision ieee --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -5; pack
+      for fam in A B; do ff bench --family $fam --layout channels_last --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; pack; done
+      rm -rf "$OUT/r" ;;
     bench-dtypes)
       for p in tf32 ieee; do ff bench --precision $p --variants eager compile fallback fused --layout channels_last --out "$OUT" --tag $p 2>&1 | tail -8; done
       for d in bfloat16 float16; do ff bench --dtype $d --variants eager compile fallback fused --layout channels_last --out "$OUT" 2>&1 | tail -8; done ;;
