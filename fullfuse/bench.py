@@ -6,6 +6,7 @@ Results go to a JSON file (with commit, GPU, torch, CUDA, cuDNN) and a bar chart
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
 from datetime import datetime, timezone
@@ -114,14 +115,14 @@ def bench_cpu(families) -> int:
         x = torch.randn(SMALL_SHAPE[family])
         fused = fused_model(model)
         with torch.no_grad():
+            reference = copy.deepcopy(model).double()(x.double())
             for name, fn in (("eager", model), ("fullfuse (torch path)", fused)):
                 fn(x)
                 t0 = time.perf_counter()
                 for _ in range(5):
                     out = fn(x)
                 ms = (time.perf_counter() - t0) / 5 * 1e3
-                err = errors(out, model.double()(x.double()))
-                model.float()
+                err = errors(out, reference)
                 print(f"  {family} {tuple(x.shape)} {name:24} {ms:8.2f} ms  relerr {err['relerr']:.1e}")
         for plan in fused.plans:
             print(f"  plan: {plan}")

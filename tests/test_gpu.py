@@ -177,3 +177,11 @@ def test_fast_gelu_dense_sweep_and_specials():
     assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
     finite = torch.isfinite(want)
     assert torch.allclose(got[finite], want[finite]) and torch.equal(got[torch.isinf(want)], want[torch.isinf(want)])
+
+
+def test_torch_compile_fullgraph_on_gpu():
+    model = SeedA().cuda().eval()
+    compiled = torch.compile(fullfuse.fused_model(model), fullgraph=True)
+    x = _seed_input("A")[:2]
+    with torch.no_grad():
+        assert errors(compiled(x), _reference(model, x))["relerr"] <= TOLERANCE["tf32"]
