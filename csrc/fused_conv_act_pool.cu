@@ -1,52 +1,21 @@
 // Family A, fully fused: out[n,k] = pool_{p,q} act(conv2d(x, w)[n,k,p,q] + b[k]), one kernel, conv output never stored.
-// Reduces over all output pixels (p,q) of one image per output channel (a global average/max pool), so each block
-// owns (image, 64-channel slice, band of output rows, width segment) and only 64 partials per block leave the chip.
+// Reduces, per (image, output channel), over all output pixels (p,q) (a global average/max pool), so the conv output
+// can stay in registers: each block reduces its rows in registers and only 64 partials per image piece leave the chip.
 //
-// Design: implicit GEMM on mma.sync (TF32 m16n8k8; 3xTF32 for precision=ieee; bf16/fp16 m16n8k16 + k8).
-//   GEMM M = output channels (A = weights, register-resident for the whole block: K-dim <= 9 "units"),
-//   GEMM N = output pixels (B = im2col built straight from a shared-memory input tile with its halo),
-//   K-dim unit = one filter tap (r,s) x 8 input channels; smem tile layout [chgroup][row][col][8 ch].
-//   Epilogue in registers per 64ch x 16px tile: bias (as MMA C operand), activation, running sum/max per thread.
+// Two implementations, chosen per call:
+//   * sm_90 (H100/H200), fp32 input (TF32 / 3xTF32), stride-1 columns, K <= 64: wgmma path (fa_wgmma_kernel, below)
+//     - weights (A) and input rows (B, a shared-memory ring with the halo) both fed to the tensor cores by descriptors.
+//   * otherwise (16-bit inputs, sm_80, strided columns, K > 64, ...): implicit GEMM on mma.sync (TF32 m16n8k8; 3xTF32 for
+//     precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
+//     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
+//     = one filter tap (r,s) x 8 input channels; tile [chgroup][row][col][8 ch]; epilogue per 64ch x 16px tile.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include "codes.h"
-
-// --------------------------------------------------------------------------------------------------------------
-// Activations. If csrc/activation.cuh (template<int ACT> __device__ float ff_activate(float)) should be used
-// instead, build with -DFF_USE_ACTIVATION_CUH; the local versions below are the fast ones (8 ALU + 1 MUFU erf-GELU).
-#ifdef FF_USE_ACTIVATION_CUH
 #include "activation.cuh"
-template <int ACT> __device__ __forceinline__ float fa_act(float x) { return ff_activate<ACT>(x); }
-#else
-__device__ __forceinline__ float fa_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0,%1;" : "=f"(y) : "f"(x)); return y; }
-__device__ __forceinline__ float fa_rcp(float x) { float y; asm("rcp.approx.ftz.f32 %0,%1;" : "=f"(y) : "f"(x)); return y; }
-__device__ __forceinline__ float fa_maxnan(float a, float b) { float y; asm("max.NaN.f32 %0,%1,%2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
-__device__ __forceinline__ float fa_minnan(float a, float b) { float y; asm("min.NaN.f32 %0,%1,%2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
-template <int ACT> __device__ __forceinline__ float fa_act(float x) {
-  if (ACT == FF_ACT_NONE) return x;
-  if (ACT == FF_ACT_RELU) return fa_maxnan(x, 0.0f);            // relu(NaN) = NaN like PyTorch
-  if (ACT == FF_ACT_GELU_ERF) {                                  // relu(x) - |x| * Phi(-|x|), Phi(-u) = 2^P5(u)
-    float u = fa_minnan(fabsf(x), 16.0f);
-    float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);
-    r = fmaf(r, u, -0x1.abd318p-5f);
-    r = fmaf(r, u, -0x1.d6a0a2p-2f);
-    r = fmaf(r, u, -0x1.26a4a0p+0f);
-    r = fmaf(r, u, -0x1.000120p+0f);
-    return fmaf(-u, fa_ex2(r), fmaxf(x, 0.0f));
-  }
-  if (ACT == FF_ACT_GELU_TANH) {                                 // x * sigmoid(2 * sqrt(2/pi) * (x + 0.044715 x^3))
-    float x2 = x * x;
-    float z = x * fmaf(x2, -2.0f * 0.7978845608028654f * 0.044715f * 1.4426950408889634f,
-                       -2.0f * 0.7978845608028654f * 1.4426950408889634f);
-    return x * fa_rcp(1.0f + fa_ex2(z));
-  }
-  // SiLU
-  return x * fa_rcp(1.0f + fa_ex2(-1.4426950408889634f * x));
-}
-#endif
 
 // --------------------------------------------------------------------------------------------------------------
 struct FAParams {
@@ -58,7 +27,6 @@ struct FAParams {
   int TR, TWa;                         // smem tile rows / cols
   unsigned long long mTWa, mTR;         // fast division magic (see fdiv)
   int sTWa, sTR;
-  int dbg;                             // 1: skip staging, 2: skip MMA/epilogue (timing diagnostics only)
   long long nitems_total;
   float inv_pq;
   float* ws_part; unsigned* ws_max; int* ws_cnt;
@@ -239,9 +207,9 @@ __device__ __forceinline__ void epi_tile(float (&acc)[MT][2][4], float (&red)[MT
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float y = fa_act<ACT>(acc[mt][j][e]);
+          float y = ff_activate<ACT>(acc[mt][j][e]);
           if (POOL == FF_POOL_MEAN) red[mt][e >> 1] += y;
-          else red[mt][e >> 1] = fa_maxnan(red[mt][e >> 1], y);
+          else red[mt][e >> 1] = ff_max_nan(red[mt][e >> 1], y);
         }
   } else {
 #pragma unroll
@@ -251,9 +219,9 @@ __device__ __forceinline__ void epi_tile(float (&acc)[MT][2][4], float (&red)[MT
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           bool ok = (j * 8 + 2 * tig + (e & 1)) < nvalid;
-          float y = fa_act<ACT>(acc[mt][j][e]);
+          float y = ff_activate<ACT>(acc[mt][j][e]);
           if (POOL == FF_POOL_MEAN) red[mt][e >> 1] += ok ? y : 0.0f;
-          else if (ok) red[mt][e >> 1] = fa_maxnan(red[mt][e >> 1], y);
+          else if (ok) red[mt][e >> 1] = ff_max_nan(red[mt][e >> 1], y);
         }
   }
 }
@@ -312,7 +280,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
 
   __syncthreads();                                   // previous item done with the tile and red_s
   // ---- stage input tile (all threads) ----
-  if (p.dbg != 1) stage_tile<DT, (DT == FF_F32 && !SPLIT)>(p, smem, n, p0 * p.sh - p.ph, q0 * p.sw - p.pw);
+  stage_tile<DT, (DT == FF_F32 && !SPLIT)>(p, smem, n, p0 * p.sh - p.ph, q0 * p.sw - p.pw);
 
   // ---- weights -> registers (fragment order), bias; reloaded only when the 64-channel slice changes ----
   if (ksl != ksl_loaded) {
@@ -365,7 +333,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
   const int ntiles = rows_b * ppr;
   const uint32_t tile_base = (uint32_t)__cvta_generic_to_shared(smem);
   const int dq8 = 8 * p.sw * PIXB;
-  for (int it = (p.dbg == 2) ? ntiles : stream; it < ntiles; it += NSTREAM) {
+  for (int it = stream; it < ntiles; it += NSTREAM) {
     const int pl = it / ppr, qp = it - pl * ppr;
     const uint32_t pix = tile_base + (uint32_t)((pl * p.sh * p.TWa + (qp * 16 + g) * p.sw) * PIXB);
     float acc[MT][2][4];
@@ -456,7 +424,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
 #pragma unroll
       for (int o = 1; o <= 2; o <<= 1) {
         float w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = (p.pool == FF_POOL_MEAN) ? v + w : fa_maxnan(v, w);
+        v = (p.pool == FF_POOL_MEAN) ? v + w : ff_max_nan(v, w);
       }
       redv[mt][h] = v;
     }
@@ -476,7 +444,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
     float v = red_s[cgrp][kk];
     for (int st = 1; st < NSTREAM; ++st) {
       float w = red_s[st * CHG + cgrp][kk];
-      v = (p.pool == FF_POOL_MEAN) ? v + w : fa_maxnan(v, w);
+      v = (p.pool == FF_POOL_MEAN) ? v + w : ff_max_nan(v, w);
     }
     const int k = ksl * 64 + kl;
     if (k < p.K) {
@@ -516,6 +484,480 @@ fused_conv_act_pool_kernel(const FAParams p) {
   }  // item loop
 }
 
+// ==============================================================================================================
+// sm_90a path: wgmma SS (A = weights, B = pixels, both from shared memory through descriptors, no swizzle).
+//   GEMM M = 64 output channels, N = 128 consecutive output pixels (half of a 256-pixel row segment, stride 1), K = one
+//   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 whose second 8 columns have zero
+//   weights and read a zero block). The input rows live in a ring of RB shared-memory slots, one input row of one
+//   256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
+//   LBO = plane; 16-bit: [cg][col][8 ch]), so the im2col matrix of tap (r, s) is simply the slot of input row
+//   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
+//   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split.
+//   Rows stream through the ring with cp.async D rows ahead (16-bit non-vectorisable inputs: register loads overlapped
+//   with the wgmmas). Each block (one warpgroup, 64 accumulator registers, 4 blocks per SM so that one block's
+//   epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
+//   reuse of the R-1 halo rows between consecutive output rows.
+constexpr int WG_NT = 256;
+constexpr int WG_MAXOPS = 10;
+enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2 };
+constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
+
+struct WGParams {
+  const void* x; const void* w; const float* bias; float* out;
+  int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
+  int P, Q, act, pool, det, nhwc;
+  int CG, nops, nseg, TWa, RB, D;
+  int slot_bytes, small_off, ones_off, zeros_off, ring_off, a_small_off;   // smem: [A ops][ring][ones][zeros]
+  unsigned long long mCG, mTWa, mHP; int sCG, sTWa, sHP;
+  long long L, lines_img; int G, J;
+  float inv_pq;
+  int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
+  int op_r[WG_MAXOPS], op_off[WG_MAXOPS], op_lbo[WG_MAXOPS], op_lbo_zero[WG_MAXOPS];   // lbo_zero: 2nd K chunk = zero block
+  float* ws_part; unsigned* ws_max; int* ws_cnt;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_HAVE_WGMMA 1
+#endif
+
+#ifdef FA_HAVE_WGMMA
+__device__ __forceinline__ void wgh_tf32(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+    "{"
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+    "}, %64, %65, p, 1, 1;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+    : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgh_bf16(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+    "{"
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+    "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+    : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgh_f16(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+    "{"
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+    "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+    : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+#endif
+
+__device__ __forceinline__ void cp_wait_n(int n) {   // cp.async.wait_group needs an immediate
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
+// A-operand value (weights / bias) of op j at (row m = channel, column k)
+template <int DT>
+__device__ __forceinline__ float wg_opA(const WGParams& p, int j, int m, int k, bool hi_part) {
+  if (j >= p.nops || m >= p.K) return 0.0f;
+  const int KU = 8;
+  const int u = (k >= KU) ? p.op_u1[j] : p.op_u0[j];
+  const int kk = k & (KU - 1);
+  if (u == WG_UNIT_NONE) return 0.0f;
+  if (u == WG_UNIT_BIAS) {
+    if (kk > 1 || p.bias == nullptr) return 0.0f;
+    const float b = __ldg(p.bias + m);
+    float bh;
+    if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
+    else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));
+    else bh = __half2float(__float2half_rn(b));
+    return kk == 0 ? bh : b - bh;
+  }
+  const int t = u / p.CG, cg = u - t * p.CG, r = t / p.S, s = t - r * p.S;
+  const int c = cg * 8 + kk;
+  if (c >= p.C) return 0.0f;
+  return load_elem_f<DT>(p.w, (((long long)m * p.C + c) * p.R + r) * p.S + s);
+}
+
+template <int DT>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if (DT == FF_BF16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Epilogue of one 64 x 128 half tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}
+template <int ACT, int POOL>
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+  if (qv >= WG_NT / 2) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float y = ff_activate<ACT>(acc[4 * i + e]);
+        float& rr = red[e >> 1][e & 1];
+        rr = (POOL == FF_POOL_MEAN) ? rr + y : ff_max_nan(rr, y);
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = 8 * i + 2 * tig + (e & 1) < qv;
+        const float y = ff_activate<ACT>(acc[4 * i + e]);
+        float& rr = red[e >> 1][e & 1];
+        if (POOL == FF_POOL_MEAN) rr += ok ? y : 0.0f;
+        else if (ok) rr = ff_max_nan(rr, y);
+      }
+  }
+}
+
+template <int POOL>
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+  switch (act) {
+    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig); break;
+    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig); break;
+    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig); break;
+    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig); break;
+  }
+}
+
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig);
+  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig);
+}
+
+// All wgmmas of one half (128 pixels) of output row t (ring row of tap r: jr0 + r*dh)
+template <int DT, bool SPLIT>
+__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t ring, uint32_t ones, uint32_t zeros, uint32_t abase,
+                                         int jr0, int half) {
+#ifdef FA_HAVE_WGMMA
+  wg_fence();
+#pragma unroll
+  for (int j = 0; j < WG_MAXOPS; ++j) {
+    if (j < p.nops) {
+      uint32_t addr, sbo;
+      if (p.op_r[j] >= 0) {
+        addr = ring + (uint32_t)(((jr0 + p.op_r[j] * p.dh) & (p.RB - 1)) * p.slot_bytes + p.op_off[j] + half * (WG_NT / 2) * 16);
+        sbo = 128;
+      } else {
+        addr = ones; sbo = 0;
+      }
+      const uint32_t lbo = p.op_lbo_zero[j] ? zeros - addr : (uint32_t)p.op_lbo[j];
+      const uint64_t desc = (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+                            ((uint64_t)(sbo >> 4) << 32);
+      const uint64_t da = (uint64_t)(((abase + j * 2048) >> 4) & 0x3FFF) | ((uint64_t)(1024 >> 4) << 16) |
+                          ((uint64_t)(128 >> 4) << 32);
+      if (DT == FF_F32) {
+        if (SPLIT && p.op_u0[j] != WG_UNIT_BIAS) {
+          wgh_tf32(acc, da + (uint64_t)(p.a_small_off >> 4), desc, j > 0);
+          wgh_tf32(acc, da, desc + (uint64_t)(p.small_off >> 4), 1);
+          wgh_tf32(acc, da, desc, 1);
+        } else {
+          wgh_tf32(acc, da, desc, j > 0);
+        }
+      } else if (DT == FF_BF16) {
+        wgh_bf16(acc, da, desc, j > 0);
+      } else {
+        wgh_f16(acc, da, desc, j > 0);
+      }
+    }
+  }
+  wg_commit();
+#endif
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+
+// One input row (relative row j of the current piece) into its ring slot. MODE 0: issue (cp.async or register
+// loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; 3xTF32: also the small part).
+template <int DT, bool SPLIT, int LM, int MODE>
+__device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase) {
+  const int tid = threadIdx.x;
+  const bool hok = (h >= 0 && h < p.H);
+  if (LM == WG_LM_VEC) {
+    constexpr int CPP = (DT == FF_F32) ? 2 : 1;
+    const int nch = p.CG * CPP * p.TWa;
+    for (int i = tid; i < nch; i += 128) {
+      const int half = (CPP == 2) ? (i & 1) : 0;
+      const int rest = (CPP == 2) ? (i >> 1) : i;
+      const int col = fdiv(rest, p.mCG, p.sCG), cg = rest - col * p.CG;
+      const uint32_t dst = slot + (uint32_t)(((cg * CPP + half) * p.TWa + col) * 16);
+      if (MODE == 0) {
+        const int w = wbase + col;
+        const bool ok = hok && w >= 0 && w < p.W;
+        const char* src = reinterpret_cast<const char*>(p.x);
+        if (ok) src += ((((n * p.H + h) * p.W + w) * p.C) + cg * 8 + half * 4) * (DT == FF_F32 ? 4 : 2);
+        cp_async16(dst, src, ok);
+      } else if (DT == FF_F32) {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(dst));
+        uint4 b = make_uint4(f2tf32(__uint_as_float(v.x)), f2tf32(__uint_as_float(v.y)), f2tf32(__uint_as_float(v.z)),
+                             f2tf32(__uint_as_float(v.w)));
+        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
+        if (SPLIT) {
+          uint4 s = make_uint4(f2tf32(__uint_as_float(v.x) - __uint_as_float(b.x)), f2tf32(__uint_as_float(v.y) - __uint_as_float(b.y)),
+                               f2tf32(__uint_as_float(v.z) - __uint_as_float(b.z)), f2tf32(__uint_as_float(v.w) - __uint_as_float(b.w)));
+          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst + p.small_off), "r"(s.x), "r"(s.y), "r"(s.z), "r"(s.w) : "memory");
+        }
+      }
+    }
+  } else if (LM == WG_LM_ELEM) {                       // fp32, any layout: 4-byte cp.async, warp = 4 ch x 8 columns
+    const int warp = tid >> 5, lane = tid & 31, e = lane & 3, colLo = lane >> 2;
+    const int HP = p.CG * 2;
+    const int ntask = (p.TWa >> 3) * HP;
+    for (int task = warp; task < ntask; task += 4) {
+      const int colHi = fdiv(task, p.mHP, p.sHP), hp = task - colHi * HP;
+      const int col = colHi * 8 + colLo, c = hp * 4 + e;
+      const uint32_t dst = slot + (uint32_t)((hp * p.TWa + col) * 16 + e * 4);
+      if (MODE == 0) {
+        const int w = wbase + col;
+        const bool ok = hok && w >= 0 && w < p.W && c < p.C;
+        const float* src = reinterpret_cast<const float*>(p.x);
+        if (ok) src += p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+        cp_async4(dst, src, ok);
+      } else {
+        float v;
+        asm volatile("ld.shared.f32 %0,[%1];" : "=f"(v) : "r"(dst));
+        const uint32_t b = f2tf32(v);
+        asm volatile("st.shared.u32 [%0],%1;" :: "r"(dst), "r"(b) : "memory");
+        if (SPLIT) asm volatile("st.shared.u32 [%0],%1;" :: "r"(dst + p.small_off), "r"(f2tf32(v - __uint_as_float(b))) : "memory");
+      }
+    }
+  } else {                                             // 16-bit, any layout: register loads, 8 channels per column
+    if (MODE != 0) return;
+    const int nit = p.CG * p.TWa;
+    constexpr int U = 4;
+    for (int base = tid; base < nit; base += U * 128) {
+      uint32_t v[U][4];
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int i = base + k * 128;
+        const int cg = fdiv(i, p.mTWa, p.sTWa), col = i - cg * p.TWa;
+        const int w = wbase + col;
+        const bool ok = i < nit && hok && w >= 0 && w < p.W;
+        uint32_t hv[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int c = cg * 8 + e;
+          hv[e] = 0u;
+          if (ok && c < p.C) {
+            const long long gi = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+            hv[e] = load_elem_h<DT>(p.x, gi);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[k][e] = hv[2 * e] | (hv[2 * e + 1] << 16);
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int i = base + k * 128;
+        if (i < nit) {
+          const int cg = fdiv(i, p.mTWa, p.sTWa), col = i - cg * p.TWa;
+          const uint32_t dst = slot + (uint32_t)((cg * p.TWa + col) * 16);
+          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(v[k][0]), "r"(v[k][1]), "r"(v[k][2]), "r"(v[k][3]) : "memory");
+        }
+      }
+    }
+  }
+}
+
+// rows (relative to the piece) that output row t needs first: (hi(t-1), hi(t)], hi(t) = t*sh + (R-1)*dh
+template <int DT, bool SPLIT, int LM, int MODE>
+__device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase, int wbase) {
+  if (t >= np) return;
+  const int span = (p.R - 1) * p.dh;
+  const int jlo = (t == 0) ? 0 : (t - 1) * p.sh + span + 1, jhi = t * p.sh + span;
+  for (int j = jlo; j <= jhi; ++j)
+    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j & (p.RB - 1)) * p.slot_bytes), n, hbase + j, wbase);
+}
+
+template <int DT, bool SPLIT, int LM>
+__global__ void __launch_bounds__(128, SPLIT ? 2 : 4) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
+#ifdef FA_HAVE_WGMMA
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int last_s;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
+  const uint32_t ones = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ones_off;
+  const uint32_t zeros = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.zeros_off;
+  if (tid < 8) {   // ones block: 8 rows x 16 B (SBO = LBO = 0), A = (b_hi, b_lo, 0...)
+    uint4 o;
+    if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
+    else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
+    else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
+  }
+  for (int i = tid; i < WG_NT / 2; i += 128)   // zero block: the (zero-weight) second K chunk of 16-bit units
+    *reinterpret_cast<uint4*>(smem + p.zeros_off + i * 16) = make_uint4(0u, 0u, 0u, 0u);
+
+  // ---- weights (+ bias op) -> shared memory, K-major core matrices: op j at j*2 KB, [k chunk][64 ch][16 B] ----
+  {
+    constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
+    for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += 128) {
+      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
+      const float v = wg_opA<DT>(p, j, m, k, true);
+      const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
+      if (DT == FF_F32) {
+        const uint32_t b = f2tf32(v);
+        *reinterpret_cast<uint32_t*>(smem + off) = b;
+        if (SPLIT) *reinterpret_cast<uint32_t*>(smem + p.a_small_off + off) = f2tf32(v - __uint_as_float(b));
+      } else if (DT == FF_BF16) {
+        *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
+      } else {
+        *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
+      }
+    }
+  }
+  const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
+  const int m0 = 16 * warp + g;
+  const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
+  const long long n_first = L0 / p.lines_img;
+  const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
+  float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
+  long long cur_n = n_first;
+  float acc[64];
+
+  auto flush = [&](long long n) {
+    float v[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float a = (p.pool == FF_POOL_MEAN) ? red[h][0] + red[h][1] : ff_max_nan(red[h][0], red[h][1]);
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {
+        const float b = __shfl_xor_sync(0xffffffffu, a, o);
+        a = (p.pool == FF_POOL_MEAN) ? a + b : ff_max_nan(a, b);
+      }
+      v[h] = a;
+      red[h][0] = red[h][1] = red_init;
+    }
+    if (tig == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = m0 + 8 * h;
+        if (k < p.K) {
+          if (p.pool == FF_POOL_MEAN) {
+            if (!p.det) atomicAdd(p.out + n * p.K + k, v[h] * p.inv_pq);
+            else p.ws_part[((long long)blockIdx.x * p.J + (n - n_first)) * 64 + k] = v[h];
+          } else {
+            atomicMax(p.ws_max + n * p.K + k, enc_max(v[h]));
+          }
+        }
+      }
+    }
+    if (p.pool == FF_POOL_MEAN && !p.det) return;
+    __threadfence();
+    __syncthreads();
+    // blocks holding lines of image n: blk(l) = ceil((l+1) G / L) - 1
+    const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
+    const long long blo = ((la + 1) * p.G + p.L - 1) / p.L - 1, bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
+    if (tid == 0) {
+      const int old = atomicAdd(p.ws_cnt + n, 1);
+      last_s = (old == (int)(bhi - blo));
+    }
+    __syncthreads();
+    if (last_s) {
+      __threadfence();
+      for (int k = tid; k < p.K; k += 128) {
+        if (p.pool == FF_POOL_MEAN) {
+          float s = 0.0f;
+          for (long long b = blo; b <= bhi; ++b) {
+            const long long nf = (b * p.L / p.G) / p.lines_img;
+            s += __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k);
+          }
+          p.out[n * p.K + k] = s * p.inv_pq;
+        } else {
+          unsigned* a = p.ws_max + n * p.K + k;
+          p.out[n * p.K + k] = dec_max(__ldcg(a));
+          *a = 0u;
+        }
+      }
+      if (tid == 0) p.ws_cnt[n] = 0;
+    }
+    __syncthreads();
+  };
+
+  long long l = L0;
+  while (l < L1) {
+    const long long n = l / p.lines_img;
+    const int rem = (int)(l - n * p.lines_img);
+    const int seg = rem / p.P, pa = rem - seg * p.P;
+    const int np = (int)min((long long)(p.P - pa), L1 - l);
+    if (n != cur_n) { flush(cur_n); cur_n = n; }
+    const int q0 = seg * WG_NT, qv = min(WG_NT, p.Q - q0);
+    const int hbase = pa * p.sh - p.ph, wbase = q0 - p.pw;
+    __syncthreads();                                             // previous piece's wgmmas done in every warp
+    if (LM != WG_LM_REG) {
+      for (int t = 0; t < p.D; ++t) {
+        wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+      }
+    } else {
+      wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase);
+    }
+    for (int t = 0; t < np; ++t) {
+      if (LM != WG_LM_REG) {
+        cp_wait_n(p.D - 1);
+        if (DT == FF_F32) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      if (LM != WG_LM_REG) {
+        wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+      }
+      // ---- row t as two 64 x 128 halves (64 accumulator registers: 4 blocks of 4 warps per SM hide each other's
+      //      MMA and epilogue latencies) ----
+      const int jr0 = t * p.sh;
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        if (half == 1 && qv <= WG_NT / 2) break;
+        wg_issue<DT, SPLIT>(p, acc, ring, ones, zeros, abase, jr0, half);
+        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
+        wg_wait0();
+        wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
+      }
+    }
+    if (LM != WG_LM_REG) asm volatile("cp.async.wait_all;" ::: "memory");
+    l += np;
+  }
+  flush(cur_n);
+#else
+  __trap();
+#endif
+}
+
 // --------------------------------------------------------------------------------------------------------------
 // Host side
 namespace {
@@ -525,9 +967,37 @@ struct Plan {
   size_t smem, ws_cnt_bytes, ws_bytes;
 };
 
-int env_int(const char* name, int dflt) {
-  const char* s = getenv(name);
-  return s ? atoi(s) : dflt;
+// Tuning knobs, read once per process. They never affect correctness (every setting passes the same checks); they can
+// change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
+// FF_FUSED_A_RB = max ring slots (power of 2, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4; 3xTF32 uses at most 2).
+struct Knobs { int impl, rb, bps; };
+const Knobs& knobs() {
+  static const Knobs k = [] {
+    auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
+    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 4)};
+    if (r.rb < 2 || r.rb > 16 || (r.rb & (r.rb - 1))) r.rb = 8;
+    if (r.bps < 1 || r.bps > 4) r.bps = 4;
+    return r;
+  }();
+  return k;
+}
+struct DevInfo { int major, minor, nsm; };
+DevInfo dev_info() {
+  static DevInfo cache[64];
+  static bool have[64];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (!have[dev]) {
+    DevInfo d{0, 0, 1};
+    cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaDeviceGetAttribute(&d.nsm, cudaDevAttrMultiProcessorCount, dev);
+    if (d.nsm < 1) d.nsm = 1;
+    cache[dev] = d;
+    have[dev] = true;
+  }
+  return cache[dev];
 }
 
 Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw,
@@ -558,12 +1028,11 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   pl.PIXB = (dtype == FF_F32) ? 32 : 16;
   const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
   pl.MT = split ? 2 : 4;
-  pl.NW = env_int("FF_FUSED_A_NW", 4);
-  if (pl.NW != 2 && pl.NW != 4 && pl.NW != 8) pl.NW = 4;
+  pl.NW = 4;
   // measured on H200 (seed): fp32 2 blocks x 100 KB (255 regs); 16-bit 3 blocks x 72 KB (168 regs)
   const int kb_default = pl.NW == 8 ? 200 : (pl.NW == 4 ? (dtype == FF_F32 ? 100 : 72) : 50);
-  const long long budget = env_int("FF_FUSED_A_SMEM_KB", kb_default) * 1024LL;
-  const int brcap = env_int("FF_FUSED_A_BRMAX", 64);
+  const long long budget = kb_default * 1024LL;
+  const int brcap = 64;
   // width segment: full output width if a 1-row band fits, else the widest multiple of 16 that fits
   auto tw_of = [&](long long qs) { return ((qs + 15) / 16 * 16 - 1) * sw + (long long)(S - 1) * dw + 1; };
   const long long trmin = (long long)(R - 1) * dh + 1;
@@ -605,7 +1074,7 @@ int launch_t(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_t
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
   if (e != cudaSuccess) return (int)e;
   long long grid = blocks;
-  if (env_int("FF_FUSED_A_PERSIST", 1)) {
+  {
     int dev = 0, nsm = 0, occ = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
@@ -620,9 +1089,114 @@ int launch_t(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_t
 template <int DT, bool SPLIT, int MT>
 int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_t stream) {
   const bool full = (pl.nu == NU_MAX);
-  if (pl.NW == 2) return full ? launch_t<DT, SPLIT, MT, 2, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 2, false>(prm, pl, blocks, stream);
-  if (pl.NW == 8) return full ? launch_t<DT, SPLIT, MT, 8, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 8, false>(prm, pl, blocks, stream);
   return full ? launch_t<DT, SPLIT, MT, 4, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 4, false>(prm, pl, blocks, stream);
+}
+
+// ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
+struct WGPlan {
+  bool ok;
+  WGParams prm;
+  size_t smem, ws_cnt_bytes, ws_bytes;
+};
+
+WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph, int pw, int dh,
+               int dw, int activation, int pool, int precision, int deterministic, const Plan& base) {
+  WGPlan w{};
+  w.ok = false;
+  if (base.why || knobs().impl != 0) return w;
+  const DevInfo di = dev_info();
+  if (!(di.major == 9 && di.minor == 0)) return w;
+  if (sw != 1 || K > 64 || base.nu > 9) return w;
+  // 16-bit inputs stay on the mma.sync path: on the H200 seed it measured 0.74 / 0.64 ms (NCHW / NHWC) against
+  // 0.84 / 0.65 ms for this path's 16-bit variant (k16 with 8 zero-weight columns); the code below supports them.
+  if (dtype != FF_F32) return w;
+  const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
+  WGParams& p = w.prm;
+  p.N = (int)N; p.C = C; p.H = H; p.W = W; p.K = K; p.R = R; p.S = S; p.sh = sh; p.ph = ph; p.pw = pw; p.dh = dh; p.dw = dw;
+  p.P = base.P; p.Q = base.Q; p.act = activation; p.pool = pool; p.det = deterministic ? 1 : 0;
+  p.CG = base.CG;
+  p.nseg = (p.Q + WG_NT - 1) / WG_NT;
+  long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
+  if (twa > 4096) return w;
+  p.TWa = (int)twa;
+  const long long plane = (long long)p.TWa * 16;
+  const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : p.CG * plane;
+  const long long slot = split ? 2 * big : big;
+  p.small_off = (int)big;
+  const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
+  const int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
+  const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
+  const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
+  long long rb = 1;
+  while (rb < need) rb *= 2;
+  constexpr long long ONES = 128 + WG_NT / 2 * 16;   // ones (8 rows) + zeros (128 rows)
+  if (rb * slot + ONES > budget || rb > 64) return w;
+  while (rb * 2 <= knobs().rb && rb * 2 * slot + ONES <= budget) rb *= 2;
+  p.RB = (int)rb;
+  p.D = (int)((rb - 1 - (long long)(R - 1) * dh) / sh);
+  if (p.D > 8) p.D = 8;
+  if (p.D < 1) return w;
+  p.slot_bytes = (int)slot;
+  p.a_small_off = WG_MAXOPS * 2048;
+  p.ring_off = (int)abytes;
+  p.ones_off = (int)(abytes + rb * slot);
+  p.zeros_off = p.ones_off + 128;
+  w.smem = (size_t)(abytes + rb * slot + ONES);
+  // ops
+  int nops = 0;
+  for (int j = 0; j < WG_MAXOPS; ++j) { p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE; p.op_r[j] = -1; p.op_off[j] = p.op_lbo[j] = p.op_lbo_zero[j] = 0; }
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s)
+      for (int cg = 0; cg < p.CG; ++cg) {
+        p.op_u0[nops] = (r * S + s) * p.CG + cg; p.op_r[nops] = r;
+        if (dtype == FF_F32) {   // K chunks = the two 4-channel planes
+          p.op_off[nops] = (int)(cg * 2 * plane + (long long)s * dw * 16); p.op_lbo[nops] = (int)plane;
+        } else {                 // k16 = 8 channels + 8 zero-weight columns read from the zero block
+          p.op_off[nops] = (int)(cg * plane + (long long)s * dw * 16); p.op_lbo_zero[nops] = 1;
+        }
+        ++nops;
+      }
+  p.op_u0[nops] = WG_UNIT_BIAS; p.op_r[nops] = -1; ++nops;
+  if (nops > WG_MAXOPS) return w;
+  p.nops = nops;
+  auto magic = [](int d, unsigned long long& m, int& s) {
+    int l = 0; while ((1LL << l) < d) ++l;
+    s = 31 + l; m = ((1ULL << s) + (unsigned long long)d - 1) / (unsigned long long)d;
+  };
+  magic(p.CG, p.mCG, p.sCG);
+  magic(p.TWa, p.mTWa, p.sTWa);
+  magic(p.CG * 2, p.mHP, p.sHP);
+  p.lines_img = (long long)p.nseg * p.P;
+  p.L = N * p.lines_img;
+  long long G = (long long)bps * di.nsm;
+  if (G > p.L) G = p.L;
+  p.G = (int)G;
+  const long long per = (p.L + G - 1) / G;
+  p.J = (int)((per + p.lines_img - 1) / p.lines_img + 1);
+  p.inv_pq = (float)(1.0 / ((double)p.P * (double)p.Q));
+  const bool need_ws = (pool == FF_POOL_MAX) || deterministic;
+  w.ws_cnt_bytes = need_ws ? (size_t)((N * 4 + 255) / 256 * 256) : 0;
+  if (!need_ws) w.ws_bytes = 0;
+  else if (pool == FF_POOL_MAX) w.ws_bytes = w.ws_cnt_bytes + (size_t)N * K * 4;
+  else w.ws_bytes = w.ws_cnt_bytes + (size_t)G * p.J * 64 * 4;
+  w.ok = true;
+  return w;
+}
+
+template <int DT, bool SPLIT, int LM>
+int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
+  auto kern = fa_wgmma_kernel<DT, SPLIT, LM>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return (int)e;
+  kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
+  return (int)cudaGetLastError();
+}
+
+int wg_launch(int dtype, int precision, bool vec, const WGParams& prm, size_t smem, cudaStream_t stream) {
+  (void)dtype;   // fp32 only (see wg_plan)
+  if (precision == FF_PREC_IEEE)
+    return vec ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_F32, true, WG_LM_ELEM>(prm, smem, stream);
+  return vec ? wg_launch_t<FF_F32, false, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_F32, false, WG_LM_ELEM>(prm, smem, stream);
 }
 }  // namespace
 
@@ -640,7 +1214,9 @@ size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long
                                               int pool, int precision, int deterministic) {
   Plan pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                       deterministic);
-  return pl.why ? 0 : pl.ws_bytes;
+  if (pl.why) return 0;
+  WGPlan wp = wg_plan(dtype, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic, pl);
+  return wp.ok ? wp.ws_bytes : pl.ws_bytes;
 }
 
 int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias, float* out, int dtype, int channels_last,
@@ -650,6 +1226,20 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
   Plan pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                       deterministic);
   if (pl.why) return (int)cudaErrorNotSupported;
+  {
+    WGPlan wp = wg_plan(dtype, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic, pl);
+    if (wp.ok) {
+      if (wp.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
+      WGParams& q = wp.prm;
+      q.x = x; q.w = weight; q.bias = bias; q.out = out; q.nhwc = channels_last;
+      char* ws = (char*)workspace;
+      q.ws_cnt = wp.ws_bytes ? (int*)ws : nullptr;
+      q.ws_part = (wp.ws_bytes && pool == FF_POOL_MEAN) ? (float*)(ws + wp.ws_cnt_bytes) : nullptr;
+      q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
+      const bool vec = channels_last && C % 8 == 0 && ((uintptr_t)x & 15) == 0;
+      return wg_launch(dtype, precision, vec, q, wp.smem, stream);
+    }
+  }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
   FAParams prm{};
   prm.x = x; prm.w = weight; prm.bias = bias; prm.out = out;
@@ -666,7 +1256,6 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
   };
   magic(pl.TWa, prm.mTWa, prm.sTWa);
   magic(pl.TR, prm.mTR, prm.sTR);
-  prm.dbg = env_int("FF_FUSED_A_DBG", 0);
   prm.nitems_total = N * pl.nksl * pl.nbands * pl.nseg;
   prm.inv_pq = (float)(1.0 / ((double)pl.P * (double)pl.Q));
   char* ws = (char*)workspace;
