@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final
+#   tests  probe  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -29,6 +29,14 @@ for stage in "$@"; do
       for d in bfloat16 float16; do ff bench --dtype $d --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" 2>&1 | tail -5; pack; done
       ff bench --precision ieee --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -5; pack
       for fam in A B; do ff bench --family $fam --layout channels_last --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; pack; done
+      rm -rf "$OUT/r" ;;
+    final-a)   # family A only: the recorded comparison with the current fused kernel, plus the scaling table
+      mkdir -p "$OUT/r"
+      pack() { (cd "$OUT/r" && tar czf "$OUT/results.tgz" .); }
+      ff bench --family A --layout both --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -4; pack
+      ff bench --family A --precision ieee --variants eager fallback fused --layout both --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -3; pack
+      for d in bfloat16 float16; do ff bench --family A --dtype $d --variants eager fallback fused --layout both --repeats 20 --out "$OUT/r" 2>&1 | tail -3; pack; done
+      python3 benchmarks/probe_scaling.py 2>&1 | tee "$OUT/r/scaling_a.txt"; pack
       rm -rf "$OUT/r" ;;
     bench-dtypes)
       for p in tf32 ieee; do ff bench --precision $p --variants eager compile fallback fused --layout channels_last --out "$OUT" --tag $p 2>&1 | tail -8; done
