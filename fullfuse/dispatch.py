@@ -83,10 +83,25 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
     return "fallback", "requested"
 
 
+_choices: Dict[tuple, Tuple[str, str]] = {}
+
+
+def _choose_cached(spec, requested, x, weight, bias, mode, deterministic) -> Tuple[str, str]:
+    """choose(), remembered per input signature: the host work per call stays small next to the kernels."""
+    key = (spec, requested, x.device, x.dtype, tuple(x.shape), x.is_contiguous(),
+           x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last), weight.device, weight.dtype,
+           None if bias is None else (bias.device, bias.dtype), mode, deterministic)
+    if key not in _choices:
+        if len(_choices) > 4096:
+            _choices.clear()
+        _choices[key] = choose(spec, requested, x, weight, bias, mode, deterministic)   # raises: not cached
+    return _choices[key]
+
+
 def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
     check_path(path)
     mode = precision_mod.resolve(precision, x.dtype)
-    chosen, reason = choose(spec, path, x, weight, bias, mode, deterministic)
+    chosen, reason = _choose_cached(spec, path, x, weight, bias, mode, deterministic)
     last_decision[spec] = (chosen, reason)
     if chosen == "torch":
         with precision_mod.cudnn_conv_precision(mode):

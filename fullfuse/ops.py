@@ -6,7 +6,8 @@
                       reduction="sum", keepdim=True)
 
 Both take ``path`` ("auto" | "fused" | "fallback" | "torch"), ``precision`` ("auto" | "tf32" | "ieee") and
-``deterministic``.  Inputs that need gradients run the torch path (this is an inference library), with a
+``deterministic``.  Under torch.compile the wrappers call the registered ops; in eager mode they call the
+dispatcher directly (same code, less host time per call).  Inputs that need gradients run the torch path (this is an inference library), with a
 one-time warning.
 """
 from __future__ import annotations
@@ -110,6 +111,11 @@ def _warn_grad_once():
                       "(fullfuse's kernels are inference-only)", stacklevel=3)
 
 
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic=True) -> Tensor:
     """Run a spec through the registered op (or the torch path when autograd or an unbatched input needs it)."""
     dispatch.check_path(path)
@@ -118,14 +124,13 @@ def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic
         return torch_path.run(spec, x, weight, bias)
     if x.dim() == spec.dims + 1:                         # unbatched input, as torch convs accept it
         return run_spec(spec, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
+    if not _compiling() or spec.groups != 1 or getattr(spec, "padding_mode", "zeros") != "zeros":
+        # eager: straight to the dispatcher (the registered op's wrapper costs host time the kernels don't need)
+        return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
     if isinstance(spec, ConvActPoolSpec):
-        if spec.groups != 1 or spec.padding_mode != "zeros":
-            return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
         return torch.ops.fullfuse.conv_act_pool(x, weight, bias, list(spec.stride), list(spec.padding),
                                                 list(spec.dilation), spec.activation, spec.pool, spec.keepdim,
                                                 path, precision, deterministic)
-    if spec.groups != 1:
-        return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
     return torch.ops.fullfuse.convt_pool_reduce(x, weight, bias, list(spec.stride), list(spec.padding),
                                                 list(spec.output_padding), list(spec.dilation), list(spec.window),
                                                 spec.activation, spec.reduction, spec.keepdim, path, precision,
