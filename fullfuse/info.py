@@ -11,7 +11,9 @@ from .measure import environment
 
 def main() -> int:
     env = environment()
-    print(f"fullfuse {__import__('fullfuse').__version__}")
+    from . import __version__
+
+    print(f"fullfuse {__version__}")
     if torch.cuda.is_available():
         print(f"GPU            {env['gpu']} (compute capability {env['compute_capability']}, {env['sms']} SMs), driver {env['driver']}")
     else:
