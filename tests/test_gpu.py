@@ -36,6 +36,21 @@ def test_paths_match_float64(case, combo):
     assert result["ok"], f"{result} (seed {SEED})"
 
 
+FUSED_COMBOS = [c for c in matrix(True) if c["path"] == "fallback"]
+
+
+@pytest.mark.parametrize("combo", FUSED_COMBOS, ids=_id)
+@pytest.mark.parametrize("case", cases("A"), ids=[c.name for c in cases("A")])
+def test_fused_a_matches_float64(case, combo):
+    """path="fused" explicitly, so a silent step down to the fallback cannot hide a fused-kernel error."""
+    combo = dict(combo, path="fused")
+    try:
+        result = run_case(case, device="cuda", seed=SEED, **combo)
+    except fullfuse.UnsupportedError as exc:
+        pytest.skip(str(exc))
+    assert result["ok"], f"{result} (seed {SEED})"
+
+
 def _seed_input(family, dtype=torch.float32, channels_last=False):
     shape = (8, 8, 128, 160) if family == "A" else (2, 32, 32, 32, 32)
     x = torch.randn(shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(SEED))
