@@ -19,6 +19,15 @@ def _check_choice(kind: str, value: str, allowed) -> None:
         raise ValueError(f"fullfuse: unknown {kind} {value!r}; expected one of {sorted(allowed)}")
 
 
+def _check_spec(spec, choices, per_dim_fields) -> None:
+    """choices: (field, allowed) pairs; per_dim_fields: tuple fields that need one entry per spatial dim."""
+    for name, allowed in choices:
+        _check_choice(name, getattr(spec, name), allowed)
+    for name in per_dim_fields:
+        if len(getattr(spec, name)) != spec.dims:
+            raise ValueError(f"fullfuse: {name} must have {spec.dims} entries, got {getattr(spec, name)}")
+
+
 @dataclass(frozen=True)
 class ConvActPoolSpec:
     """Family A: ConvNd (N=2 or 3) -> activation -> global pool over all spatial dims.
@@ -43,11 +52,8 @@ class ConvActPoolSpec:
     family = "A"
 
     def __post_init__(self):
-        _check_choice("activation", self.activation, ACTIVATIONS)
-        _check_choice("pool", self.pool, POOLS)
-        for name in ("kernel_size", "stride", "padding", "dilation"):
-            if len(getattr(self, name)) != self.dims:
-                raise ValueError(f"fullfuse: {name} must have {self.dims} entries, got {getattr(self, name)}")
+        _check_spec(self, (("activation", ACTIVATIONS), ("pool", POOLS)),
+                    ("kernel_size", "stride", "padding", "dilation"))
 
     def output_spatial(self, in_spatial: IntTuple) -> IntTuple:
         """Spatial extent of the convolution output for an input of spatial extent ``in_spatial``."""
@@ -84,11 +90,8 @@ class ConvTPoolReduceSpec:
     family = "B"
 
     def __post_init__(self):
-        _check_choice("activation", self.activation, ACTIVATIONS)
-        _check_choice("reduction", self.reduction, REDUCTIONS)
-        for name in ("kernel_size", "stride", "padding", "output_padding", "dilation", "window"):
-            if len(getattr(self, name)) != self.dims:
-                raise ValueError(f"fullfuse: {name} must have {self.dims} entries, got {getattr(self, name)}")
+        _check_spec(self, (("activation", ACTIVATIONS), ("reduction", REDUCTIONS)),
+                    ("kernel_size", "stride", "padding", "output_padding", "dilation", "window"))
 
     def conv_output_spatial(self, in_spatial: IntTuple) -> IntTuple:
         return tuple(
