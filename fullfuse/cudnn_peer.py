@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .fallback.cudnn_conv import data_type, frontend, handle_for, time_plan
+from .fallback.cudnn_conv import data_type, fastest_plan, frontend, handle_for
 
 
 def cudnn_fused_a(model: torch.nn.Module, x: torch.Tensor) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
@@ -50,19 +50,8 @@ def _build(cudnn, conv, x):
     g.build_plans(cudnn.build_plan_policy.ALL)
     out = torch.empty(n, k, device=x.device)
     pack = {tx: xc, tw: w, tb: bias, ts: scale, r: out}
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-    best = None
-    for index in range(g.get_execution_plan_count()):
-        try:
-            ws = torch.empty(max(g.get_workspace_size_plan_at_index(index), 1), dtype=torch.uint8, device=x.device)
-            ms = time_plan(g, pack, ws, index, handle)
-        except Exception:
-            continue
-        if best is None or ms < best[0]:
-            best = (ms, index, ws)
-    if best is None:
-        return None
-    _, index, ws = best
+    index, _, ws_bytes, _ = fastest_plan(g, pack, handle, x.device)   # raises when no plan runs
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=x.device)
 
     def run(inp: torch.Tensor) -> torch.Tensor:
         xin = inp.contiguous(memory_format=torch.channels_last)

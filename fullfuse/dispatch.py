@@ -16,7 +16,7 @@ from .errors import UnsupportedError
 from .fallback import conv_act_pool as fallback_a
 from .fallback import convt_pool_reduce as fallback_b
 from .fused import conv_act_pool as fused_a
-from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+from .spec import ConvActPoolSpec
 
 PATH_CHOICES = ("auto", "fused", "fallback", "torch")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

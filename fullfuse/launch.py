@@ -20,19 +20,20 @@ _L = c_longlong
 _I = c_int
 _FUSED_A_SHAPE = [_I, _I, _L, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I]
 
-# library -> exported function -> (restype, argtypes, takes the stream as its last argument)
-SIGNATURES: Dict[str, Dict[str, Tuple[Any, list, bool]]] = {
+# library -> exported function -> (restype, argtypes).  Kernel launchers (int return, called through launch())
+# take the cudaStream_t as one more, last argument, not listed here.
+SIGNATURES: Dict[str, Dict[str, Tuple[Any, list]]] = {
     "fallback_act_pool": {                      # csrc/fallback_act_pool.cu
-        "ff_act_pool_workspace_bytes": (c_size_t, [_L, _L, _L, _I], False),
-        "ff_act_pool": (c_int, [_P, _I, _P, _P, _L, _L, _L, _I, _I, _I, _P], True),
+        "ff_act_pool_workspace_bytes": (c_size_t, [_L, _L, _L, _I]),
+        "ff_act_pool": (c_int, [_P, _I, _P, _P, _L, _L, _L, _I, _I, _I, _P]),
     },
     "fallback_window_reduce": {                 # csrc/fallback_window_reduce.cu
-        "ff_window_reduce": (c_int, [_P, _I, _P, _P, *[_L] * 10, _I, _I, _I, _I, _I], True),
+        "ff_window_reduce": (c_int, [_P, _I, _P, _P, *[_L] * 10, _I, _I, _I, _I, _I]),
     },
     "fused_conv_act_pool": {                    # csrc/fused_conv_act_pool.cu
-        "ff_fused_conv_act_pool_unsupported": (c_char_p, _FUSED_A_SHAPE, False),
-        "ff_fused_conv_act_pool_workspace_bytes": (c_size_t, _FUSED_A_SHAPE, False),
-        "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P], True),
+        "ff_fused_conv_act_pool_unsupported": (c_char_p, _FUSED_A_SHAPE),
+        "ff_fused_conv_act_pool_workspace_bytes": (c_size_t, _FUSED_A_SHAPE),
+        "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P]),
     },
 }
 
@@ -53,7 +54,7 @@ def new_output(*shape, device) -> torch.Tensor:
 def function(lib: str, name: str):
     key = (lib, name)
     if key not in _functions:
-        restype, argtypes, _ = SIGNATURES[lib][name]
+        restype, argtypes = SIGNATURES[lib][name]
         fn = getattr(cutlass_ops.load(lib), name)
         fn.restype, fn.argtypes = restype, argtypes
         _functions[key] = fn

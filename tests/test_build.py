@@ -46,7 +46,7 @@ def test_compile_command_targets_hopper_with_sm90a():
 def test_every_exported_function_has_a_signature():
     assert set(launch.SIGNATURES) == set(cutlass_ops.LIBRARIES)
     for functions in launch.SIGNATURES.values():
-        for name, (restype, argtypes, _) in functions.items():
+        for name, (restype, argtypes) in functions.items():
             assert name.startswith("ff_") and isinstance(argtypes, list)
 
 

@@ -72,6 +72,28 @@ def time_plan(graph, pack, workspace, index, handle) -> float:
     return min(times)
 
 
+def fastest_plan(graph, pack, handle, device):
+    """Time every built plan of ``graph`` once on ``pack``; returns (index, ms, workspace bytes, plan count)."""
+    cudnn = frontend()
+    count = graph.get_execution_plan_count()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+    best = None
+    for index in range(count):
+        try:
+            ws = graph.get_workspace_size_plan_at_index(index)
+            workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=device)
+            ms = time_plan(graph, pack, workspace, index, handle)
+        except Exception as exc:
+            _debug(f"plan {index} of {count} failed: {exc}")
+            continue
+        if best is None or ms < best[1]:
+            best = (index, ms, ws)
+    if best is None:
+        raise RuntimeError(f"none of the {count} plans ran")
+    _debug(f"{count} plans, best #{best[0]} {best[1]:.3f} ms")
+    return (*best, count)
+
+
 def _channels_last(shape, dtype, device):
     fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
     return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
@@ -102,24 +124,8 @@ def _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, d
         graph.deselect_numeric_notes(notes)
     graph.check_support()
     graph.build_plans(cudnn.build_plan_policy.ALL)
-    count = graph.get_execution_plan_count()
-    pack = {tx: x, tw: weight, ty: y}
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
-    best = None
-    for index in range(count):
-        try:
-            ws = graph.get_workspace_size_plan_at_index(index)
-            workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=x.device)
-            ms = time_plan(graph, pack, workspace, index, handle)
-        except Exception as exc:
-            _debug(f"plan {index} of {count} failed: {exc}")
-            continue
-        if best is None or ms < best[1]:
-            best = (index, ms, ws)
-    if best is None:
-        raise RuntimeError(f"none of the {count} plans ran")
-    _debug(f"{count} plans, best #{best[0]} {best[1]:.3f} ms")
-    return _Entry(graph, (tx, tw, ty), best[0], best[2], best[1], count)
+    index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device)
+    return _Entry(graph, (tx, tw, ty), index, ws, ms, count)
 
 
 def _debug(message: str) -> None:
