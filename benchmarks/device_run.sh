@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a
+#   tests  probe  probe-a  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +18,9 @@ for stage in "$@"; do
   case "$stage" in
     tests) python3 -m pytest -q -x --timeout=900 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.txt" | tail -40; rc=$((rc | ${PIPESTATUS[0]})) ;;
     probe) python3 benchmarks/probe_convt.py 2>&1 | tee "$OUT/probe_convt.txt" ;;
+    probe-a)   # fused family-A kernel straight through ctypes: checks + seed timings, knob variants in child processes
+      FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \
+        FF_PROBE_QUICK=1 FF_PROBE_VARIANTS="${FF_PROBE_VARIANTS:-}" python3 benchmarks/probe_fused_a.py 2>&1 | tee "$OUT/probe_fused_a.txt" ;;
     probe-chunks) python3 benchmarks/probe_fallback_chunks.py 2>&1 | tee "$OUT/probe_chunks.txt" ;;
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;

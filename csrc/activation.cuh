@@ -38,9 +38,9 @@ __device__ __forceinline__ float ff_gelu_erf(float x) {
   r = fmaf(r, u, -0x1.000120p+0f);
   float q;  // q = Phi(-u), one MUFU.EX2 (flushes to 0 below 2^-126)
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
-  // x > 0: x - u*q.  x <= 0: x*Phi(x) + (-0) = x*q - 0, so -inf -> NaN, -0 -> -0, underflow -> -0 (as PyTorch).
-  // NaN: x > 0 is false, x*q = NaN.
-  const float m = x > 0.0f ? -u : x;
+  // m = min(x, -u) is -u for x > 0 (x - u*q) and x for x <= 0 (x*Phi(x) + (-0) = x*q - 0), one FMNMX instead of a
+  // compare + select: -inf -> -inf*0 = NaN, -0 -> -0, underflow -> -0 (as PyTorch); NaN: u = NaN, so m = NaN.
+  const float m = fminf(x, -u);
   return fmaf(m, q, fmaxf(x, -0.0f));
 }
 

@@ -513,6 +513,10 @@ struct WGParams {
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
   int op_r[WG_MAXOPS], op_off[WG_MAXOPS], op_lbo[WG_MAXOPS], op_lbo_zero[WG_MAXOPS];   // lbo_zero: 2nd K chunk = zero block
+  // B descriptors, precomputed (fp32): low word = op_d + smem_base/16 + ((ring slot * slot16 + half * 128) & op_mask),
+  // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
+  unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
+  int op_rd[WG_MAXOPS], slot16;
   float* ws_part; unsigned* ws_max; int* ws_cnt;
 };
 
@@ -644,43 +648,36 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
   else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig);
 }
 
-// All wgmmas of one half (128 pixels) of output row t (ring row of tap r: jr0 + r*dh)
-template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t ring, uint32_t ones, uint32_t zeros, uint32_t abase,
-                                         int jr0, int half) {
+// All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
+// count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
+// them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
+template <int DT, bool SPLIT, int NOPS>
+__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, int rs, int half) {
 #ifdef FA_HAVE_WGMMA
+  static_assert(DT == FF_F32, "the wgmma path serves fp32 inputs (TF32 / 3xTF32)");
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   wg_fence();
 #pragma unroll
-  for (int j = 0; j < WG_MAXOPS; ++j) {
-    if (j < p.nops) {
-      uint32_t addr, sbo;
-      if (p.op_r[j] >= 0) {
-        addr = ring + (uint32_t)(((jr0 + p.op_r[j] * p.dh) & (p.RB - 1)) * p.slot_bytes + p.op_off[j] + half * (WG_NT / 2) * 16);
-        sbo = 128;
-      } else {
-        addr = ones; sbo = 0;
-      }
-      const uint32_t lbo = p.op_lbo_zero[j] ? zeros - addr : (uint32_t)p.op_lbo[j];
-      const uint64_t desc = (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-                            ((uint64_t)(sbo >> 4) << 32);
-      const uint64_t da = (uint64_t)(((abase + j * 2048) >> 4) & 0x3FFF) | ((uint64_t)(1024 >> 4) << 16) |
-                          ((uint64_t)(128 >> 4) << 32);
-      if (DT == FF_F32) {
-        if (SPLIT && p.op_u0[j] != WG_UNIT_BIAS) {
-          wgh_tf32(acc, da + (uint64_t)(p.a_small_off >> 4), desc, j > 0);
-          wgh_tf32(acc, da, desc + (uint64_t)(p.small_off >> 4), 1);
-          wgh_tf32(acc, da, desc, 1);
-        } else {
-          wgh_tf32(acc, da, desc, j > 0);
-        }
-      } else if (DT == FF_BF16) {
-        wgh_bf16(acc, da, desc, j > 0);
-      } else {
-        wgh_f16(acc, da, desc, j > 0);
-      }
+  for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
+    if (NOPS == 0 && j >= p.nops) break;
+    int sl = rs + p.op_rd[j];
+    sl -= (sl >= p.RB) ? p.RB : 0;
+    const uint32_t lo = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
+    const uint64_t desc = (uint64_t)lo | ((uint64_t)p.op_hi[j] << 32);
+    const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+    const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
+    if (SPLIT && !bias_op) {
+      wgh_tf32(acc, da + (uint64_t)(p.a_small_off >> 4), desc, j > 0);
+      wgh_tf32(acc, da, desc + (uint64_t)(p.small_off >> 4), 1);
+      wgh_tf32(acc, da, desc, 1);
+    } else {
+      wgh_tf32(acc, da, desc, j > 0);
     }
   }
   wg_commit();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
 #endif
 }
 
@@ -791,13 +788,14 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
   const int span = (p.R - 1) * p.dh;
   const int jlo = (t == 0) ? 0 : (t - 1) * p.sh + span + 1, jhi = t * p.sh + span;
   for (int j = jlo; j <= jhi; ++j)
-    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j & (p.RB - 1)) * p.slot_bytes), n, hbase + j, wbase);
+    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j % p.RB) * p.slot_bytes), n, hbase + j, wbase);
 }
 
-template <int DT, bool SPLIT, int LM>
+template <int DT, bool SPLIT, int LM, int NOPS>
 __global__ void __launch_bounds__(128, SPLIT ? 2 : 4) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
   __shared__ int last_s;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
@@ -917,6 +915,7 @@ __global__ void __launch_bounds__(128, SPLIT ? 2 : 4) fa_wgmma_kernel(const __gr
     } else {
       wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase);
     }
+    int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
       if (LM != WG_LM_REG) {
         cp_wait_n(p.D - 1);
@@ -930,15 +929,16 @@ __global__ void __launch_bounds__(128, SPLIT ? 2 : 4) fa_wgmma_kernel(const __gr
       }
       // ---- row t as two 64 x 128 halves (64 accumulator registers: 4 blocks of 4 warps per SM hide each other's
       //      MMA and epilogue latencies) ----
-      const int jr0 = t * p.sh;
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         if (half == 1 && qv <= WG_NT / 2) break;
-        wg_issue<DT, SPLIT>(p, acc, ring, ones, zeros, abase, jr0, half);
+        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
         if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
         wg_wait0();
         wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
       }
+      rs += p.sh;
+      rs -= (rs >= p.RB) ? p.RB : 0;
     }
     if (LM != WG_LM_REG) asm volatile("cp.async.wait_all;" ::: "memory");
     l += np;
@@ -960,13 +960,13 @@ struct Plan {
 
 // Tuning knobs, read once per process. They never affect correctness (every setting passes the same checks); they can
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
-// FF_FUSED_A_RB = max ring slots (power of 2, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4; 3xTF32 uses at most 2).
+// FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4; 3xTF32 uses at most 2).
 struct Knobs { int impl, rb, bps; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 4)};
-    if (r.rb < 2 || r.rb > 16 || (r.rb & (r.rb - 1))) r.rb = 8;
+    if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 4;
     return r;
   }();
@@ -1118,11 +1118,10 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
   const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
   const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
-  long long rb = 1;
-  while (rb < need) rb *= 2;
+  long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   constexpr long long ONES = 128 + WG_NT / 2 * 16;   // ones (8 rows) + zeros (128 rows)
   if (rb * slot + ONES > budget || rb > 64) return w;
-  while (rb * 2 <= knobs().rb && rb * 2 * slot + ONES <= budget) rb *= 2;
+  while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES <= budget) ++rb;
   p.RB = (int)rb;
   p.D = (int)((rb - 1 - (long long)(R - 1) * dh) / sh);
   if (p.D > 8) p.D = 8;
@@ -1150,6 +1149,16 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   p.op_u0[nops] = WG_UNIT_BIAS; p.op_r[nops] = -1; ++nops;
   if (nops > WG_MAXOPS) return w;
   p.nops = nops;
+  if (dtype != FF_F32) return w;                          // precomputed descriptors below are the fp32 layout
+  p.slot16 = (int)(slot >> 4);
+  for (int j = 0; j < nops; ++j) {
+    if (p.op_r[j] >= 0) {   // ring operand: K-major core matrices, LBO = the 4-channel plane, SBO = 8 pixels (128 B)
+      p.op_d[j] = (unsigned)((p.ring_off + p.op_off[j]) >> 4) | ((unsigned)(p.op_lbo[j] >> 4) << 16);
+      p.op_mask[j] = 0xFFFFFFFFu; p.op_hi[j] = 128 >> 4; p.op_rd[j] = p.op_r[j] * dh;
+    } else {                // bias op: the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
+      p.op_d[j] = (unsigned)(p.ones_off >> 4); p.op_mask[j] = 0u; p.op_hi[j] = 0u; p.op_rd[j] = 0;
+    }
+  }
   auto magic = [](int d, unsigned long long& m, int& s) {
     int l = 0; while ((1LL << l) < d) ++l;
     s = 31 + l; m = ((1ULL << s) + (unsigned long long)d - 1) / (unsigned long long)d;
@@ -1176,7 +1185,8 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
 
 template <int DT, bool SPLIT, int LM>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
-  auto kern = fa_wgmma_kernel<DT, SPLIT, LM>;
+  // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic one
+  auto kern = prm.nops == WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS> : fa_wgmma_kernel<DT, SPLIT, LM, 0>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
