@@ -1,0 +1,59 @@
+"""Seed problem A through the product path, for profiling: `python3 benchmarks/profile_fused_a.py ncu` runs the fused
+kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time` times the product call per launch
+(CUDA events, L2 flushed) against the same call replayed from a CUDA graph, which splits host time from GPU time."""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+import fullfuse
+
+
+def seed_inputs(channels_last: bool):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(128, 8, 256, 256, device="cuda", generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 8, 3, 3, device="cuda", generator=g) * 0.1
+    b = torch.randn(64, device="cuda", generator=g) * 0.1
+    return x, w, b
+
+
+def call(x, w, b):
+    return fullfuse.conv_act_pool(x, w, b, path="fused", precision="tf32")
+
+
+def main(mode: str):
+    for cl in (True, False):
+        x, w, b = seed_inputs(cl)
+        for _ in range(3 if mode == "ncu" else 10):
+            call(x, w, b)
+        torch.cuda.synchronize()
+        if mode != "time":
+            continue
+        flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call(x, w, b)
+            with torch.cuda.graph(graph, stream=s):
+                call(x, w, b)
+        torch.cuda.current_stream().wait_stream(s)
+        for name, fn in (("eager call", lambda: call(x, w, b)), ("graph replay", graph.replay)):
+            ts = []
+            for _ in range(40):
+                flush.zero_()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                fn()
+                e1.record()
+                e1.synchronize()
+                ts.append(e0.elapsed_time(e1))
+            print(f"{'NHWC' if cl else 'NCHW'} {name:12s}: median {statistics.median(ts):.4f} ms  min {min(ts):.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "time")
