@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-import fullfuse
+from fullfuse.ops import conv_act_pool
 
 
 def seed_inputs(channels_last: bool):
@@ -22,7 +22,7 @@ def seed_inputs(channels_last: bool):
 
 
 def call(x, w, b):
-    return fullfuse.conv_act_pool(x, w, b, path="fused", precision="tf32")
+    return conv_act_pool(x, w, b, path="fused", precision="tf32")
 
 
 def main(mode: str):
