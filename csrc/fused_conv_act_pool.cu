@@ -604,29 +604,30 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
-// Epilogue of one 64 x 128 half tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}
+// Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
+// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test.
 template <int ACT, int POOL>
 __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
-  if (qv >= WG_NT / 2) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
+  for (int i = 0; i < 16; ++i) {
+    float y[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = ff_activate<ACT>(acc[4 * i + e]);
+    if (8 * i + 8 <= qv) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float y = ff_activate<ACT>(acc[4 * i + e]);
         float& rr = red[e >> 1][e & 1];
-        rr = (POOL == FF_POOL_MEAN) ? rr + y : ff_max_nan(rr, y);
+        rr = (POOL == FF_POOL_MEAN) ? rr + y[e] : ff_max_nan(rr, y[e]);
       }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
+    } else {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool ok = 8 * i + 2 * tig + (e & 1) < qv;
-        const float y = ff_activate<ACT>(acc[4 * i + e]);
         float& rr = red[e >> 1][e & 1];
-        if (POOL == FF_POOL_MEAN) rr += ok ? y : 0.0f;
-        else if (ok) rr = ff_max_nan(rr, y);
+        if (POOL == FF_POOL_MEAN) rr += ok ? y[e] : 0.0f;
+        else if (ok) rr = ff_max_nan(rr, y[e]);
       }
+    }
   }
 }
 
@@ -791,8 +792,9 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j % p.RB) * p.slot_bytes), n, hbase + j, wbase);
 }
 
-template <int DT, bool SPLIT, int LM, int NOPS>
-__global__ void __launch_bounds__(128, SPLIT ? 2 : 4) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
+// MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
+template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
+__global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
@@ -1186,7 +1188,11 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
 template <int DT, bool SPLIT, int LM>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic one
-  auto kern = prm.nops == WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS> : fa_wgmma_kernel<DT, SPLIT, LM, 0>;
+  // 4 blocks per SM get 128 registers each; fewer blocks per SM (knob) get the 168-register build of the 3x3 kernel
+  constexpr int MINB = SPLIT ? 2 : 4;
+  auto kern = prm.nops != WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
+              : (!SPLIT && knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, SPLIT ? 2 : 3>
+                                            : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
