@@ -2,7 +2,8 @@
 the activation and reduces per (image, channel); only (N, C_out) values leave the chip."""
 from __future__ import annotations
 
-from typing import Optional
+from collections import OrderedDict
+from typing import Dict, Optional
 
 import torch
 
@@ -52,14 +53,43 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     return None if why is None else why.decode()
 
 
+_ws_bytes: Dict[tuple, int] = {}                 # shape arguments -> workspace bytes (the host plan, once per problem)
+_workspaces: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()   # (device, stream, problem) -> workspace, LRU
+_MAX_WORKSPACES = 16
+
+
+def _workspace(device: torch.device, args: tuple, nbytes: int) -> Optional[torch.Tensor]:
+    """The kernel's counters / partials buffer, zeroed once.  The kernels leave the parts that must start at zero
+    (per-image counters, max slots) at zero when they finish, so a buffer kept per (stream, problem) serves every
+    later call of that problem on that stream in stream order.  Per problem, because the layout (where counters end
+    and partials begin) depends on it.  While a CUDA graph is being captured a fresh buffer is made (the graph keeps
+    it)."""
+    if not nbytes:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream, args)
+    buf = _workspaces.get(key)
+    if buf is None:
+        buf = _workspaces[key] = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        if len(_workspaces) > _MAX_WORKSPACES:
+            _workspaces.popitem(last=False)
+    else:
+        _workspaces.move_to_end(key)
+    return buf
+
+
 def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
     x, channels_last = _layout(x)
     args = _shape_args(spec, x, channels_last, mode, deterministic)
     n, k = x.shape[0], spec.out_channels
-    out = torch.zeros(n, k, dtype=torch.float32, device=x.device)
-    ws_bytes = launch.call(LIB, "ff_fused_conv_act_pool_workspace_bytes", *args)
-    workspace = torch.zeros(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
-    launch.launch(LIB, "ff_fused_conv_act_pool", x, weight.contiguous(), float32_bias(bias), out, *args, workspace,
-                  device=x.device)
+    # the atomic mean accumulates into out; every other mode writes each element once
+    atomic = spec.pool == "mean" and not deterministic
+    out = torch.zeros(n, k, dtype=torch.float32, device=x.device) if atomic else launch.new_output(n, k, device=x.device)
+    ws_bytes = _ws_bytes.get(args)
+    if ws_bytes is None:
+        ws_bytes = _ws_bytes[args] = launch.call(LIB, "ff_fused_conv_act_pool_workspace_bytes", *args)
+    launch.launch(LIB, "ff_fused_conv_act_pool", x, weight.contiguous(), float32_bias(bias), out, *args,
+                  _workspace(x.device, args, ws_bytes), device=x.device)
     out = out.to(x.dtype)
     return out.view(n, k, 1, 1) if spec.keepdim else out
