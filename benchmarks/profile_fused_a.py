@@ -3,11 +3,11 @@ kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time
 (CUDA events, L2 flushed) against the same call replayed from a CUDA graph, which splits host time from GPU time."""
 from __future__ import annotations
 
-import statistics
 import sys
 
 import torch
 
+from fullfuse.measure import time_cuda
 from fullfuse.ops import conv_act_pool
 
 
@@ -33,7 +33,6 @@ def main(mode: str):
         torch.cuda.synchronize()
         if mode != "time":
             continue
-        flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
         graph = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -43,17 +42,8 @@ def main(mode: str):
                 call(x, w, b)
         torch.cuda.current_stream().wait_stream(s)
         for name, fn in (("eager call", lambda: call(x, w, b)), ("graph replay", graph.replay)):
-            ts = []
-            for _ in range(40):
-                flush.zero_()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                fn()
-                e1.record()
-                e1.synchronize()
-                ts.append(e0.elapsed_time(e1))
-            print(f"{'NHWC' if cl else 'NCHW'} {name:12s}: median {statistics.median(ts):.4f} ms  min {min(ts):.4f}", flush=True)
-
+            t = time_cuda(fn, repeats=40)
+            print(f"{'NHWC' if cl else 'NCHW'} {name:12s}: median {t['median_ms']:.4f} ms  min {t['min_ms']:.4f}", flush=True)
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "time")
