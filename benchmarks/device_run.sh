@@ -26,7 +26,10 @@ for stage in "$@"; do
       ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 2 --import-source no \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
         --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats --section SourceCounters \
-        python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a.txt" 2>&1; tail -5 "$OUT/ncu_a.txt" ;;
+        python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a.txt" 2>&1; tail -5 "$OUT/ncu_a.txt"
+      ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
+        --page source --csv --print-source sass python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a_sass.csv" 2>&1
+      gzip -f "$OUT/ncu_a_sass.csv"; ls -la "$OUT" ;;
     probe-chunks) python3 benchmarks/probe_fallback_chunks.py 2>&1 | tee "$OUT/probe_chunks.txt" ;;
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
