@@ -506,7 +506,6 @@ struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc;
-  int skip;                            // FF_FUSED_A_SKIP (profiling only, wrong results): 1 loads, 2 MMAs, 4 epilogue
   int CG, nops, nseg, TWa, RB, D;
   int slot_bytes, small_off, ones_off, zeros_off, ring_off, a_small_off;   // smem: [A ops][ring][ones][zeros]
   unsigned long long mCG, mTWa, mHP; int sCG, sTWa, sHP;
@@ -606,15 +605,15 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
-// padding.  A full tile has no mask test at all; a partial one tests only inside the column block that straddles qv.
-template <int ACT, int POOL, bool FULL>
-__device__ __forceinline__ void wg_epi_cols(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test.
+template <int ACT, int POOL>
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     float y[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = ff_activate<ACT>(acc[4 * i + e]);
-    if (FULL || 8 * i + 8 <= qv) {
+    if (8 * i + 8 <= qv) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float& rr = red[e >> 1][e & 1];
@@ -630,11 +629,6 @@ __device__ __forceinline__ void wg_epi_cols(const float (&acc)[64], float (&red)
       }
     }
   }
-}
-template <int ACT, int POOL>
-__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
-  if (qv >= WG_NT / 2) wg_epi_cols<ACT, POOL, true>(acc, red, qv, tig);
-  else wg_epi_cols<ACT, POOL, false>(acc, red, qv, tig);
 }
 
 template <int POOL>
@@ -845,8 +839,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
   long long cur_n = n_first;
   float acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
 
   auto flush = [&](long long n) {
     float v[2];
@@ -917,7 +909,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const int q0 = seg * WG_NT, qv = min(WG_NT, p.Q - q0);
     const int hbase = pa * p.sh - p.ph, wbase = q0 - p.pw;
     __syncthreads();                                             // previous piece's wgmmas done in every warp
-    if (LM != WG_LM_REG && !(p.skip & 1)) {
+    if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D; ++t) {
         wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase);
         asm volatile("cp.async.commit_group;" ::: "memory");
@@ -927,13 +919,13 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
-      if (LM != WG_LM_REG && !(p.skip & 1)) {
+      if (LM != WG_LM_REG) {
         cp_wait_n(p.D - 1);
         if (DT == FF_F32) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase);
       }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
-      if (LM != WG_LM_REG && !(p.skip & 1)) {
+      if (LM != WG_LM_REG) {
         wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
@@ -942,12 +934,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         if (half == 1 && qv <= WG_NT / 2) break;
-        if (!(p.skip & 2)) {
-          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
-          if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
-          wg_wait0();
-        }
-        if (!(p.skip & 4)) wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
+        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
+        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
+        wg_wait0();
+        wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -974,11 +964,11 @@ struct Plan {
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
 // FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2).
-struct Knobs { int impl, rb, bps, skip; };
+struct Knobs { int impl, rb, bps; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
-    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_SKIP", 0)};
+    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1118,7 +1108,6 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   WGParams& p = w.prm;
   p.N = (int)N; p.C = C; p.H = H; p.W = W; p.K = K; p.R = R; p.S = S; p.sh = sh; p.ph = ph; p.pw = pw; p.dh = dh; p.dw = dw;
   p.P = base.P; p.Q = base.Q; p.act = activation; p.pool = pool; p.det = deterministic ? 1 : 0;
-  p.skip = knobs().skip;
   p.CG = base.CG;
   p.nseg = (p.Q + WG_NT - 1) / WG_NT;
   long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
