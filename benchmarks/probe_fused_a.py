@@ -140,6 +140,8 @@ def check_all(lib, quick):
         Case("C8 3x3 s(2,1) K48", 2, 8, 41, 37, 48, 3, 3, stride=(2, 1)),
         Case("C4 5x1 d(2,1) K20 p(3,0)", 2, 4, 29, 33, 20, 5, 1, pad=(3, 0), dil=(2, 1)),
         Case("C8 3x3 K64 W=1 H=300", 2, 8, 300, 3, 64, 3, 3),
+        Case("C8 3x3 p(1,2) 30x64 (NCHW quads start 2 columns early)", 2, 8, 30, 64, 64, 3, 3, pad=(1, 2)),
+        Case("C4 3x3 p(0,3) 9x36 K16 (NCHW quads, 4 channels)", 2, 4, 9, 36, 16, 3, 3, pad=(0, 3)),
     ]
     results, fails = [], 0
     only = os.environ.get("FF_PROBE_CASES")       # '|'-separated substrings of case names

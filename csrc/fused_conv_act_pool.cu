@@ -499,7 +499,11 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 10;
-enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2 };
+// input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async); NCHW4 = NCHW, W % 4 == 0 (16-byte cp.async of 4
+// columns of one channel, transposed in place per thread); ELEM = anything else (4-byte cp.async); REG = 16-bit
+enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3 };
+// Each 4-channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack.
+constexpr int WG_PAD = 4;
 constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 
 struct WGParams {
@@ -507,8 +511,9 @@ struct WGParams {
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc;
   int CG, nops, nseg, TWa, RB, D;
+  int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, zeros_off, ring_off, a_small_off;   // smem: [A ops][ring][ones][zeros]
-  unsigned long long mCG, mTWa, mHP; int sCG, sTWa, sHP;
+  unsigned long long mCG, mTWa, mHP, mNQ; int sCG, sTWa, sHP, sNQ;
   long long L, lines_img; int G, J;
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
@@ -702,7 +707,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
       const int half = (CPP == 2) ? (i & 1) : 0;
       const int rest = (CPP == 2) ? (i >> 1) : i;
       const int col = fdiv(rest, p.mCG, p.sCG), cg = rest - col * p.CG;
-      const uint32_t dst = slot + (uint32_t)(((cg * CPP + half) * p.TWa + col) * 16);
+      const uint32_t dst = slot + (uint32_t)((cg * CPP + half) * p.plane_bytes + (WG_PAD + col) * 16);
       if (MODE == 0) {
         const int w = wbase + col;
         const bool ok = hok && w >= 0 && w < p.W;
@@ -722,6 +727,45 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         }
       }
     }
+  } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
+    // The 4 channels x 4 columns of a task land as 4 chunks of one channel each in the 64 bytes that will hold the
+    // 4 columns x 4 channels afterwards, so the same thread transposes them in place (no other thread touches them).
+    const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
+    const int delta = wq - wbase;                                         // -3 .. 0 positions
+    const int HP = p.CG * 2;
+    for (int task = tid; task < HP * p.nq; task += 128) {
+      const int hp = fdiv(task, p.mNQ, p.sNQ), j = task - hp * p.nq;
+      const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + delta + 4 * j) * 16);
+      if (MODE == 0) {
+        const int w0 = wq + 4 * j;
+        const bool wok = hok && w0 >= 0 && w0 < p.W;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = hp * 4 + e;
+          const bool ok = wok && c < p.C;
+          const float* src = reinterpret_cast<const float*>(p.x);
+          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
+          cp_async16(blk + e * 16, src, ok);
+        }
+      } else {
+        uint32_t v[4][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          uint32_t b[4], sm[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            b[e] = f2tf32(__uint_as_float(v[e][i]));
+            sm[e] = SPLIT ? f2tf32(__uint_as_float(v[e][i]) - __uint_as_float(b[e])) : 0u;
+          }
+          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+          if (SPLIT)
+            asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16 + p.small_off), "r"(sm[0]), "r"(sm[1]), "r"(sm[2]), "r"(sm[3]) : "memory");
+        }
+      }
+    }
   } else if (LM == WG_LM_ELEM) {                       // fp32, any layout: 4-byte cp.async, warp = 4 ch x 8 columns
     const int warp = tid >> 5, lane = tid & 31, e = lane & 3, colLo = lane >> 2;
     const int HP = p.CG * 2;
@@ -729,7 +773,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
     for (int task = warp; task < ntask; task += 4) {
       const int colHi = fdiv(task, p.mHP, p.sHP), hp = task - colHi * HP;
       const int col = colHi * 8 + colLo, c = hp * 4 + e;
-      const uint32_t dst = slot + (uint32_t)((hp * p.TWa + col) * 16 + e * 4);
+      const uint32_t dst = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + col) * 16 + e * 4);
       if (MODE == 0) {
         const int w = wbase + col;
         const bool ok = hok && w >= 0 && w < p.W && c < p.C;
@@ -774,7 +818,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         const int i = base + k * 128;
         if (i < nit) {
           const int cg = fdiv(i, p.mTWa, p.sTWa), col = i - cg * p.TWa;
-          const uint32_t dst = slot + (uint32_t)((cg * p.TWa + col) * 16);
+          const uint32_t dst = slot + (uint32_t)(cg * p.plane_bytes + (WG_PAD + col) * 16);
           asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(v[k][0]), "r"(v[k][1]), "r"(v[k][2]), "r"(v[k][3]) : "memory");
         }
       }
@@ -962,13 +1006,13 @@ struct Plan {
 
 // Tuning knobs, read once per process. They never affect correctness (every setting passes the same checks); they can
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
-// FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
+// FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2).
-struct Knobs { int impl, rb, bps; };
+struct Knobs { int impl, rb, bps, nchw4; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
-    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3)};
+    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1113,7 +1157,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
-  const long long plane = (long long)p.TWa * 16;
+  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 quads overhang)
+  p.plane_bytes = (int)plane;
+  p.nq = (p.TWa + 3) / 4 + 1;
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : p.CG * plane;
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
@@ -1143,9 +1189,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
       for (int cg = 0; cg < p.CG; ++cg) {
         p.op_u0[nops] = (r * S + s) * p.CG + cg; p.op_r[nops] = r;
         if (dtype == FF_F32) {   // K chunks = the two 4-channel planes
-          p.op_off[nops] = (int)(cg * 2 * plane + (long long)s * dw * 16); p.op_lbo[nops] = (int)plane;
+          p.op_off[nops] = (int)(cg * 2 * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo[nops] = (int)plane;
         } else {                 // k16 = 8 channels + 8 zero-weight columns read from the zero block
-          p.op_off[nops] = (int)(cg * plane + (long long)s * dw * 16); p.op_lbo_zero[nops] = 1;
+          p.op_off[nops] = (int)(cg * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo_zero[nops] = 1;
         }
         ++nops;
       }
@@ -1169,6 +1215,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   magic(p.CG, p.mCG, p.sCG);
   magic(p.TWa, p.mTWa, p.sTWa);
   magic(p.CG * 2, p.mHP, p.sHP);
+  magic(p.nq, p.mNQ, p.sNQ);
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
   long long G = (long long)bps * di.nsm;
@@ -1200,11 +1247,15 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   return (int)cudaGetLastError();
 }
 
-int wg_launch(int dtype, int precision, bool vec, const WGParams& prm, size_t smem, cudaStream_t stream) {
+int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
   (void)dtype;   // fp32 only (see wg_plan)
   if (precision == FF_PREC_IEEE)
-    return vec ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_F32, true, WG_LM_ELEM>(prm, smem, stream);
-  return vec ? wg_launch_t<FF_F32, false, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_F32, false, WG_LM_ELEM>(prm, smem, stream);
+    return lm == WG_LM_VEC ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream)
+           : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, true, WG_LM_NCHW4>(prm, smem, stream)
+                               : wg_launch_t<FF_F32, true, WG_LM_ELEM>(prm, smem, stream);
+  return lm == WG_LM_VEC ? wg_launch_t<FF_F32, false, WG_LM_VEC>(prm, smem, stream)
+         : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, false, WG_LM_NCHW4>(prm, smem, stream)
+                             : wg_launch_t<FF_F32, false, WG_LM_ELEM>(prm, smem, stream);
 }
 }  // namespace
 
@@ -1244,8 +1295,10 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_cnt = wp.ws_bytes ? (int*)ws : nullptr;
       q.ws_part = (wp.ws_bytes && pool == FF_POOL_MEAN) ? (float*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
-      const bool vec = channels_last && C % 8 == 0 && ((uintptr_t)x & 15) == 0;
-      return wg_launch(dtype, precision, vec, q, wp.smem, stream);
+      const bool aligned = ((uintptr_t)x & 15) == 0;
+      const int lm = (channels_last && C % 8 == 0 && aligned) ? WG_LM_VEC
+                     : (!channels_last && W % 4 == 0 && aligned && knobs().nchw4) ? WG_LM_NCHW4 : WG_LM_ELEM;
+      return wg_launch(dtype, precision, lm, q, wp.smem, stream);
     }
   }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;

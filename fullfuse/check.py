@@ -50,6 +50,8 @@ def cases(family: str, quick: bool = False) -> List[Case]:
             _a("relu, keepdim False", (2, 16, 12, 12), 24, 1, act="relu", keepdim=False),
             _a("silu, stride 3", (2, 4, 31, 29), 12, 3, 3, act="silu"),
             _a("no activation, tiny image", (4, 2, 3, 3), 7, 3),
+            _a("padding (1,2), W % 4 == 0", (2, 8, 20, 44), 32, 3, 1, (1, 2)),
+            _a("C3 padding 3, W % 4 == 0", (1, 3, 10, 16), 8, 3, 1, 3),
             _a("conv3d", (2, 4, 9, 10, 11), 16, 3, 1, 1),
         ]
     else:
