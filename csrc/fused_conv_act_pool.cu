@@ -660,7 +660,6 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
 template <int DT, bool SPLIT, int NOPS>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, int rs, int half) {
 #ifdef FA_HAVE_WGMMA
-  static_assert(DT == FF_F32, "the wgmma path serves fp32 inputs (TF32 / 3xTF32)");
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   wg_fence();
@@ -673,7 +672,11 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
     const uint64_t desc = (uint64_t)lo | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
-    if (SPLIT && !bias_op) {
+    if (DT == FF_BF16) {
+      wgh_bf16(acc, da, desc, j > 0);
+    } else if (DT == FF_F16) {
+      wgh_f16(acc, da, desc, j > 0);
+    } else if (SPLIT && !bias_op) {
       wgh_tf32(acc, da + (uint64_t)(p.a_small_off >> 4), desc, j > 0);
       wgh_tf32(acc, da, desc + (uint64_t)(p.small_off >> 4), 1);
       wgh_tf32(acc, da, desc, 1);
@@ -854,8 +857,13 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
     *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
   }
-  for (int i = tid; i < WG_NT / 2; i += 128)   // zero block: the (zero-weight) second K chunk of 16-bit units
-    *reinterpret_cast<uint4*>(smem + p.zeros_off + i * 16) = make_uint4(0u, 0u, 0u, 0u);
+  if (DT != FF_F32) {   // 16-bit: the zero plane after each slot's channel planes = the zero-weight second K chunk
+    const int per = p.plane_bytes / 16;
+    for (int i = tid; i < p.RB * per; i += 128) {
+      const int r = i / per, q = i - r * per;
+      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
 
   // ---- weights (+ bias op) -> shared memory, K-major core matrices: op j at j*2 KB, [k chunk][64 ch][16 B] ----
   {
@@ -1006,13 +1014,13 @@ struct Plan {
 
 // Tuning knobs, read once per process. They never affect correctness (every setting passes the same checks); they can
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
-// FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
+// FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2).
-struct Knobs { int impl, rb, bps, nchw4; };
+struct Knobs { int impl, rb, bps, nchw4, wg16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
-    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1)};
+    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1145,9 +1153,8 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const DevInfo di = dev_info();
   if (!(di.major == 9 && di.minor == 0)) return w;
   if (sw != 1 || K > 64 || base.nu > 9) return w;
-  // 16-bit inputs stay on the mma.sync path: on the H200 seed it measured 0.74 / 0.64 ms (NCHW / NHWC) against
-  // 0.84 / 0.65 ms for this path's 16-bit variant (k16 with 8 zero-weight columns); the code below supports them.
-  if (dtype != FF_F32) return w;
+  // 16-bit inputs: k16 ops = 8 channels + 8 zero-weight columns read from a zero plane (FF_FUSED_A_WG16=0: mma.sync path)
+  if (dtype != FF_F32 && !knobs().wg16) return w;
   const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
   WGParams& p = w.prm;
   p.N = (int)N; p.C = C; p.H = H; p.W = W; p.K = K; p.R = R; p.S = S; p.sh = sh; p.ph = ph; p.pw = pw; p.dh = dh; p.dw = dw;
@@ -1160,7 +1167,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 quads overhang)
   p.plane_bytes = (int)plane;
   p.nq = (p.TWa + 3) / 4 + 1;
-  const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : p.CG * plane;
+  const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the zero plane
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
   const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
@@ -1191,17 +1198,16 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
         if (dtype == FF_F32) {   // K chunks = the two 4-channel planes
           p.op_off[nops] = (int)(cg * 2 * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo[nops] = (int)plane;
         } else {                 // k16 = 8 channels + 8 zero-weight columns read from the zero block
-          p.op_off[nops] = (int)(cg * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo_zero[nops] = 1;
+          p.op_off[nops] = (int)(cg * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo[nops] = (int)((p.CG - cg) * plane);
         }
         ++nops;
       }
   p.op_u0[nops] = WG_UNIT_BIAS; p.op_r[nops] = -1; ++nops;
   if (nops > WG_MAXOPS) return w;
   p.nops = nops;
-  if (dtype != FF_F32) return w;                          // precomputed descriptors below are the fp32 layout
   p.slot16 = (int)(slot >> 4);
   for (int j = 0; j < nops; ++j) {
-    if (p.op_r[j] >= 0) {   // ring operand: K-major core matrices, LBO = the 4-channel plane, SBO = 8 pixels (128 B)
+    if (p.op_r[j] >= 0) {   // ring operand: K-major core matrices, LBO = to the next K chunk's plane, SBO = 8 pixels (128 B)
       p.op_d[j] = (unsigned)((p.ring_off + p.op_off[j]) >> 4) | ((unsigned)(p.op_lbo[j] >> 4) << 16);
       p.op_mask[j] = 0xFFFFFFFFu; p.op_hi[j] = 128 >> 4; p.op_rd[j] = p.op_r[j] * dh;
     } else {                // bias op: the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
@@ -1237,7 +1243,7 @@ template <int DT, bool SPLIT, int LM>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic one
   // 4 blocks per SM get 128 registers each; fewer blocks per SM (knob) get the 168-register build of the 3x3 kernel
-  constexpr int MINB = SPLIT ? 2 : 4;
+  constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);   // 16-bit: only the 168-register build
   auto kern = prm.nops != WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
               : (!SPLIT && knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, SPLIT ? 2 : 3>
                                             : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>;
@@ -1248,7 +1254,8 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
 }
 
 int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  (void)dtype;   // fp32 only (see wg_plan)
+  if (dtype == FF_BF16) return wg_launch_t<FF_BF16, false, WG_LM_REG>(prm, smem, stream);
+  if (dtype == FF_F16) return wg_launch_t<FF_F16, false, WG_LM_REG>(prm, smem, stream);
   if (precision == FF_PREC_IEEE)
     return lm == WG_LM_VEC ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream)
            : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, true, WG_LM_NCHW4>(prm, smem, stream)
