@@ -3,9 +3,10 @@
 // can stay in registers: each block reduces its rows in registers and only 64 partials per image piece leave the chip.
 //
 // Two implementations, chosen per call:
-//   * sm_90 (H100/H200), fp32 input (TF32 / 3xTF32), stride-1 columns, K <= 64: wgmma path (fa_wgmma_kernel, below)
-//     - weights (A) and input rows (B, a shared-memory ring with the halo) both fed to the tensor cores by descriptors.
-//   * otherwise (16-bit inputs, sm_80, strided columns, K > 64, ...): implicit GEMM on mma.sync (TF32 m16n8k8; 3xTF32 for
+//   * sm_90 (H100/H200), any dtype (TF32 / 3xTF32 / bf16 / fp16), stride-1 columns, K <= 64: wgmma path
+//     (fa_wgmma_kernel, below) - weights (A) and input rows (B, a shared-memory ring with the halo) both fed to the
+//     tensor cores by descriptors.
+//   * otherwise (sm_80, strided columns, K > 64, ...): implicit GEMM on mma.sync (TF32 m16n8k8; 3xTF32 for
 //     precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
 //     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
 //     = one filter tap (r,s) x 8 input channels; tile [chgroup][row][col][8 ch]; epilogue per 64ch x 16px tile.
@@ -488,14 +489,15 @@ fused_conv_act_pool_kernel(const FAParams p) {
 // sm_90a path: wgmma SS (A = weights, B = pixels, both from shared memory through descriptors, no swizzle).
 //   GEMM M = 64 output channels, N = 128 consecutive output pixels (half of a 256-pixel row segment, stride 1), K = one
 //   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 whose second 8 columns have zero
-//   weights and read a zero block). The input rows live in a ring of RB shared-memory slots, one input row of one
-//   256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
-//   LBO = plane; 16-bit: [cg][col][8 ch]), so the im2col matrix of tap (r, s) is simply the slot of input row
+//   weights and read the slot's zero plane). The input rows live in a ring of RB shared-memory slots, one input row
+//   of one 256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
+//   LBO = plane; 16-bit: [cg][col][8 ch] + one zero plane), so the im2col matrix of tap (r, s) is simply the slot of input row
 //   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
 //   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split.
-//   Rows stream through the ring with cp.async D rows ahead (16-bit non-vectorisable inputs: register loads overlapped
-//   with the wgmmas). Each block (one warpgroup, 64 accumulator registers, 4 blocks per SM so that one block's
-//   epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
+//   Rows stream through the ring with cp.async D rows ahead (16-bit: register loads overlapped with the wgmmas). The
+//   10 ops of a 3x3 filter over <= 8 channels are issued as straight-line code with precomputed descriptors, so the
+//   HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
+//   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 10;
@@ -512,12 +514,12 @@ struct WGParams {
   int P, Q, act, pool, det, nhwc;
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
-  int slot_bytes, small_off, ones_off, zeros_off, ring_off, a_small_off;   // smem: [A ops][ring][ones][zeros]
+  int slot_bytes, small_off, ones_off, ring_off, a_small_off;   // smem: [A ops][ring][ones]
   unsigned long long mCG, mTWa, mHP, mNQ; int sCG, sTWa, sHP, sNQ;
   long long L, lines_img; int G, J;
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
-  int op_r[WG_MAXOPS], op_off[WG_MAXOPS], op_lbo[WG_MAXOPS], op_lbo_zero[WG_MAXOPS];   // lbo_zero: 2nd K chunk = zero block
+  int op_r[WG_MAXOPS], op_off[WG_MAXOPS], op_lbo[WG_MAXOPS];   // input row of the tap (-1: bias op), offset, LBO
   // B descriptors, precomputed (fp32): low word = op_d + smem_base/16 + ((ring slot * slot16 + half * 128) & op_mask),
   // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
   unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
@@ -848,8 +850,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   __shared__ int last_s;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
-  const uint32_t ones = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ones_off;
-  const uint32_t zeros = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.zeros_off;
   if (tid < 8) {   // ones block: 8 rows x 16 B (SBO = LBO = 0), A = (b_hi, b_lo, 0...)
     uint4 o;
     if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
@@ -1175,7 +1175,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
   const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
-  constexpr long long ONES = 128 + WG_NT / 2 * 16;   // ones (8 rows) + zeros (128 rows)
+  constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
   if (rb * slot + ONES > budget || rb > 64) return w;
   while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES <= budget) ++rb;
   p.RB = (int)rb;
@@ -1186,11 +1186,10 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   p.a_small_off = WG_MAXOPS * 2048;
   p.ring_off = (int)abytes;
   p.ones_off = (int)(abytes + rb * slot);
-  p.zeros_off = p.ones_off + 128;
   w.smem = (size_t)(abytes + rb * slot + ONES);
   // ops
   int nops = 0;
-  for (int j = 0; j < WG_MAXOPS; ++j) { p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE; p.op_r[j] = -1; p.op_off[j] = p.op_lbo[j] = p.op_lbo_zero[j] = 0; }
+  for (int j = 0; j < WG_MAXOPS; ++j) { p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE; p.op_r[j] = -1; p.op_off[j] = p.op_lbo[j] = 0; }
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; ++s)
       for (int cg = 0; cg < p.CG; ++cg) {
