@@ -45,5 +45,6 @@ def main(mode: str):
             t = time_cuda(fn, repeats=40)
             print(f"{'NHWC' if cl else 'NCHW'} {name:12s}: median {t['median_ms']:.4f} ms  min {t['min_ms']:.4f}", flush=True)
 
+
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "time")

@@ -519,7 +519,6 @@ struct WGParams {
   long long L, lines_img; int G, J;
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
-  int op_r[WG_MAXOPS], op_off[WG_MAXOPS], op_lbo[WG_MAXOPS];   // input row of the tap (-1: bias op), offset, LBO
   // B descriptors, precomputed (fp32): low word = op_d + smem_base/16 + ((ring slot * slot16 + half * 128) & op_mask),
   // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
   unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
@@ -981,7 +980,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
-      // ---- row t as two 64 x 128 halves (64 accumulator registers: 4 blocks of 4 warps per SM hide each other's
+      // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
@@ -1189,30 +1188,28 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   w.smem = (size_t)(abytes + rb * slot + ONES);
   // ops
   int nops = 0;
-  for (int j = 0; j < WG_MAXOPS; ++j) { p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE; p.op_r[j] = -1; p.op_off[j] = p.op_lbo[j] = 0; }
+  for (int j = 0; j < WG_MAXOPS; ++j) {
+    p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE;
+    p.op_d[j] = p.op_mask[j] = p.op_hi[j] = 0u; p.op_rd[j] = 0;
+  }
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; ++s)
       for (int cg = 0; cg < p.CG; ++cg) {
-        p.op_u0[nops] = (r * S + s) * p.CG + cg; p.op_r[nops] = r;
-        if (dtype == FF_F32) {   // K chunks = the two 4-channel planes
-          p.op_off[nops] = (int)(cg * 2 * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo[nops] = (int)plane;
-        } else {                 // k16 = 8 channels + 8 zero-weight columns read from the zero block
-          p.op_off[nops] = (int)(cg * plane + (WG_PAD + (long long)s * dw) * 16); p.op_lbo[nops] = (int)((p.CG - cg) * plane);
-        }
+        // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk's plane (fp32: the
+        // second 4-channel plane; 16-bit: the slot's zero plane, read by the 8 zero-weight columns of k16)
+        const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + (long long)s * dw) * 16;
+        const long long lbo = dtype == FF_F32 ? plane : (p.CG - cg) * plane;
+        p.op_u0[nops] = (r * S + s) * p.CG + cg;
+        p.op_d[nops] = (unsigned)((p.ring_off + off) >> 4) | ((unsigned)(lbo >> 4) << 16);
+        p.op_mask[nops] = 0xFFFFFFFFu; p.op_hi[nops] = 128 >> 4; p.op_rd[nops] = r * dh;
         ++nops;
       }
-  p.op_u0[nops] = WG_UNIT_BIAS; p.op_r[nops] = -1; ++nops;
-  if (nops > WG_MAXOPS) return w;
+  // bias op: the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
+  p.op_u0[nops] = WG_UNIT_BIAS;
+  p.op_d[nops] = (unsigned)(p.ones_off >> 4); p.op_mask[nops] = 0u; p.op_hi[nops] = 0u; p.op_rd[nops] = 0;
+  ++nops;
   p.nops = nops;
   p.slot16 = (int)(slot >> 4);
-  for (int j = 0; j < nops; ++j) {
-    if (p.op_r[j] >= 0) {   // ring operand: K-major core matrices, LBO = to the next K chunk's plane, SBO = 8 pixels (128 B)
-      p.op_d[j] = (unsigned)((p.ring_off + p.op_off[j]) >> 4) | ((unsigned)(p.op_lbo[j] >> 4) << 16);
-      p.op_mask[j] = 0xFFFFFFFFu; p.op_hi[j] = 128 >> 4; p.op_rd[j] = p.op_r[j] * dh;
-    } else {                // bias op: the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
-      p.op_d[j] = (unsigned)(p.ones_off >> 4); p.op_mask[j] = 0u; p.op_hi[j] = 0u; p.op_rd[j] = 0;
-    }
-  }
   auto magic = [](int d, unsigned long long& m, int& s) {
     int l = 0; while ((1LL << l) < d) ++l;
     s = 31 + l; m = ((1ULL << s) + (unsigned long long)d - 1) / (unsigned long long)d;
@@ -1240,12 +1237,14 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
 
 template <int DT, bool SPLIT, int LM>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
-  // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic one
-  // 4 blocks per SM get 128 registers each; fewer blocks per SM (knob) get the 168-register build of the 3x3 kernel
-  constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);   // 16-bit: only the 168-register build
+  // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic
+  // one.  Register budget: 3xTF32 2 blocks per SM; TF32 4 (128 registers) or, when the knob asks for fewer blocks
+  // (default 3), the 168-register build of the 3x3 kernel; 16-bit only the 168-register build.
+  constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
+  constexpr int MINB_FEW = SPLIT ? 2 : 3;
   auto kern = prm.nops != WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
-              : (!SPLIT && knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, SPLIT ? 2 : 3>
-                                            : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>;
+              : knobs().bps < 4     ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB_FEW>
+                                    : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);

@@ -2,8 +2,9 @@
 the activation and reduces per (image, channel); only (N, C_out) values leave the chip."""
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 
@@ -53,9 +54,14 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     return None if why is None else why.decode()
 
 
-_ws_bytes: Dict[tuple, int] = {}                 # shape arguments -> workspace bytes (the host plan, once per problem)
 _workspaces: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()   # (device, stream, problem) -> workspace, LRU
 _MAX_WORKSPACES = 16
+
+
+@functools.lru_cache(maxsize=4096)
+def _workspace_bytes(args: tuple) -> int:
+    """Workspace bytes of one problem (the host plan runs once per problem, not per call)."""
+    return launch.call(LIB, "ff_fused_conv_act_pool_workspace_bytes", *args)
 
 
 def _workspace(device: torch.device, args: tuple, nbytes: int) -> Optional[torch.Tensor]:
@@ -86,10 +92,7 @@ def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode
     # the atomic mean accumulates into out; every other mode writes each element once
     atomic = spec.pool == "mean" and not deterministic
     out = torch.zeros(n, k, dtype=torch.float32, device=x.device) if atomic else launch.new_output(n, k, device=x.device)
-    ws_bytes = _ws_bytes.get(args)
-    if ws_bytes is None:
-        ws_bytes = _ws_bytes[args] = launch.call(LIB, "ff_fused_conv_act_pool_workspace_bytes", *args)
     launch.launch(LIB, "ff_fused_conv_act_pool", x, weight.contiguous(), float32_bias(bias), out, *args,
-                  _workspace(x.device, args, ws_bytes), device=x.device)
+                  _workspace(x.device, args, _workspace_bytes(args)), device=x.device)
     out = out.to(x.dtype)
     return out.view(n, k, 1, 1) if spec.keepdim else out
