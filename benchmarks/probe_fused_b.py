@@ -1,0 +1,131 @@
+"""DRAFT probe for csrc/fused_convt_pool_reduce.cu (family B fused, branch wip/fused-b; never run yet).
+
+Compiles the kernel with nvcc (sm_90a) into /tmp, packs the weights per residue class and tap, checks fresh random
+channels_last_3d fp32 inputs against a float64 reference (conv_transpose3d -> max over the composed window ->
+channel reduction) with the output poisoned with NaN first, then times the seed (CUDA events, median, L2 flushed).
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+SO = "/tmp/ff_fused_b_probe.so"
+ACTS = {"none": 0, "relu": 1, "gelu_erf": 2}
+REDS = {"sum": 0, "mean": 1, "max": 2}
+I3 = ctypes.c_int * 3
+
+
+def build():
+    cmd = ["nvcc", "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
+           "-gencode=arch=compute_90a,code=sm_90a", f"-I{ROOT / 'csrc'}", "-o", SO, str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
+    subprocess.run(cmd, check=True)
+    lib = ctypes.CDLL(SO)
+    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.POINTER(ctypes.c_int)] * 5 + [ctypes.c_int] * 2
+    lib.ff_fused_convt_pool_reduce_unsupported.restype = ctypes.c_char_p
+    lib.ff_fused_convt_pool_reduce_unsupported.argtypes = shape
+    lib.ff_fused_convt_pool_reduce.restype = ctypes.c_int
+    lib.ff_fused_convt_pool_reduce.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p]
+    return lib
+
+
+def tf32(t: torch.Tensor) -> torch.Tensor:
+    b = t.contiguous().view(torch.int32)
+    return ((b + 0x1000) & -0x2000).view(torch.float32)
+
+
+def pack_weights(w: torch.Tensor, s):
+    """w (C, K, Td, Th, Tw) -> per class (rd, rh, rw), per tap (md, mh, mw): [C/4][64][4] tf32."""
+    C, K = w.shape[:2]
+    T = w.shape[2:]
+    parts = []
+    for rd in range(s[0]):
+        for rh in range(s[1]):
+            for rw in range(s[2]):
+                r = (rd, rh, rw)
+                M = [len(range(r[a], T[a], s[a])) for a in range(3)]
+                for md in range(M[0]):
+                    for mh in range(M[1]):
+                        for mw in range(M[2]):
+                            sl = w[:, :, rd + s[0] * md, rh + s[1] * mh, rw + s[2] * mw]      # (C, K)
+                            kc = torch.zeros(64, C, device=w.device, dtype=torch.float32)
+                            kc[:K] = sl.t()
+                            parts.append(kc.view(64, C // 4, 4).permute(1, 0, 2).reshape(-1))
+    return tf32(torch.cat(parts))
+
+
+def run(lib, x, wp, b, out, K, T, s, p, op, win, act, red):
+    N, C, D, H, W = x.shape
+    args = (0, 1, N, C, D, H, W, K, I3(*T), I3(*s), I3(*p), I3(*op), I3(*win), ACTS[act], REDS[red])
+    why = lib.ff_fused_convt_pool_reduce_unsupported(*args)
+    if why:
+        return why.decode()
+    rc = lib.ff_fused_convt_pool_reduce(x.data_ptr(), wp.data_ptr(), b.data_ptr() if b is not None else None,
+                                        out.data_ptr(), *args, torch.cuda.current_stream().cuda_stream)
+    return None if rc == 0 else f"launch error {rc}"
+
+
+def reference(x, w, b, s, p, op, win, act, red):
+    y = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), s, p, op)
+    if act == "relu":
+        y = F.relu(y)
+    elif act == "gelu_erf":
+        y = F.gelu(y)
+    y = F.max_pool3d(y, win, win)
+    return {"sum": y.sum(1), "mean": y.mean(1), "max": y.amax(1)}[red]
+
+
+CASES = [  # name, (N, C, D, H, W), K, T, s, p, op, win, act, red, bias
+    ("seed-like (pools 2 then 3)", (2, 32, 8, 8, 8), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "none", "sum", True),
+    ("stride 3, output_padding 1, window (2,3,2)", (1, 8, 5, 6, 4), 7, (4, 4, 4), (3, 3, 3), (1, 1, 1), (1, 1, 1), (2, 3, 2), "none", "sum", True),
+    ("kernel < stride, mean", (2, 8, 6, 5, 7), 9, (2, 2, 2), (3, 3, 3), (0, 0, 0), (0, 0, 0), (2, 2, 2), "none", "mean", True),
+    ("gelu before pools, max, no bias", (1, 16, 5, 5, 5), 10, (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (3, 3, 3), "gelu_erf", "max", False),
+    ("relu, window (1,2,2)", (2, 8, 4, 7, 6), 5, (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 2, 2), "relu", "sum", True),
+]
+
+
+def main():
+    lib = build()
+    fails = 0
+    for name, shape, K, T, s, p, op, win, act, red, has_bias in CASES + [
+            ("seed", (16, 32, 32, 32, 32), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "none", "sum", True)]:
+        x = torch.randn(shape, device="cuda").contiguous(memory_format=torch.channels_last_3d)
+        w = torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5
+        b = torch.randn(K, device="cuda") if has_bias else None
+        ref = reference(x, w, b, s, p, op, win, act, red)
+        out = torch.full(ref.shape, float("nan"), device="cuda")
+        wp = pack_weights(w, s)
+        why = run(lib, x, wp, b, out, K, T, s, p, op, win, act, red)
+        if why:
+            print(f"{name}: unsupported: {why}")
+            continue
+        torch.cuda.synchronize()
+        err = (out.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
+        ok = err <= 1e-3 and not torch.isnan(out).any().item()
+        fails += not ok
+        print(f"{name}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} {'ok' if ok else 'FAIL'}", flush=True)
+        if name == "seed":
+            flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+            ts = []
+            for i in range(25):
+                flush.zero_()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                run(lib, x, wp, b, out, K, T, s, p, op, win, act, red)
+                e1.record()
+                e1.synchronize()
+                if i >= 5:
+                    ts.append(e0.elapsed_time(e1))
+            print(f"seed fused B (draft kernel only): median {statistics.median(ts):.3f} ms, min {min(ts):.3f}")
+    print(f"failures: {fails}")
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
