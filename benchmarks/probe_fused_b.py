@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SO = "/tmp/ff_fused_b_probe.so"
 ACTS = {"none": 0, "relu": 1, "gelu_erf": 2}
 REDS = {"sum": 0, "mean": 1, "max": 2}
-I3 = ctypes.c_int * 3
 
 
 def build():
@@ -27,7 +26,7 @@ def build():
            "-gencode=arch=compute_90a,code=sm_90a", f"-I{ROOT / 'csrc'}", "-o", SO, str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(SO)
-    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.POINTER(ctypes.c_int)] * 5 + [ctypes.c_int] * 2
+    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.c_int] * 15 + [ctypes.c_int] * 2
     lib.ff_fused_convt_pool_reduce_unsupported.restype = ctypes.c_char_p
     lib.ff_fused_convt_pool_reduce_unsupported.argtypes = shape
     lib.ff_fused_convt_pool_reduce.restype = ctypes.c_int
@@ -62,7 +61,7 @@ def pack_weights(w: torch.Tensor, s):
 
 def run(lib, x, wp, b, out, K, T, s, p, op, win, act, red):
     N, C, D, H, W = x.shape
-    args = (0, 1, N, C, D, H, W, K, I3(*T), I3(*s), I3(*p), I3(*op), I3(*win), ACTS[act], REDS[red])
+    args = (0, 1, N, C, D, H, W, K, *T, *s, *p, *op, *win, ACTS[act], REDS[red])
     why = lib.ff_fused_convt_pool_reduce_unsupported(*args)
     if why:
         return why.decode()

@@ -318,14 +318,21 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
 
 extern "C" {
 
+// Geometry arguments, all per dim (d, h, w): kernel T, stride s, padding p, output_padding op, pooling window win.
+#define FB_GEOM_PARAMS int Td, int Th, int Tw, int sd, int sh, int sw, int pd, int ph, int pw, int opd, int oph, int opw, \
+                       int wd, int wh, int ww
+#define FB_GEOM_ARRAYS const int T[3] = {Td, Th, Tw}, s[3] = {sd, sh, sw}, pad[3] = {pd, ph, pw}, outpad[3] = {opd, oph, opw}, \
+                       win[3] = {wd, wh, ww}
+
 const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int channels_last, long long N, int C, int D, int H, int W,
-                                                   int K, const int* T, const int* s, const int* pad, const int* outpad,
-                                                   const int* win, int act, int red) {
+                                                   int K, FB_GEOM_PARAMS, int act, int red) {
+  FB_GEOM_ARRAYS;
   return fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
 }
 
 // Floats of the packed weights: per class, per tap (md, mh, mw), [C/4][64][4] tf32 (see fb_load_tap).
-long long ff_fused_convt_pool_reduce_packed_weight_floats(int C, const int* T, const int* s) {
+long long ff_fused_convt_pool_reduce_packed_weight_floats(int C, int Td, int Th, int Tw, int sd, int sh, int sw) {
+  const int T[3] = {Td, Th, Tw}, s[3] = {sd, sh, sw};
   long long total = 0;
   for (int rd = 0; rd < s[0]; ++rd)
     for (int rh = 0; rh < s[1]; ++rh)
@@ -339,9 +346,9 @@ long long ff_fused_convt_pool_reduce_packed_weight_floats(int C, const int* T, c
 }
 
 int ff_fused_convt_pool_reduce(const float* x, const float* packed_w, const float* bias, float* out, int dtype,
-                               int channels_last, long long N, int C, int D, int H, int W, int K, const int* T,
-                               const int* s, const int* pad, const int* outpad, const int* win, int act, int red,
-                               cudaStream_t stream) {
+                               int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
+                               int red, cudaStream_t stream) {
+  FB_GEOM_ARRAYS;
   FBPlan pl = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
   if (pl.why) return (int)cudaErrorNotSupported;
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;

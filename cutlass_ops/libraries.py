@@ -29,5 +29,6 @@ LIBRARIES = {
         KernelLibrary("fallback_act_pool", "fallback_act_pool.cu", PORTABLE),
         KernelLibrary("fallback_window_reduce", "fallback_window_reduce.cu", PORTABLE),
         KernelLibrary("fused_conv_act_pool", "fused_conv_act_pool.cu", HOPPER_AND_AMPERE, uses_cutlass=True),
+        KernelLibrary("fused_convt_pool_reduce", "fused_convt_pool_reduce.cu", ("arch=compute_90a,code=sm_90a",)),
     )
 }

@@ -63,6 +63,11 @@ def cases(family: str, quick: bool = False) -> List[Case]:
                reduction="max", bias=False),
             _b("relu, window (1,2,2)", (2, 3, 4, 7, 6), 5, 3, 1, 1, window=(1, 2, 2), act="relu"),
             _b("convtranspose2d", (2, 8, 11, 9), 12, 4, 2, 1, window=2),
+            # C_in % 8 == 0, so the fused kernel serves them too
+            _b("C8 stride 3, output_padding 1, window (2,3,2)", (1, 8, 5, 6, 4), 7, 4, 3, 1, 1, window=(2, 3, 2)),
+            _b("C16 kernel < stride, mean", (2, 16, 6, 5, 7), 9, 2, 3, 0, window=2, reduction="mean", keepdim=False),
+            _b("C8 gelu before pools, max, no bias", (1, 8, 5, 5, 5), 10, 3, 2, 1, window=3, act="gelu_erf",
+               reduction="max", bias=False),
         ]
     return out[:2] if quick else out
 

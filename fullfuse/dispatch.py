@@ -16,6 +16,7 @@ from .errors import UnsupportedError
 from .fallback import conv_act_pool as fallback_a
 from .fallback import convt_pool_reduce as fallback_b
 from .fused import conv_act_pool as fused_a
+from .fused import convt_pool_reduce as fused_b
 from .spec import ConvActPoolSpec
 
 PATH_CHOICES = ("auto", "fused", "fallback", "torch")
@@ -40,9 +41,11 @@ def static_unsupported(spec) -> Optional[str]:
 
 
 def fused_static_unsupported(spec) -> Optional[str]:
-    if isinstance(spec, ConvActPoolSpec):
-        return fused_a.static_unsupported(spec)
-    return "no fused kernel for family B yet (issue 4): runs the fallback"
+    return _fused_module(spec).static_unsupported(spec)
+
+
+def _fused_module(spec):
+    return fused_a if isinstance(spec, ConvActPoolSpec) else fused_b
 
 
 def _input_unsupported(spec, x: torch.Tensor, weight: torch.Tensor, bias) -> Optional[str]:
@@ -74,7 +77,7 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
             raise UnsupportedError(f"fullfuse: path {requested!r} cannot serve this call: {reason}")
         return "torch", reason
     if requested in ("auto", "fused"):
-        why = fused_static_unsupported(spec) or fused_a.unsupported(spec, x, mode, deterministic)
+        why = fused_static_unsupported(spec) or _fused_module(spec).unsupported(spec, x, mode, deterministic)
         if why is None:
             return "fused", "fused kernel serves it"
         if requested == "fused":
@@ -107,6 +110,6 @@ def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = 
         with precision_mod.cudnn_conv_precision(mode):
             return torch_path.run(spec, x, weight, bias)
     if chosen == "fused":
-        return fused_a.run(spec, x, weight, bias, mode, deterministic)
+        return _fused_module(spec).run(spec, x, weight, bias, mode, deterministic)
     module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
     return module.run(spec, x, weight, bias, mode, deterministic)

@@ -19,6 +19,7 @@ _P = c_void_p
 _L = c_longlong
 _I = c_int
 _FUSED_A_SHAPE = [_I, _I, _L, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I]
+_FUSED_B_SHAPE = [_I, _I, _L, *[_I] * 5, *[_I] * 15, _I, _I]
 
 # library -> exported function -> (restype, argtypes).  Kernel launchers (int return, called through launch())
 # take the cudaStream_t as one more, last argument, not listed here.
@@ -34,6 +35,10 @@ SIGNATURES: Dict[str, Dict[str, Tuple[Any, list]]] = {
         "ff_fused_conv_act_pool_unsupported": (c_char_p, _FUSED_A_SHAPE),
         "ff_fused_conv_act_pool_workspace_bytes": (c_size_t, _FUSED_A_SHAPE),
         "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P]),
+    },
+    "fused_convt_pool_reduce": {                # csrc/fused_convt_pool_reduce.cu (draft)
+        "ff_fused_convt_pool_reduce_unsupported": (c_char_p, _FUSED_B_SHAPE),
+        "ff_fused_convt_pool_reduce": (c_int, [_P, _P, _P, _P, *_FUSED_B_SHAPE]),
     },
 }
 

@@ -40,8 +40,8 @@ FUSED_COMBOS = [c for c in matrix(True) if c["path"] == "fallback"]
 
 
 @pytest.mark.parametrize("combo", FUSED_COMBOS, ids=_id)
-@pytest.mark.parametrize("case", cases("A"), ids=[c.name for c in cases("A")])
-def test_fused_a_matches_float64(case, combo):
+@pytest.mark.parametrize("case", ALL_CASES, ids=[f"{c.spec.family}:{c.name}" for c in ALL_CASES])
+def test_fused_path_matches_float64(case, combo):
     """path="fused" explicitly, so a silent step down to the fallback cannot hide a fused-kernel error."""
     combo = dict(combo, path="fused")
     try:

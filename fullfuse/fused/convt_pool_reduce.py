@@ -1,0 +1,81 @@
+"""Family B fused kernel (csrc/fused_convt_pool_reduce.cu): the transposed conv as sub-pixel implicit GEMMs on the
+tensor cores whose epilogue keeps the pooling-window maxima on chip, then one fixed-order channel reduction; only
+the pooled result is written.  DRAFT on branch wip/fused-b: not yet run on a GPU."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import launch
+from ..codes import ACTIVATIONS, REDUCTIONS, dtype_code
+from ..spec import ConvTPoolReduceSpec
+from ..weights import float32_bias, relayout
+
+LIB = "fused_convt_pool_reduce"
+
+
+def static_unsupported(spec: ConvTPoolReduceSpec) -> Optional[str]:
+    """Why the fused kernel can never serve this spec (None if it may, depending on the input)."""
+    if spec.dims != 3:
+        return "the fused kernel covers ConvTranspose3d only; ConvTranspose2d runs the fallback"
+    if any(d != 1 for d in spec.dilation):
+        return "dilation != 1"
+    if spec.groups != 1:
+        return "groups != 1"
+    if spec.in_channels % 8:
+        return "C_in % 8 != 0 (the fused kernel reads 8 input channels per MMA step)"
+    if spec.out_channels > 64:
+        return "C_out > 64"
+    return None
+
+
+def _shape_args(spec, x):
+    n, c, d, h, w = x.shape
+    return (dtype_code(x.dtype), 1, n, c, d, h, w, spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding,
+            *spec.output_padding, *spec.window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction])
+
+
+def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
+    """Why the fused kernel cannot serve this call (None if it can)."""
+    reason = static_unsupported(spec)
+    if reason:
+        return reason
+    if x.dtype != torch.float32 or mode != "tf32":
+        return f"{x.dtype} / precision {mode}: the fused kernel is fp32 TF32 only"
+    try:
+        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", *_shape_args(spec, x))
+    except Exception as exc:  # no nvcc and no cached build, or a build failure
+        return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
+    return None if why is None else why.decode()
+
+
+def pack_weights(weight: torch.Tensor, stride) -> torch.Tensor:
+    """(C, K, Td, Th, Tw) -> per residue class (rd, rh, rw), per tap (md, mh, mw): [C/4][64][4] floats, TF32-rounded
+    (round to nearest, ties away), output channels padded to 64: the layout csrc/fused_convt_pool_reduce.cu streams."""
+    c_in, k_out = weight.shape[:2]
+    taps = weight.shape[2:]
+    parts = []
+    for rd in range(stride[0]):
+        for rh in range(stride[1]):
+            for rw in range(stride[2]):
+                for td in range(rd, taps[0], stride[0]):
+                    for th in range(rh, taps[1], stride[1]):
+                        for tw in range(rw, taps[2], stride[2]):
+                            kc = weight.new_zeros(64, c_in, dtype=torch.float32)
+                            kc[:k_out] = weight[:, :, td, th, tw].t().float()
+                            parts.append(kc.view(64, c_in // 4, 4).permute(1, 0, 2).reshape(-1))
+    bits = torch.cat(parts).view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32)
+
+
+def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
+    if not x.is_contiguous(memory_format=torch.channels_last_3d):
+        x = x.contiguous(memory_format=torch.channels_last_3d)          # NCDHW: converted once (67 MB at the seed)
+    packed = relayout(weight, ("fused_b_pack", tuple(spec.stride)), lambda w: pack_weights(w, spec.stride))
+    n = x.shape[0]
+    pooled = spec.pooled_spatial(tuple(x.shape[2:]))
+    out = launch.new_output(n, *pooled, device=x.device)
+    launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, *_shape_args(spec, x),
+                  device=x.device)
+    return out.unsqueeze(1) if spec.keepdim else out

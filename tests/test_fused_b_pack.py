@@ -1,0 +1,49 @@
+"""CPU: the fused family-B kernel's packed weights (one [C/4][64][4] TF32 slice per residue class and tap) rebuild
+the transposed convolution exactly through the sub-pixel decomposition the kernel uses (o = s*q + r - p,
+tap r + s*m at input q - m)."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fullfuse.fused.convt_pool_reduce import pack_weights
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [((3, 4, 2), (2, 3, 1), (1, 0, 0)), ((5, 5, 5), (2, 2, 2), (2, 2, 2)),
+                                                   ((2, 2, 2), (3, 3, 3), (0, 1, 0))])
+def test_packed_slices_rebuild_conv_transpose(kernel, stride, padding):
+    gen = torch.Generator().manual_seed(0)
+    c_in, k_out = 8, 5
+    x = torch.randn(1, c_in, 3, 4, 3, generator=gen, dtype=torch.float64)
+    w = torch.randn(c_in, k_out, *kernel, generator=gen)
+    packed = pack_weights(w, stride).double()
+    w_tf32 = pack_weights_reference_rounding(w).double()
+    ref = F.conv_transpose3d(x, w_tf32, None, stride, padding)
+    out = torch.zeros_like(ref)
+    offset = 0
+    slices = {}
+    for r in itertools.product(*[range(s) for s in stride]):
+        taps = [range(len(range(r[a], kernel[a], stride[a]))) for a in range(3)]
+        for m in itertools.product(*taps):
+            sl = packed[offset:offset + c_in * 64].view(c_in // 4, 64, 4).permute(1, 0, 2).reshape(64, c_in)
+            slices[r, m] = sl[:k_out]                                   # (K, C)
+            offset += c_in * 64
+    assert offset == packed.numel()
+    for o in itertools.product(*[range(n) for n in ref.shape[2:]]):
+        r = tuple((o[a] + padding[a]) % stride[a] for a in range(3))
+        q = tuple((o[a] + padding[a] - r[a]) // stride[a] for a in range(3))
+        acc = torch.zeros(k_out, dtype=torch.float64)
+        for (rr, m), wk in slices.items():
+            if rr != r:
+                continue
+            i = tuple(q[a] - m[a] for a in range(3))
+            if all(0 <= i[a] < x.shape[2 + a] for a in range(3)):
+                acc += wk @ x[0, :, i[0], i[1], i[2]]
+        out[0, :, o[0], o[1], o[2]] = acc
+    assert (out - ref).abs().max().item() < 1e-9
+
+
+def pack_weights_reference_rounding(w):
+    bits = w.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32)
