@@ -183,6 +183,11 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        // pin the accumulators behind the wait: later reads of acc must not be hoisted above it
+#pragma unroll
+        for (int j = 0; j < FB_NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
         __syncthreads();   // the weight buffer of this tap is reused two taps later
       }
       // ---- epilogue: window max of each valid (channel, position) ----
