@@ -227,7 +227,8 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
     const bool tapless = tapless_dh || holds_tapless(2, pw * p.win[2], p.win[2]);
     float r = (p.red == 2) ? -__int_as_float(0x7f800000) : 0.0f;
     for (int k = 0; k < p.K; ++k) {
-      float v = fb_dec(winmax[pw * 64 + k]);
+      const unsigned e = winmax[pw * 64 + k];
+      float v = e ? fb_dec(e) : -__int_as_float(0x7f800000);   // 0: no computed position in the window (tapless only)
       if (tapless) v = ff_max_nan(v, ACT == FF_ACT_NONE ? 0.0f : ff_activate<ACT>(p.bias ? __ldg(p.bias + k) : 0.0f));
       if (ACT == FF_ACT_NONE && p.bias) v += __ldg(p.bias + k);
       r = (p.red == 2) ? ff_max_nan(r, v) : r + v;
