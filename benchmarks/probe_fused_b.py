@@ -1,4 +1,4 @@
-"""DRAFT probe for csrc/fused_convt_pool_reduce.cu (family B fused, branch wip/fused-b; never run yet).
+"""Probe for csrc/fused_convt_pool_reduce.cu (family B fused) straight through ctypes.
 
 Compiles the kernel with nvcc (sm_90a) into /tmp, packs the weights per residue class and tap, checks fresh random
 channels_last_3d fp32 inputs against a float64 reference (conv_transpose3d -> max over the composed window ->
@@ -16,8 +16,11 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from fullfuse.fused.convt_pool_reduce import pack_weights  # noqa: E402
+
 SO = "/tmp/ff_fused_b_probe.so"
-ACTS = {"none": 0, "relu": 1, "gelu_erf": 2}
+ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "silu": 4}
 REDS = {"sum": 0, "mean": 1, "max": 2}
 
 
@@ -32,31 +35,6 @@ def build():
     lib.ff_fused_convt_pool_reduce.restype = ctypes.c_int
     lib.ff_fused_convt_pool_reduce.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p]
     return lib
-
-
-def tf32(t: torch.Tensor) -> torch.Tensor:
-    b = t.contiguous().view(torch.int32)
-    return ((b + 0x1000) & -0x2000).view(torch.float32)
-
-
-def pack_weights(w: torch.Tensor, s):
-    """w (C, K, Td, Th, Tw) -> per class (rd, rh, rw), per tap (md, mh, mw): [C/4][64][4] tf32."""
-    C, K = w.shape[:2]
-    T = w.shape[2:]
-    parts = []
-    for rd in range(s[0]):
-        for rh in range(s[1]):
-            for rw in range(s[2]):
-                r = (rd, rh, rw)
-                M = [len(range(r[a], T[a], s[a])) for a in range(3)]
-                for md in range(M[0]):
-                    for mh in range(M[1]):
-                        for mw in range(M[2]):
-                            sl = w[:, :, rd + s[0] * md, rh + s[1] * mh, rw + s[2] * mw]      # (C, K)
-                            kc = torch.zeros(64, C, device=w.device, dtype=torch.float32)
-                            kc[:K] = sl.t()
-                            parts.append(kc.view(64, C // 4, 4).permute(1, 0, 2).reshape(-1))
-    return tf32(torch.cat(parts))
 
 
 def run(lib, x, wp, b, out, K, T, s, p, op, win, act, red):
@@ -76,6 +54,8 @@ def reference(x, w, b, s, p, op, win, act, red):
         y = F.relu(y)
     elif act == "gelu_erf":
         y = F.gelu(y)
+    elif act == "silu":
+        y = F.silu(y)
     y = F.max_pool3d(y, win, win)
     return {"sum": y.sum(1), "mean": y.mean(1), "max": y.amax(1)}[red]
 
@@ -86,6 +66,10 @@ CASES = [  # name, (N, C, D, H, W), K, T, s, p, op, win, act, red, bias
     ("kernel < stride, mean", (2, 8, 6, 5, 7), 9, (2, 2, 2), (3, 3, 3), (0, 0, 0), (0, 0, 0), (2, 2, 2), "none", "mean", True),
     ("gelu before pools, max, no bias", (1, 16, 5, 5, 5), 10, (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (3, 3, 3), "gelu_erf", "max", False),
     ("relu, window (1,2,2)", (2, 8, 4, 7, 6), 5, (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 2, 2), "relu", "sum", True),
+    ("C 24 (padded to 32), wide W: w-chunks", (2, 24, 5, 6, 40), 33, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (2, 2, 2), "none", "sum", True),
+    ("stride 1, window 6: 2 h-groups, 4 tile groups", (1, 16, 9, 10, 11), 64, (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (6, 6, 6), "none", "max", True),
+    ("C 4, anisotropic", (2, 4, 6, 5, 9), 3, (2, 3, 4), (2, 1, 3), (0, 1, 2), (1, 0, 2), (3, 2, 2), "silu", "mean", True),
+    ("C 64, K 64, seed geometry small", (1, 64, 6, 6, 6), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "gelu_erf", "sum", True),
 ]
 
 
@@ -121,7 +105,7 @@ def main():
                 e1.synchronize()
                 if i >= 5:
                     ts.append(e0.elapsed_time(e1))
-            print(f"seed fused B (draft kernel only): median {statistics.median(ts):.3f} ms, min {min(ts):.3f}")
+            print(f"seed fused B (kernel only): median {statistics.median(ts):.3f} ms, min {min(ts):.3f}")
     print(f"failures: {fails}")
     sys.exit(1 if fails else 0)
 

@@ -1,20 +1,24 @@
-// DRAFT (branch wip/fused-b, never run on a GPU): family B fully fused on sm_90a.
-//   out[n, Pd, Ph, Pw] = red_k ( max_{o in window(P)} convT3d(x, w)[n, k, o] + b[k] )
-// Reduces, per output window and image, over the window's conv outputs (max) and then over output channels
-// (sum / mean / max), so the transposed conv's output never leaves the chip: the window maxima live in shared memory
-// (encoded as ordered uints for atomicMax), only N x Pd x Ph x Pw values are written.
+// Family B fully fused on sm_90a:
+//   out[n, Pd, Ph, Pw] = red_k ( max_{o in window(P)} act(convT3d(x, w)[n, k, o] + b[k]) )
+// Reduces, per image and pooling window, over the window's conv outputs (max), then over output channels
+// (sum / mean / max): the window maxima stay in shared memory, so the transposed conv's output (1 GB at the seed)
+// never leaves the chip; only N x Pd x Ph x Pw values are written.
 //
-// Sub-pixel decomposition: output o = s*q + r - p (per dim, residue class r = (o + p) mod s) receives
-// sum_{m} x[q - m] * w[r + s*m], m = 0 .. M_r - 1 with M_r = ceil((T - r) / s): a stride-1 conv per class (8 classes
-// for s = 2) over the input, whose taps are input offsets -m.  GEMM per class and tap (wgmma m64n32k8, TF32):
-//   M = 64 output channels (A = that tap's weights, streamed: 64 x C floats per tap, double-buffered in shared memory),
-//   N = 32 consecutive q_w of one (q_d, q_h) row (B = the input tile in shared memory, channels_last, 4-channel planes:
-//       the tap's -m_w shift is the descriptor's start address, as in family A),
-//   K = C input channels (8 per wgmma).
-// One block = one image x one window row (Pd, Ph) x all Pw windows, all classes; up to NT = 9 (q_d, q_h, w-chunk)
-// tiles accumulate at once (9 x 16 accumulator registers) so each streamed tap slice serves all of them.
-// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 channels_last_3d input with
-// C % 8 == 0, K <= 64, dilation 1, the input tile of one window row fits in shared memory.
+// Sub-pixel decomposition: output o = s*q + r - p (per dim; residue class r = (o + p) mod s) receives
+// sum_m x[q - m] * w[r + s*m], m = 0 .. M_r - 1, M_r = ceil((T - r) / s): a stride-1 conv per class (8 classes for
+// s = 2) whose taps are input offsets -m.  GEMM per class and tap (wgmma m64n96k8, TF32, fp32 accumulation):
+//   M = 64 output channels: A = the tap's weight slice (64 x C, streamed through FB_NBUF shared-memory buffers),
+//   N = 96 = 3 consecutive q_h rows x 32 q_w columns of the input tile (B, shared memory; the tap's (-m_d, -m_h, -m_w)
+//       shift is only the descriptor's start address, because the tile rows are 32 columns apart, contiguous),
+//   K = C input channels (8 per wgmma, channels padded to 8 * KS with zeros).
+// One block = one image x one window row (Pd, Ph) x a chunk of Pw windows whose input columns fit in 32.
+// FB_NT = 3 tiles (q_d, 3-row q_h group) accumulate at once (3 x 48 registers); a block walks a step list
+// (class, tile group, tap) built in shared memory, one weight slice per step, FB_NBUF - 2 steps of prefetch.
+// The epilogue of a tile group takes the max over d, h rows in registers, then atomicMax (ordered uints, NaN
+// propagating) into the window maxima; bias goes after the max when there is no activation.  The final channel
+// reduction runs in a fixed order: deterministic.
+// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 channels_last_3d input,
+// C % 4 == 0 and C <= 64, K <= 64, dilation 1, one window's input columns fit in 32, the tile fits in shared memory.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <algorithm>
@@ -23,20 +27,25 @@
 
 namespace {
 
-constexpr int FB_NT = 9;        // tiles (q_d, q_h, 32-wide q_w chunk) accumulated together
+constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
+constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
+constexpr int FB_NT = 3;        // tiles accumulated together
+constexpr int FB_NBUF = 4;      // weight-slice buffers (2 steps of prefetch)
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
-constexpr int FB_PAD = 4;       // slack positions in front of every plane
+constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
+constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
+constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
 
 struct FBParams {
   const float* x; const float* wp; const float* bias; float* out;
   int N, C, D, H, W, K;
   int T[3], s[3], p[3], win[3], P[3];
-  int act, red;
-  int ncls;
-  int cls_r[FB_MAXCLS][3], cls_M[FB_MAXCLS][3], cls_woff[FB_MAXCLS];   // residues, taps per dim, packed-weight offset
+  int act, red, ncls;
+  int cls_r[FB_MAXCLS][3], cls_M[FB_MAXCLS][3], cls_slice[FB_MAXCLS];   // residues, taps per dim, first weight slice
   int Mmax[3];                   // max taps per dim over the classes
-  int nd, nh, nw, ilo_w;         // input tile extents (rows nd x nh, nw columns from ilo_w)
-  int plane_pos, plane_bytes, row_bytes, tile_bytes;
+  int nd, nh;                    // input tile rows (d x h)
+  int pwb, nwc;                  // Pw windows per block, w-chunks
+  int plane_bytes, tile_bytes, tile_alloc, max_steps;
   float inv_k;
 };
 
@@ -56,15 +65,32 @@ __device__ __forceinline__ uint32_t fb_tf32(float f) {
 }
 __host__ __device__ __forceinline__ int fb_floordiv(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
+// Runtime activation for the (rarely used) activated kernels: one switch per value, uniform across the block.
+__device__ __forceinline__ float fb_act(int act, float v) {
+  switch (act) {
+    case FF_ACT_RELU: return ff_activate<FF_ACT_RELU>(v);
+    case FF_ACT_GELU_ERF: return ff_activate<FF_ACT_GELU_ERF>(v);
+    case FF_ACT_GELU_TANH: return ff_activate<FF_ACT_GELU_TANH>(v);
+    case FF_ACT_SILU: return ff_activate<FF_ACT_SILU>(v);
+    default: return v;
+  }
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FB_HAVE_WGMMA 1
-__device__ __forceinline__ void fb_wgmma(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+__device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "%48, %49, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "l"(da), "l"(db), "r"(scale_d));
 }
 #endif
@@ -73,143 +99,189 @@ __device__ __forceinline__ void fb_cp16(uint32_t dst, const void* src, bool ok) 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 
-// One tap slice of packed weights (64 x C tf32, K-major core matrices [C/4][64][4]) into a shared-memory buffer.
-__device__ __forceinline__ void fb_load_tap(const FBParams& p, uint32_t dst, const float* src) {
-  const int chunks = p.C / 4 * 64;                 // 16-byte chunks
-  for (int i = threadIdx.x; i < chunks; i += 128) fb_cp16(dst + i * 16, src + i * 4, true);
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int ACT>
+template <bool HAS_ACT, int KS>
 __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
+  constexpr int SLICE_BYTES = KS * 8 * 64 * 4;   // one tap's weights: [2 KS planes][64][4] tf32
   extern __shared__ __align__(128) unsigned char smem[];
-  // layout: [input tile][2 weight buffers][window maxima Pw x 64 uints]
-  const int wbuf_bytes = p.C * 64 * 4;
   unsigned char* tile = smem;
-  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_bytes + 2 * wbuf_bytes);
+  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * SLICE_BYTES);
+  int4* steps = reinterpret_cast<int4*>(winmax + p.pwb * 64);
+  int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
+  __shared__ int s_total;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
-  const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_bytes;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
 
-  const int b = blockIdx.x;
-  const int Ph = b % p.P[1], Pd = (b / p.P[1]) % p.P[0];
-  const long long n = b / (p.P[1] * p.P[0]);
+  // ---- block -> (image, window row, w-chunk) and its input tile origin ----
+  long long b = blockIdx.x;
+  const int wc = (int)(b % p.nwc); b /= p.nwc;
+  const int Ph = (int)(b % p.P[1]); b /= p.P[1];
+  const int Pd = (int)(b % p.P[0]);
+  const long long n = b / p.P[0];
   const int od0 = Pd * p.win[0], oh0 = Ph * p.win[1];
+  const int pw0 = wc * p.pwb, npw = min(p.pwb, p.P[2] - pw0);
+  const int ow_lo = pw0 * p.win[2], ow_hi = (pw0 + npw) * p.win[2];
   const int id_lo = (od0 + p.p[0]) / p.s[0] - (p.Mmax[0] - 1);
   const int ih_lo = (oh0 + p.p[1]) / p.s[1] - (p.Mmax[1] - 1);
+  const int iw_lo = (ow_lo + p.p[2]) / p.s[2] - (p.Mmax[2] - 1);
 
-  for (int i = tid; i < p.P[2] * 64; i += 128) winmax[i] = 0u;   // below every encoded value
+  for (int i = tid; i < p.pwb * 64; i += 128) winmax[i] = 0u;   // below every encoded value
 
-  // ---- input tile: rows (d, h), each CP = C/4 planes x plane_pos positions x 16 B; zero outside the input ----
-  const int CP = p.C / 4;
+  // ---- input tile: [2 KS planes of 4 channels][nd x nh rows][32 columns][16 B], zero outside the input ----
   {
-    const int per_row = CP * p.nw;
-    for (int i = tid; i < p.nd * p.nh * per_row; i += 128) {
-      const int row = i / per_row, rem = i - row * per_row;
-      const int col = rem / CP, cp = rem - col * CP;
-      const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = p.ilo_w + col;
-      const bool ok = d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
+    constexpr int CP = 2 * KS;
+    const int rows = p.nd * p.nh;
+    for (int i = tid; i < rows * FB_COLS * CP; i += 128) {
+      const int cp = i % CP, rest = i / CP, col = rest % FB_COLS, row = rest / FB_COLS;
+      const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + col;
+      const bool ok = 4 * cp < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
       const float* src = p.x;
       if (ok) src += ((((n * p.D + d) * p.H + h) * (long long)p.W + w) * p.C) + cp * 4;
-      fb_cp16(tile_s + row * p.row_bytes + cp * p.plane_bytes + (FB_PAD + col) * 16, src, ok);
+      fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
     }
+    for (int i = p.tile_bytes / 16 + tid; i < p.tile_alloc / 16; i += 128)
+      *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0, 0, 0, 0);
     asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
-    // round to tf32 in place (every byte of the tile, slack included: it is finite zero or data)
-    for (int i = tid; i < p.tile_bytes / 16; i += 128) {
-      uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
-      uint4 v = *a;
-      v.x = fb_tf32(__uint_as_float(v.x)); v.y = fb_tf32(__uint_as_float(v.y));
-      v.z = fb_tf32(__uint_as_float(v.z)); v.w = fb_tf32(__uint_as_float(v.w));
-      *a = v;
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
   }
 
-  const int m0 = 16 * warp + g;   // this thread's output channels: m0, m0 + 8
-  float acc[FB_NT][16];
-
-  for (int c = 0; c < p.ncls; ++c) {
+  // ---- per-class q ranges of this block, then the step list (class, tile group, tap) ----
+  if (tid < p.ncls) {
+    const int c = tid;
     const int rd = p.cls_r[c][0], rh = p.cls_r[c][1], rw = p.cls_r[c][2];
-    const int Md = p.cls_M[c][0], Mh = p.cls_M[c][1], Mw = p.cls_M[c][2];
-    if (Md == 0 || Mh == 0 || Mw == 0) continue;
-    // q ranges of this class inside the block: o = s*q + r - p for o in [o0, o0 + win)
-    const int qd0 = fb_floordiv(od0 + p.p[0] - rd + p.s[0] - 1, p.s[0]), qd1 = fb_floordiv(od0 + p.win[0] - 1 + p.p[0] - rd, p.s[0]);
-    const int qh0 = fb_floordiv(oh0 + p.p[1] - rh + p.s[1] - 1, p.s[1]), qh1 = fb_floordiv(oh0 + p.win[1] - 1 + p.p[1] - rh, p.s[1]);
-    const int qw0 = fb_floordiv(p.p[2] - rw + p.s[2] - 1, p.s[2]), qw1 = fb_floordiv(p.P[2] * p.win[2] - 1 + p.p[2] - rw, p.s[2]);
-    const int nqd = qd1 - qd0 + 1, nqh = qh1 - qh0 + 1, nch = (qw1 - qw0 + 32) / 32;
-    if (nqd <= 0 || nqh <= 0 || nch <= 0) continue;
-    const int ntiles = nqd * nqh * nch;
-    const int ntaps = Md * Mh * Mw;
-    const float* wclass = p.wp + p.cls_woff[c];
-    for (int t0 = 0; t0 < ntiles; t0 += FB_NT) {
-      // tile j: (qd, qh, chunk); invalid tiles (j >= ntiles) repeat tile t0 (finite data, results dropped)
-      int tq_row[FB_NT], tq_w[FB_NT];
+    const int qd0 = fb_floordiv(od0 + p.p[0] - rd + p.s[0] - 1, p.s[0]);
+    const int nqd = fb_floordiv(od0 + p.win[0] - 1 + p.p[0] - rd, p.s[0]) - qd0 + 1;
+    const int qh0 = fb_floordiv(oh0 + p.p[1] - rh + p.s[1] - 1, p.s[1]);
+    const int nqh = fb_floordiv(oh0 + p.win[1] - 1 + p.p[1] - rh, p.s[1]) - qh0 + 1;
+    const int qw0 = fb_floordiv(ow_lo + p.p[2] - rw + p.s[2] - 1, p.s[2]);
+    const int nqw = fb_floordiv(ow_hi - 1 + p.p[2] - rw, p.s[2]) - qw0 + 1;
+    const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
+    const int tiles = (nqd > 0 && nqh > 0 && nqw > 0 && taps > 0) ? nqd * ((nqh + FB_ROWS - 1) / FB_ROWS) : 0;
+    int* ci = cinfo + c * FB_CINFO;
+    ci[0] = qd0; ci[1] = nqd; ci[2] = qh0; ci[3] = nqh; ci[4] = qw0; ci[5] = nqw; ci[6] = tiles;
+    ci[7] = taps; ci[8] = (tiles + FB_NT - 1) / FB_NT * taps;   // steps of this class
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int t = 0;
+    for (int c = 0; c < p.ncls; ++c) { cinfo[c * FB_CINFO + 9] = t; t += cinfo[c * FB_CINFO + 8]; }
+    s_total = t;
+  }
+  __syncthreads();
+  const int total = s_total;
+  for (int i = tid; i < total; i += 128) {
+    int c = 0;
+    while (c + 1 < p.ncls && cinfo[(c + 1) * FB_CINFO + 9] <= i) ++c;
+    const int* ci = cinfo + c * FB_CINFO;
+    const int local = i - ci[9], taps = ci[7];
+    const int grp = local / taps, tap = local - grp * taps;
+    const int Mh = p.cls_M[c][1], Mw = p.cls_M[c][2];
+    const int md = tap / (Mh * Mw), mh = (tap / Mw) % Mh, mw = tap % Mw;
+    const int delta = ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;   // the tap's B start shift, 16-byte units
+    steps[i] = make_int4(p.cls_slice[c] + tap, delta, c, grp | (tap == 0) << 16 | (tap == taps - 1) << 17);
+  }
+
+  // ---- tile ready: round to tf32 in place (slack included: zeros) ----
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  for (int i = tid; i < p.tile_bytes / 16; i += 128) {
+    uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
+    uint4 v = *a;
+    v.x = fb_tf32(__uint_as_float(v.x)); v.y = fb_tf32(__uint_as_float(v.y));
+    v.z = fb_tf32(__uint_as_float(v.z)); v.w = fb_tf32(__uint_as_float(v.w));
+    *a = v;
+  }
+
+  // weight slice of step st into buffer st % FB_NBUF; one commit group per call, empty past the end
+  auto load_step = [&](int st) {
+    if (st < total) {
+      const float* src = p.wp + (size_t)steps[st].x * (KS * 8 * 64);
+      const uint32_t dst = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
 #pragma unroll
-      for (int j = 0; j < FB_NT; ++j) {
-        const int tj = (t0 + j < ntiles) ? t0 + j : t0;
-        const int ch = tj % nch, rr = tj / nch;
-        tq_row[j] = rr;                      // (qd - qd0) * nqh + (qh - qh0)
-        tq_w[j] = qw0 + 32 * ch;
-      }
-      fb_load_tap(p, wbuf_s, wclass);
-      for (int tap = 0; tap < ntaps; ++tap) {
-        const int md = tap / (Mh * Mw), mh = (tap / Mw) % Mh, mw = tap % Mw;
-        if (tap + 1 < ntaps) fb_load_tap(p, wbuf_s + ((tap + 1) & 1) * wbuf_bytes, wclass + (size_t)(tap + 1) * p.C * 64);
-        if (tap + 1 < ntaps) asm volatile("cp.async.wait_group 1;" ::: "memory");
-        else asm volatile("cp.async.wait_group 0;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        const uint32_t wcur = wbuf_s + (tap & 1) * wbuf_bytes;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        for (int ks = 0; ks < p.C / 8; ++ks) {
-          // A: 64 x 8 at wcur + ks * 2 KB, planes of 4 k at LBO 1 KB, 8-row groups at SBO 128 B
-          const uint32_t a_addr = wcur + ks * 2048;
-          const uint64_t da = (uint64_t)((a_addr >> 4) & 0x3FFF) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+      for (int i = tid; i < SLICE_BYTES / 16; i += 128) fb_cp16(dst + i * 16, src + i * 4, true);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  __syncthreads();   // steps[] and the rounded tile are visible to every thread
+  load_step(0);
+  load_step(1);
+
+  const int m0 = 16 * warp + g8;   // this thread's output channels: m0, m0 + 8
+  const float b0 = (p.bias && m0 < p.K) ? __ldg(p.bias + m0) : 0.0f;
+  const float b1 = (p.bias && m0 + 8 < p.K) ? __ldg(p.bias + m0 + 8) : 0.0f;
+  const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-row (8-column) core matrices 128 B apart
+  const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
+  float acc[FB_NT][48];
+  uint32_t bdesc[FB_NT];
+
+  for (int st = 0; st < total;) {
+    // ---- one tile group: its class's taps, one weight slice per step, FB_NBUF - 2 slices in flight ----
+    const int4 e0 = steps[st];
+    const int c = e0.z, grp = e0.w & 0xFFFF;
+    const int* ci = cinfo + c * FB_CINFO;
+    const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
 #pragma unroll
-          for (int j = 0; j < FB_NT; ++j) {
-            const int rr = tq_row[j];
-            const int qd = qd0 + rr / nqh, qh = qh0 + rr % nqh;
-            const int row = (qd - md - id_lo) * p.nh + (qh - mh - ih_lo);
-            const int col = tq_w[j] - mw - p.ilo_w;
-            const uint32_t b_addr = tile_s + row * p.row_bytes + (2 * ks) * p.plane_bytes + (FB_PAD + col) * 16;
-            const uint64_t db = (uint64_t)((b_addr >> 4) & 0x3FFF) | ((uint64_t)((p.plane_bytes >> 4) & 0x3FFF) << 16) |
-                                ((uint64_t)(128 >> 4) << 32);
-            fb_wgmma(acc[j], da, db, (tap > 0 || ks > 0) ? 1 : 0);
-          }
+    for (int j = 0; j < FB_NT; ++j) {
+      int t = grp * FB_NT + j;
+      if (t >= ci[6]) t = grp * FB_NT;                                // padding tile: a duplicate, dropped later
+      const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
+      const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
+      bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
+    }
+    const int st_end = st + ci[7];
+    for (; st < st_end; ++st) {
+      const uint32_t delta = (uint32_t)steps[st].y;
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group 1
+      load_step(st + 2);  // buffer (st + 2) % 4 held step st - 2, finished by now
+      const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
+      const int accumulate = st > st_end - ci[7];
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
+#pragma unroll
+        for (int j = 0; j < FB_NT; ++j) {
+          const uint64_t db = (uint64_t)(bdesc[j] - delta + ks * 2 * plane16) | desc_hi;
+          fb_wgmma(acc[j], da, db, (accumulate || ks > 0) ? 1 : 0);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        // pin the accumulators behind the wait: later reads of acc must not be hoisted above it
-#pragma unroll
-        for (int j = 0; j < FB_NT; ++j)
-#pragma unroll
-          for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
-        __syncthreads();   // the weight buffer of this tap is reused two taps later
       }
-      // ---- epilogue: window max of each valid (channel, position) ----
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-      for (int j = 0; j < FB_NT; ++j) {
-        if (t0 + j >= ntiles) break;
-        const int rr = tq_row[j];
-        const int qd = qd0 + rr / nqh, qh = qh0 + rr % nqh;
-        (void)qd; (void)qh;   // inside the block's window row by construction
+    for (int j = 0; j < FB_NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
+    // ---- epilogue of a tile group: max over its valid (q_d, q_h) rows in registers, then into the window maxima ----
+    float mx[16];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int k = m0 + 8 * (e >> 1);
-            const int q = tq_w[j] + 8 * i + 2 * tig + (e & 1);
-            const int ow = p.s[2] * q + rw - p.p[2];
-            if (q > qw1 || ow < 0 || ow >= p.P[2] * p.win[2] || k >= p.K) continue;
-            float v = acc[j][4 * i + e];
-            if (ACT != FF_ACT_NONE) v = ff_activate<ACT>(v + (p.bias ? __ldg(p.bias + k) : 0.0f));
-            atomicMax(winmax + (ow / p.win[2]) * 64 + k, fb_enc(v));
-          }
+    for (int i = 0; i < 16; ++i) mx[i] = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int j = 0; j < FB_NT; ++j) {
+      const int t = grp * FB_NT + j;
+      if (t >= ci[6]) break;
+      const int hrows = min(FB_ROWS, ci[3] - FB_ROWS * (t % nhg));
+#pragma unroll
+      for (int hr = 0; hr < FB_ROWS; ++hr) {
+        if (hr >= hrows) break;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          float v = acc[j][hr * 16 + i];
+          if (HAS_ACT) v = fb_act(p.act, v + ((i & 2) ? b1 : b0));
+          mx[i] = ff_max_nan(mx[i], v);
+        }
       }
+    }
+    const int rw = p.cls_r[c][2];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int col = 8 * (i >> 2) + 2 * tig + (i & 1), k = m0 + 8 * ((i >> 1) & 1);
+      if (col >= ci[5] || k >= p.K) continue;
+      const int ow = p.s[2] * (ci[4] + col) + rw - p.p[2];
+      atomicMax(winmax + ((ow - ow_lo) / p.win[2]) * 64 + k, fb_enc(mx[i]));
     }
   }
   __syncthreads();
@@ -223,17 +295,19 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
   };
   const bool tapless_dh = holds_tapless(0, od0, p.win[0]) || holds_tapless(1, oh0, p.win[1]);
   // ---- bias after the max (no activation), then the channel reduction in a fixed order ----
-  for (int pw = tid; pw < p.P[2]; pw += 128) {
+  for (int wl = tid; wl < npw; wl += 128) {
+    const int pw = pw0 + wl;
     const bool tapless = tapless_dh || holds_tapless(2, pw * p.win[2], p.win[2]);
-    float r = (p.red == 2) ? -__int_as_float(0x7f800000) : 0.0f;
+    float r = (p.red == FF_RED_MAX) ? -__int_as_float(0x7f800000) : 0.0f;
     for (int k = 0; k < p.K; ++k) {
-      const unsigned e = winmax[pw * 64 + k];
-      float v = e ? fb_dec(e) : -__int_as_float(0x7f800000);   // 0: no computed position in the window (tapless only)
-      if (tapless) v = ff_max_nan(v, ACT == FF_ACT_NONE ? 0.0f : ff_activate<ACT>(p.bias ? __ldg(p.bias + k) : 0.0f));
-      if (ACT == FF_ACT_NONE && p.bias) v += __ldg(p.bias + k);
-      r = (p.red == 2) ? ff_max_nan(r, v) : r + v;
+      const unsigned enc = winmax[wl * 64 + k];
+      float v = enc ? fb_dec(enc) : -__int_as_float(0x7f800000);   // 0: no computed position (tapless only)
+      const float bk = p.bias ? __ldg(p.bias + k) : 0.0f;
+      if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
+      if (!HAS_ACT) v += bk;
+      r = (p.red == FF_RED_MAX) ? ff_max_nan(r, v) : r + v;
     }
-    if (p.red == 1) r *= p.inv_k;
+    if (p.red == FF_RED_MEAN) r *= p.inv_k;
     p.out[((n * p.P[0] + Pd) * p.P[1] + Ph) * (long long)p.P[2] + pw] = r;
   }
 #else
@@ -241,23 +315,36 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
 #endif
 }
 
+// K steps (8 channels each) of the kernel that serves C input channels: C padded up to 8, 16, 32 or 64.  The packed
+// weights hold, per residue class (rd, rh, rw) and tap (md, mh, mw), one [C_pad/4][64][4] tf32 slice (output
+// channels padded to 64): fullfuse/fused/convt_pool_reduce.py pack_weights, same padding rule.
+int fb_ksteps(int C) { return C <= 8 ? 1 : C <= 16 ? 2 : C <= 32 ? 4 : 8; }
+
 struct FBPlan {
   const char* why;
   FBParams prm;
   size_t smem;
   long long blocks;
+  int ks;
 };
+
+// Input columns a block of windows [pw0, pw0 + npw) needs: q_w from the first window's lowest class to the last
+// window's highest, plus the taps' reach.
+int fb_cols_needed(int pw0, int npw, int win, int s, int pad, int Mmax) {
+  return (pw0 + npw) * win - 1 + pad >= 0 ? ((pw0 + npw) * win - 1 + pad) / s - (pw0 * win + pad) / s + Mmax : 0;
+}
 
 FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, int W, int K, const int* T, const int* s,
                const int* pad, const int* outpad, const int* win, int act, int red) {
   FBPlan pl{};
   pl.why = nullptr;
   FBParams& p = pl.prm;
-  if (dtype != FF_F32) { pl.why = "fused convT-pool-reduce (draft): fp32 only"; return pl; }
-  if (!channels_last) { pl.why = "fused convT-pool-reduce (draft): channels_last_3d input only"; return pl; }
-  if (C % 8 != 0) { pl.why = "fused convT-pool-reduce (draft): C_in % 8 != 0"; return pl; }
-  if (K > 64) { pl.why = "fused convT-pool-reduce (draft): C_out > 64"; return pl; }
+  if (dtype != FF_F32) { pl.why = "fused convT-pool-reduce: fp32 (TF32) only"; return pl; }
+  if (!channels_last) { pl.why = "fused convT-pool-reduce: channels_last_3d input only"; return pl; }
+  if (C % 4 != 0 || C > 64) { pl.why = "fused convT-pool-reduce: needs C_in % 4 == 0 and C_in <= 64"; return pl; }
+  if (K > 64) { pl.why = "fused convT-pool-reduce: C_out > 64"; return pl; }
   if (act < 0 || act > 4 || red < 0 || red > 2) { pl.why = "fused convT-pool-reduce: bad activation/reduction code"; return pl; }
+  if (N <= 0) { pl.why = "fused convT-pool-reduce: empty batch"; return pl; }
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -265,6 +352,7 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   if (!(major == 9 && minor == 0)) { pl.why = "fused convT-pool-reduce: needs sm_90 (wgmma)"; return pl; }
   p.N = (int)N; p.C = C; p.D = D; p.H = H; p.W = W; p.K = K; p.act = act; p.red = red;
   p.inv_k = 1.0f / (float)K;
+  pl.ks = fb_ksteps(C);
   const int I[3] = {D, H, W};
   int ncls = 1;
   for (int a = 0; a < 3; ++a) {
@@ -278,7 +366,7 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   }
   if (ncls > FB_MAXCLS) { pl.why = "fused convT-pool-reduce: more than 27 residue classes"; return pl; }
   p.ncls = ncls;
-  long long woff = 0;
+  int slice = 0;
   for (int c = 0; c < ncls; ++c) {
     const int r[3] = {c / (s[1] * s[2]), (c / s[2]) % s[1], c % s[2]};
     int taps = 1;
@@ -287,11 +375,10 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
       p.cls_M[c][a] = r[a] < T[a] ? (T[a] - r[a] + s[a] - 1) / s[a] : 0;
       taps *= p.cls_M[c][a];
     }
-    p.cls_woff[c] = (int)woff;
-    woff += (long long)taps * C * 64;
+    p.cls_slice[c] = slice;
+    slice += taps;
   }
-  // input tile of one window row: rows covering q - m over the block's o range, w over every pooled column
-  // rows of the tile: input rows q - m over the block's window row; the span depends on (P * win + pad) mod s
+  // tile rows: input rows q - m over the block's window row; the span depends on (P * win + pad) mod s
   int ext[2] = {0, 0};
   for (int a = 0; a < 2; ++a)
     for (int q = 0; q < s[a] && q < p.P[a]; ++q) {
@@ -299,25 +386,55 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
       ext[a] = std::max(ext[a], (X + win[a] - 1) / s[a] - X / s[a] + p.Mmax[a]);
     }
   p.nd = ext[0]; p.nh = ext[1];
-  const int qw_lo = pad[2] / s[2], qw_hi = (p.P[2] * win[2] - 1 + pad[2]) / s[2];
-  p.ilo_w = qw_lo - (p.Mmax[2] - 1);
-  p.nw = qw_hi - p.ilo_w + 1;
-  int need = FB_PAD + p.nw;                               // 32-wide chunks may read past the last column
-  for (int rw = 0; rw < s[2]; ++rw) {
-    const int qw0 = fb_floordiv(pad[2] - rw + s[2] - 1, s[2]);   // same q range as the kernel's
-    const int qw1 = fb_floordiv(p.P[2] * win[2] - 1 + pad[2] - rw, s[2]);
-    const int nch = (qw1 - qw0 + 32) / 32;
-    need = std::max(need, FB_PAD + (qw0 - p.ilo_w) + 32 * nch);
+  // windows per block in w: as many as keep every block's input columns within the tile's 32
+  p.pwb = 0;
+  for (int pwb = p.P[2]; pwb >= 1 && !p.pwb; --pwb) {
+    bool fits = true;
+    for (int pw0 = 0; pw0 < p.P[2] && fits; pw0 += pwb)
+      fits = fb_cols_needed(pw0, std::min(pwb, p.P[2] - pw0), win[2], s[2], pad[2], p.Mmax[2]) <= FB_COLS;
+    if (fits) p.pwb = pwb;
   }
-  p.plane_pos = ((need + 7) / 8) * 8;
-  p.plane_bytes = p.plane_pos * 16;
-  p.row_bytes = (C / 4) * p.plane_bytes;
-  p.tile_bytes = p.nd * p.nh * p.row_bytes;
-  pl.smem = (size_t)p.tile_bytes + 2 * (size_t)C * 64 * 4 + (size_t)p.P[2] * 64 * 4;
+  if (!p.pwb) { pl.why = "fused convT-pool-reduce: one pooling window's input columns exceed the 32-column tile"; return pl; }
+  p.nwc = (p.P[2] + p.pwb - 1) / p.pwb;
+  // the longest step list over block positions (it depends on (P * win + pad) mod s only)
+  p.max_steps = 0;
+  for (int Pd = 0; Pd < s[0] && Pd < p.P[0]; ++Pd)
+    for (int Ph = 0; Ph < s[1] && Ph < p.P[1]; ++Ph) {
+      int total = 0;
+      for (int c = 0; c < ncls; ++c) {
+        const int o[2] = {Pd * win[0], Ph * win[1]};
+        int nq[2];
+        for (int a = 0; a < 2; ++a) {
+          const int r = p.cls_r[c][a];
+          nq[a] = fb_floordiv(o[a] + win[a] - 1 + pad[a] - r, s[a]) - fb_floordiv(o[a] + pad[a] - r + s[a] - 1, s[a]) + 1;
+        }
+        const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
+        if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
+        const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
+        total += (tiles + FB_NT - 1) / FB_NT * taps;
+      }
+      p.max_steps = std::max(p.max_steps, total);
+    }
+  p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
+  p.tile_bytes = 2 * pl.ks * p.plane_bytes;
+  p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
+  pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 8 * 64 * 4 + (size_t)p.pwb * 64 * 4 +
+            (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4;
   if (pl.smem > 227 * 1024) { pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory"; return pl; }
-  pl.blocks = N * p.P[0] * p.P[1];
+  pl.blocks = N * p.P[0] * p.P[1] * p.nwc;
   if (pl.blocks > 0x7fffffffLL) { pl.why = "fused convT-pool-reduce: too many blocks"; return pl; }
   return pl;
+}
+
+template <class F>
+int fb_dispatch_ks(int ks, F&& f) {
+  switch (ks) {
+    case 1: return f(ff_int<1>{});
+    case 2: return f(ff_int<2>{});
+    case 4: return f(ff_int<4>{});
+    case 8: return f(ff_int<8>{});
+    default: return (int)cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -336,21 +453,6 @@ const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int channels_last,
   return fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
 }
 
-// Floats of the packed weights: per class, per tap (md, mh, mw), [C/4][64][4] tf32 (see fb_load_tap).
-long long ff_fused_convt_pool_reduce_packed_weight_floats(int C, int Td, int Th, int Tw, int sd, int sh, int sw) {
-  const int T[3] = {Td, Th, Tw}, s[3] = {sd, sh, sw};
-  long long total = 0;
-  for (int rd = 0; rd < s[0]; ++rd)
-    for (int rh = 0; rh < s[1]; ++rh)
-      for (int rw = 0; rw < s[2]; ++rw) {
-        const int r[3] = {rd, rh, rw};
-        long long taps = 1;
-        for (int a = 0; a < 3; ++a) taps *= r[a] < T[a] ? (T[a] - r[a] + s[a] - 1) / s[a] : 0;
-        total += taps * C * 64;
-      }
-  return total;
-}
-
 int ff_fused_convt_pool_reduce(const float* x, const float* packed_w, const float* bias, float* out, int dtype,
                                int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
                                int red, cudaStream_t stream) {
@@ -358,12 +460,14 @@ int ff_fused_convt_pool_reduce(const float* x, const float* packed_w, const floa
   FBPlan pl = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
   if (pl.why) return (int)cudaErrorNotSupported;
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;
-  return ff_dispatch_act(act, [&](auto a) {
-    auto kern = fb_kernel<decltype(a)::value>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
-    if (e != cudaSuccess) return (int)e;
-    kern<<<(unsigned)pl.blocks, 128, pl.smem, stream>>>(pl.prm);
-    return (int)cudaGetLastError();
+  return ff_dispatch_bool(act != FF_ACT_NONE, [&](auto has_act) {
+    return fb_dispatch_ks(pl.ks, [&](auto ks) {
+      auto kern = fb_kernel<decltype(has_act)::value, decltype(ks)::value>;
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
+      if (e != cudaSuccess) return (int)e;
+      kern<<<(unsigned)pl.blocks, 128, pl.smem, stream>>>(pl.prm);
+      return (int)cudaGetLastError();
+    });
   });
 }
 

@@ -7,14 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fullfuse.fused.convt_pool_reduce import pack_weights
+from fullfuse.fused.convt_pool_reduce import pack_weights, padded_channels
 
 
-@pytest.mark.parametrize("kernel,stride,padding", [((3, 4, 2), (2, 3, 1), (1, 0, 0)), ((5, 5, 5), (2, 2, 2), (2, 2, 2)),
-                                                   ((2, 2, 2), (3, 3, 3), (0, 1, 0))])
-def test_packed_slices_rebuild_conv_transpose(kernel, stride, padding):
+@pytest.mark.parametrize("kernel,stride,padding,c_in", [((3, 4, 2), (2, 3, 1), (1, 0, 0), 8),
+                                                        ((5, 5, 5), (2, 2, 2), (2, 2, 2), 16),
+                                                        ((2, 2, 2), (3, 3, 3), (0, 1, 0), 12)])
+def test_packed_slices_rebuild_conv_transpose(kernel, stride, padding, c_in):
     gen = torch.Generator().manual_seed(0)
-    c_in, k_out = 8, 5
+    k_out = 5
+    c_pad = padded_channels(c_in)
     x = torch.randn(1, c_in, 3, 4, 3, generator=gen, dtype=torch.float64)
     w = torch.randn(c_in, k_out, *kernel, generator=gen)
     packed = pack_weights(w, stride).double()
@@ -26,9 +28,10 @@ def test_packed_slices_rebuild_conv_transpose(kernel, stride, padding):
     for r in itertools.product(*[range(s) for s in stride]):
         taps = [range(len(range(r[a], kernel[a], stride[a]))) for a in range(3)]
         for m in itertools.product(*taps):
-            sl = packed[offset:offset + c_in * 64].view(c_in // 4, 64, 4).permute(1, 0, 2).reshape(64, c_in)
-            slices[r, m] = sl[:k_out]                                   # (K, C)
-            offset += c_in * 64
+            sl = packed[offset:offset + c_pad * 64].view(c_pad // 4, 64, 4).permute(1, 0, 2).reshape(64, c_pad)
+            assert not sl[k_out:].any() and not sl[:, c_in:].any()     # padding is zero
+            slices[r, m] = sl[:k_out, :c_in]                            # (K, C)
+            offset += c_pad * 64
     assert offset == packed.numel()
     for o in itertools.product(*[range(n) for n in ref.shape[2:]]):
         r = tuple((o[a] + padding[a]) % stride[a] for a in range(3))

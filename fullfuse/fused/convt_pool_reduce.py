@@ -1,6 +1,6 @@
 """Family B fused kernel (csrc/fused_convt_pool_reduce.cu): the transposed conv as sub-pixel implicit GEMMs on the
 tensor cores whose epilogue keeps the pooling-window maxima on chip, then one fixed-order channel reduction; only
-the pooled result is written.  DRAFT on branch wip/fused-b: not yet run on a GPU."""
+the pooled result is written."""
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +23,8 @@ def static_unsupported(spec: ConvTPoolReduceSpec) -> Optional[str]:
         return "dilation != 1"
     if spec.groups != 1:
         return "groups != 1"
-    if spec.in_channels % 8:
-        return "C_in % 8 != 0 (the fused kernel reads 8 input channels per MMA step)"
+    if spec.in_channels % 4 or spec.in_channels > 64:
+        return "C_in % 4 != 0 or C_in > 64 (the fused kernel reads 4-channel, 16-byte groups, at most 64 channels)"
     if spec.out_channels > 64:
         return "C_out > 64"
     return None
@@ -50,10 +50,17 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     return None if why is None else why.decode()
 
 
+def padded_channels(c_in: int) -> int:
+    """Input channels of one packed weight slice: C_in padded up to 8, 16, 32 or 64 (fb_ksteps in the kernel)."""
+    return next(c for c in (8, 16, 32, 64) if c_in <= c)
+
+
 def pack_weights(weight: torch.Tensor, stride) -> torch.Tensor:
-    """(C, K, Td, Th, Tw) -> per residue class (rd, rh, rw), per tap (md, mh, mw): [C/4][64][4] floats, TF32-rounded
-    (round to nearest, ties away), output channels padded to 64: the layout csrc/fused_convt_pool_reduce.cu streams."""
+    """(C, K, Td, Th, Tw) -> per residue class (rd, rh, rw), per tap (md, mh, mw): one [C_pad/4][64][4] slice,
+    TF32-rounded (round to nearest, ties away), input channels zero-padded to C_pad, output channels to 64: the
+    layout csrc/fused_convt_pool_reduce.cu streams."""
     c_in, k_out = weight.shape[:2]
+    c_pad = padded_channels(c_in)
     taps = weight.shape[2:]
     parts = []
     for rd in range(stride[0]):
@@ -62,9 +69,9 @@ def pack_weights(weight: torch.Tensor, stride) -> torch.Tensor:
                 for td in range(rd, taps[0], stride[0]):
                     for th in range(rh, taps[1], stride[1]):
                         for tw in range(rw, taps[2], stride[2]):
-                            kc = weight.new_zeros(64, c_in, dtype=torch.float32)
-                            kc[:k_out] = weight[:, :, td, th, tw].t().float()
-                            parts.append(kc.view(64, c_in // 4, 4).permute(1, 0, 2).reshape(-1))
+                            kc = weight.new_zeros(64, c_pad, dtype=torch.float32)
+                            kc[:k_out, :c_in] = weight[:, :, td, th, tw].t().float()
+                            parts.append(kc.view(64, c_pad // 4, 4).permute(1, 0, 2).reshape(-1))
     bits = torch.cat(parts).view(torch.int32)
     return ((bits + 0x1000) & -0x2000).view(torch.float32)
 
