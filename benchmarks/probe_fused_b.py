@@ -19,16 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fullfuse.fused.convt_pool_reduce import pack_weights  # noqa: E402
 
-SO = "/tmp/ff_fused_b_probe.so"
+import os  # noqa: E402
+
+# FF_PROBE_VARIANTS="0 1": FB_AREG builds to compare (1 = weight operand from registers); FF_PROBE_NCU=1: seed only
+VARIANTS = [int(v) for v in os.environ.get("FF_PROBE_VARIANTS", "0").split()]
+NCU = os.environ.get("FF_PROBE_NCU") == "1"
 ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "silu": 4}
 REDS = {"sum": 0, "mean": 1, "max": 2}
 
 
-def build():
+def build(areg):
+    so = f"/tmp/ff_fused_b_probe_{areg}.so"
     cmd = ["nvcc", "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
-           "-gencode=arch=compute_90a,code=sm_90a", f"-I{ROOT / 'csrc'}", "-o", SO, str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
-    subprocess.run(cmd, check=True)
-    lib = ctypes.CDLL(SO)
+           "-gencode=arch=compute_90a,code=sm_90a", f"-DFB_AREG={areg}", f"-I{ROOT / 'csrc'}", "-o", so,
+           str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    lib = ctypes.CDLL(so)
     shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.c_int] * 15 + [ctypes.c_int] * 2
     lib.ff_fused_convt_pool_reduce_unsupported.restype = ctypes.c_char_p
     lib.ff_fused_convt_pool_reduce_unsupported.argtypes = shape
@@ -37,9 +43,17 @@ def build():
     return lib
 
 
+def register_slices(wp, c_in):
+    """[C_pad/4][64][4] slices -> [ks][thread][4]: each thread's A fragment (rows g, g+8 x k tig, tig+4) contiguous."""
+    c_pad = next(c for c in (8, 16, 32, 64) if c_in <= c)
+    ks = c_pad // 8
+    return wp.view(-1, ks, 2, 4, 2, 8, 4).permute(0, 1, 3, 5, 6, 2, 4).contiguous().view(-1)
+
+
 def run(lib, x, wp, b, out, K, T, s, p, op, win, act, red):
     N, C, D, H, W = x.shape
-    args = (0, 1, N, C, D, H, W, K, *T, *s, *p, *op, *win, ACTS[act], REDS[red])
+    cl = int(x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous())
+    args = (0, cl, N, C, D, H, W, K, *T, *s, *p, *op, *win, ACTS[act], REDS[red])
     why = lib.ff_fused_convt_pool_reduce_unsupported(*args)
     if why:
         return why.decode()
@@ -73,39 +87,55 @@ CASES = [  # name, (N, C, D, H, W), K, T, s, p, op, win, act, red, bias
 ]
 
 
+SEED = ("seed", (16, 32, 32, 32, 32), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "none", "sum", True)
+
+
+def time_seed(lib, x, wp, b, out, args):
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    ts = []
+    for i in range(25):
+        flush.zero_()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        run(lib, x, wp, b, out, *args)
+        e1.record()
+        e1.synchronize()
+        if i >= 5:
+            ts.append(e0.elapsed_time(e1))
+    return statistics.median(ts), min(ts)
+
+
 def main():
-    lib = build()
     fails = 0
-    for name, shape, K, T, s, p, op, win, act, red, has_bias in CASES + [
-            ("seed", (16, 32, 32, 32, 32), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "none", "sum", True)]:
-        x = torch.randn(shape, device="cuda").contiguous(memory_format=torch.channels_last_3d)
-        w = torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5
-        b = torch.randn(K, device="cuda") if has_bias else None
-        ref = reference(x, w, b, s, p, op, win, act, red)
-        out = torch.full(ref.shape, float("nan"), device="cuda")
-        wp = pack_weights(w, s)
-        why = run(lib, x, wp, b, out, K, T, s, p, op, win, act, red)
-        if why:
-            print(f"{name}: unsupported: {why}")
-            continue
-        torch.cuda.synchronize()
-        err = (out.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
-        ok = err <= 1e-3 and not torch.isnan(out).any().item()
-        fails += not ok
-        print(f"{name}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} {'ok' if ok else 'FAIL'}", flush=True)
-        if name == "seed":
-            flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-            ts = []
-            for i in range(25):
-                flush.zero_()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                run(lib, x, wp, b, out, K, T, s, p, op, win, act, red)
-                e1.record()
-                e1.synchronize()
-                if i >= 5:
-                    ts.append(e0.elapsed_time(e1))
-            print(f"seed fused B (kernel only): median {statistics.median(ts):.3f} ms, min {min(ts):.3f}")
+    for areg in VARIANTS:
+        lib = build(areg)
+        for name, shape, K, T, s, p, op, win, act, red, has_bias in ([] if NCU else CASES) + [SEED]:
+            for layout in ("channels_last", "NCDHW"):
+                torch.manual_seed(len(name))
+                x = torch.randn(shape, device="cuda")
+                if layout == "channels_last":
+                    x = x.contiguous(memory_format=torch.channels_last_3d)
+                w = torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5
+                b = torch.randn(K, device="cuda") if has_bias else None
+                ref = reference(x, w, b, s, p, op, win, act, red)
+                out = torch.full(ref.shape, float("nan"), device="cuda")
+                wp = pack_weights(w, s)
+                if areg:
+                    wp = register_slices(wp, shape[1])
+                args = (K, T, s, p, op, win, act, red)
+                why = run(lib, x, wp, b, out, *args)
+                if why:
+                    print(f"[areg {areg}] {name} {layout}: unsupported: {why}")
+                    continue
+                torch.cuda.synchronize()
+                err = (out.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
+                ok = err <= 1e-3 and not torch.isnan(out).any().item()
+                fails += not ok
+                print(f"[areg {areg}] {name} {layout}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} "
+                      f"{'ok' if ok else 'FAIL'}", flush=True)
+                if name == "seed" and not NCU:
+                    med, mn = time_seed(lib, x, wp, b, out, args)
+                    print(f"[areg {areg}] seed {layout} fused B (kernel only): median {med:.3f} ms, min {mn:.3f}", flush=True)
     print(f"failures: {fails}")
     sys.exit(1 if fails else 0)
 

@@ -17,7 +17,7 @@
 // The epilogue of a tile group takes the max over d, h rows in registers, then atomicMax (ordered uints, NaN
 // propagating) into the window maxima; bias goes after the max when there is no activation.  The final channel
 // reduction runs in a fixed order: deterministic.
-// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 channels_last_3d input,
+// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 input (NCDHW or channels_last_3d),
 // C % 4 == 0 and C <= 64, K <= 64, dilation 1, one window's input columns fit in 32, the tile fits in shared memory.
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -31,14 +31,17 @@ constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
 constexpr int FB_NT = 3;        // tiles accumulated together
 constexpr int FB_NBUF = 4;      // weight-slice buffers (2 steps of prefetch)
-constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
+constexpr int FB_MAXCLS = 27;
+#ifndef FB_AREG
+#define FB_AREG 0               // 1: the weight operand from registers ([ks][thread][4] slices), 0: from shared memory
+#endif   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
 constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
 
 struct FBParams {
   const float* x; const float* wp; const float* bias; float* out;
-  int N, C, D, H, W, K;
+  int N, C, D, H, W, K, channels_last;
   int T[3], s[3], p[3], win[3], P[3];
   int act, red, ncls;
   int cls_r[FB_MAXCLS][3], cls_M[FB_MAXCLS][3], cls_slice[FB_MAXCLS];   // residues, taps per dim, first weight slice
@@ -93,10 +96,30 @@ __device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t d
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "l"(da), "l"(db), "r"(scale_d));
 }
+// A from registers: this thread's 4 tf32 of the 64 x 8 weight block, (row g, k tig), (g + 8, tig), (g, tig + 4),
+// (g + 8, tig + 4) within its warp's 16 rows
+__device__ __forceinline__ void fb_wgmma_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "{%48,%49,%50,%51}, %52, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
 #endif
 
 __device__ __forceinline__ void fb_cp16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void fb_cp4(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 
 template <bool HAS_ACT, int KS>
@@ -132,13 +155,24 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
   {
     constexpr int CP = 2 * KS;
     const int rows = p.nd * p.nh;
-    for (int i = tid; i < rows * FB_COLS * CP; i += 128) {
-      const int cp = i % CP, rest = i / CP, col = rest % FB_COLS, row = rest / FB_COLS;
-      const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + col;
-      const bool ok = 4 * cp < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
-      const float* src = p.x;
-      if (ok) src += ((((n * p.D + d) * p.H + h) * (long long)p.W + w) * p.C) + cp * 4;
-      fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
+    if (p.channels_last) {   // 4 channels = 16 contiguous bytes: one copy per plane entry, channels fastest
+      for (int i = tid; i < rows * FB_COLS * CP; i += 128) {
+        const int cp = i % CP, rest = i / CP, col = rest % FB_COLS, row = rest / FB_COLS;
+        const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + col;
+        const bool ok = 4 * cp < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
+        const float* src = p.x;
+        if (ok) src += ((((n * p.D + d) * p.H + h) * (long long)p.W + w) * p.C) + cp * 4;
+        fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
+      }
+    } else {                 // NCDHW read natively: 4-byte copies, w fastest (coalesced), scattered into the planes
+      for (int i = tid; i < rows * FB_COLS * CP * 4; i += 128) {
+        const int col = i % FB_COLS, rest = i / FB_COLS, ch = rest % (CP * 4), row = rest / (CP * 4);
+        const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + col;
+        const bool ok = ch < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
+        const float* src = p.x;
+        if (ok) src += (((n * p.C + ch) * p.D + d) * (long long)p.H + h) * p.W + w;
+        fb_cp4(tile_s + (ch >> 2) * p.plane_bytes + row * FB_ROW_BYTES + col * 16 + (ch & 3) * 4, src, ok);
+      }
     }
     for (int i = p.tile_bytes / 16 + tid; i < p.tile_alloc / 16; i += 128)
       *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0, 0, 0, 0);
@@ -213,6 +247,7 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
   const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
   float acc[FB_NT][48];
   uint32_t bdesc[FB_NT];
+  uint32_t afr0[KS][4], afr1[KS][4];
 
   for (int st = 0; st < total;) {
     // ---- one tile group: its class's taps, one weight slice per step, FB_NBUF - 2 slices in flight ----
@@ -228,28 +263,48 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
       const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
       bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
     }
-    const int st_end = st + ci[7];
-    for (; st < st_end; ++st) {
+    const int st_begin = st, st_end = st + ci[7];
+    // one step: wait for its slice, prefetch st + 2, FB_NT x KS wgmmas; A = the slice (shared memory, or registers
+    // loaded from it with FB_AREG: two register sets alternate, a set is rewritten only after its wgmmas finished)
+    auto step = [&](int st, uint32_t (&afr)[KS][4]) {
       const uint32_t delta = (uint32_t)steps[st].y;
       asm volatile("cp.async.wait_group 1;" ::: "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group 1
       load_step(st + 2);  // buffer (st + 2) % 4 held step st - 2, finished by now
-      const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
-      const int accumulate = st > st_end - ci[7];
+      const uint32_t slice_s = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
+      const int accumulate = st > st_begin;
+#if FB_AREG
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(afr[ks][0]), "=r"(afr[ks][1]), "=r"(afr[ks][2]), "=r"(afr[ks][3])
+                     : "r"(slice_s + ks * 2048 + tid * 16) : "memory");
+#endif
+      const uint32_t a_lo = (slice_s >> 4) | ((uint32_t)(1024 >> 4) << 16);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
+        (void)da;
 #pragma unroll
         for (int j = 0; j < FB_NT; ++j) {
           const uint64_t db = (uint64_t)(bdesc[j] - delta + ks * 2 * plane16) | desc_hi;
+#if FB_AREG
+          fb_wgmma_rs(acc[j], afr[ks], db, (accumulate || ks > 0) ? 1 : 0);
+#else
           fb_wgmma(acc[j], da, db, (accumulate || ks > 0) ? 1 : 0);
+#endif
         }
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    };
+    for (; st + 1 < st_end; st += 2) {
+      step(st, afr0);
+      step(st + 1, afr1);
     }
+    if (st < st_end) step(st++, afr0);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < FB_NT; ++j)
@@ -340,7 +395,6 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   pl.why = nullptr;
   FBParams& p = pl.prm;
   if (dtype != FF_F32) { pl.why = "fused convT-pool-reduce: fp32 (TF32) only"; return pl; }
-  if (!channels_last) { pl.why = "fused convT-pool-reduce: channels_last_3d input only"; return pl; }
   if (C % 4 != 0 || C > 64) { pl.why = "fused convT-pool-reduce: needs C_in % 4 == 0 and C_in <= 64"; return pl; }
   if (K > 64) { pl.why = "fused convT-pool-reduce: C_out > 64"; return pl; }
   if (act < 0 || act > 4 || red < 0 || red > 2) { pl.why = "fused convT-pool-reduce: bad activation/reduction code"; return pl; }
@@ -351,6 +405,7 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (!(major == 9 && minor == 0)) { pl.why = "fused convT-pool-reduce: needs sm_90 (wgmma)"; return pl; }
   p.N = (int)N; p.C = C; p.D = D; p.H = H; p.W = W; p.K = K; p.act = act; p.red = red;
+  p.channels_last = channels_last != 0;
   p.inv_k = 1.0f / (float)K;
   pl.ks = fb_ksteps(C);
   const int I[3] = {D, H, W};

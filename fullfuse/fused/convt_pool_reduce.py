@@ -30,9 +30,13 @@ def static_unsupported(spec: ConvTPoolReduceSpec) -> Optional[str]:
     return None
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    return x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
+
+
 def _shape_args(spec, x):
     n, c, d, h, w = x.shape
-    return (dtype_code(x.dtype), 1, n, c, d, h, w, spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding,
+    return (dtype_code(x.dtype), int(_channels_last(x)), n, c, d, h, w, spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding,
             *spec.output_padding, *spec.window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction])
 
 
@@ -77,8 +81,8 @@ def pack_weights(weight: torch.Tensor, stride) -> torch.Tensor:
 
 
 def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
-    if not x.is_contiguous(memory_format=torch.channels_last_3d):
-        x = x.contiguous(memory_format=torch.channels_last_3d)          # NCDHW: converted once (67 MB at the seed)
+    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d)):
+        x = x.contiguous()                       # NCDHW and channels_last_3d are read natively, anything else copied
     packed = relayout(weight, ("fused_b_pack", tuple(spec.stride)), lambda w: pack_weights(w, spec.stride))
     n = x.shape[0]
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
