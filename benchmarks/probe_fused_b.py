@@ -21,17 +21,18 @@ from fullfuse.fused.convt_pool_reduce import pack_weights  # noqa: E402
 
 import os  # noqa: E402
 
-# FF_PROBE_VARIANTS="0 1": FB_AREG builds to compare (1 = weight operand from registers); FF_PROBE_NCU=1: seed only
-VARIANTS = [int(v) for v in os.environ.get("FF_PROBE_VARIANTS", "0").split()]
+# FF_PROBE_VARIANTS="-DX=1 -DY=2 ...": builds to compare (space-separated nvcc flags, "_" = none); FF_PROBE_NCU=1:
+# the seed only (for Nsight Compute)
+VARIANTS = os.environ.get("FF_PROBE_VARIANTS", "_").split()
 NCU = os.environ.get("FF_PROBE_NCU") == "1"
 ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "silu": 4}
 REDS = {"sum": 0, "mean": 1, "max": 2}
 
 
-def build(areg):
-    so = f"/tmp/ff_fused_b_probe_{areg}.so"
+def build(variant):
+    so = f"/tmp/ff_fused_b_probe_{abs(hash(variant))}.so"
     cmd = ["nvcc", "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
-           "-gencode=arch=compute_90a,code=sm_90a", f"-DFB_AREG={areg}", f"-I{ROOT / 'csrc'}", "-o", so,
+           "-gencode=arch=compute_90a,code=sm_90a", *([] if variant == "_" else [variant]), f"-I{ROOT / 'csrc'}", "-o", so,
            str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     lib = ctypes.CDLL(so)
@@ -41,13 +42,6 @@ def build(areg):
     lib.ff_fused_convt_pool_reduce.restype = ctypes.c_int
     lib.ff_fused_convt_pool_reduce.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p]
     return lib
-
-
-def register_slices(wp, c_in):
-    """[C_pad/4][64][4] slices -> [ks][thread][4]: each thread's A fragment (rows g, g+8 x k tig, tig+4) contiguous."""
-    c_pad = next(c for c in (8, 16, 32, 64) if c_in <= c)
-    ks = c_pad // 8
-    return wp.view(-1, ks, 2, 4, 2, 8, 4).permute(0, 1, 3, 5, 6, 2, 4).contiguous().view(-1)
 
 
 def run(lib, x, wp, b, out, K, T, s, p, op, win, act, red):
@@ -107,8 +101,8 @@ def time_seed(lib, x, wp, b, out, args):
 
 def main():
     fails = 0
-    for areg in VARIANTS:
-        lib = build(areg)
+    for variant in VARIANTS:
+        lib = build(variant)
         for name, shape, K, T, s, p, op, win, act, red, has_bias in ([] if NCU else CASES) + [SEED]:
             for layout in ("channels_last", "NCDHW"):
                 torch.manual_seed(len(name))
@@ -120,22 +114,20 @@ def main():
                 ref = reference(x, w, b, s, p, op, win, act, red)
                 out = torch.full(ref.shape, float("nan"), device="cuda")
                 wp = pack_weights(w, s)
-                if areg:
-                    wp = register_slices(wp, shape[1])
                 args = (K, T, s, p, op, win, act, red)
                 why = run(lib, x, wp, b, out, *args)
                 if why:
-                    print(f"[areg {areg}] {name} {layout}: unsupported: {why}")
+                    print(f"[{variant}] {name} {layout}: unsupported: {why}")
                     continue
                 torch.cuda.synchronize()
                 err = (out.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
                 ok = err <= 1e-3 and not torch.isnan(out).any().item()
                 fails += not ok
-                print(f"[areg {areg}] {name} {layout}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} "
+                print(f"[{variant}] {name} {layout}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} "
                       f"{'ok' if ok else 'FAIL'}", flush=True)
                 if name == "seed" and not NCU:
                     med, mn = time_seed(lib, x, wp, b, out, args)
-                    print(f"[areg {areg}] seed {layout} fused B (kernel only): median {med:.3f} ms, min {mn:.3f}", flush=True)
+                    print(f"[{variant}] seed {layout} fused B (kernel only): median {med:.3f} ms, min {mn:.3f}", flush=True)
     print(f"failures: {fails}")
     sys.exit(1 if fails else 0)
 

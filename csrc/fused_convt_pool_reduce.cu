@@ -11,9 +11,10 @@
 //   N = 96 = 3 consecutive q_h rows x 32 q_w columns of the input tile (B, shared memory; the tap's (-m_d, -m_h, -m_w)
 //       shift is only the descriptor's start address, because the tile rows are 32 columns apart, contiguous),
 //   K = C input channels (8 per wgmma, channels padded to 8 * KS with zeros).
-// One block = one image x one window row (Pd, Ph) x a chunk of Pw windows whose input columns fit in 32.
-// FB_NT = 3 tiles (q_d, 3-row q_h group) accumulate at once (3 x 48 registers); a block walks a step list
-// (class, tile group, tap) built in shared memory, one weight slice per step, FB_NBUF - 2 steps of prefetch.
+// One block = one image x one window row (Pd, Ph) x a chunk of Pw windows whose input columns fit in 32; two
+// consumer warpgroups share the tile and the weight stream.  A tile group = FB_NT = 3 tiles (q_d, 3-row q_h group);
+// each warpgroup accumulates 144 of its 288 columns (n96 + n48 wgmmas).  A block walks a step list (class, tile
+// group, tap) built in shared memory, one weight slice per step, FB_NBUF - 2 steps of prefetch.
 // The epilogue of a tile group takes the max over d, h rows in registers, then atomicMax (ordered uints, NaN
 // propagating) into the window maxima; bias goes after the max when there is no activation.  The final channel
 // reduction runs in a fixed order: deterministic.
@@ -30,11 +31,12 @@ namespace {
 constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
 constexpr int FB_NT = 3;        // tiles accumulated together
-constexpr int FB_NBUF = 4;      // weight-slice buffers (2 steps of prefetch)
+#ifndef FB_NBUF
+#define FB_NBUF 4               // weight-slice buffers: FB_NBUF - 2 steps of prefetch
+#endif
+constexpr int FB_PF = FB_NBUF - 2;
 constexpr int FB_MAXCLS = 27;
-#ifndef FB_AREG
-#define FB_AREG 0               // 1: the weight operand from registers ([ks][thread][4] slices), 0: from shared memory
-#endif   // residue classes: s_d * s_h * s_w <= 27
+   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
 constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
@@ -81,37 +83,24 @@ __device__ __forceinline__ float fb_act(int act, float v) {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FB_HAVE_WGMMA 1
-__device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
+// D (64 x N fp32, N / 2 registers per thread) += A (64 x 8 tf32, descriptor) * B (8 x N tf32, descriptor)
+template <int N>
+__device__ void fb_wgmma(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
+template <>
+__device__ __forceinline__ void fb_wgmma<96>(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
-      "%48, %49, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "l"(da), "l"(db), "r"(scale_d));
 }
-// A from registers: this thread's 4 tf32 of the 64 x 8 weight block, (row g, k tig), (g + 8, tig), (g, tig + 4),
-// (g + 8, tig + 4) within its warp's 16 rows
-__device__ __forceinline__ void fb_wgmma_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+template <>
+__device__ __forceinline__ void fb_wgmma<48>(float (&d)[24], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
-      "{%48,%49,%50,%51}, %52, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, %24, %25, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(da), "l"(db), "r"(scale_d));
 }
 #endif
 
@@ -122,9 +111,32 @@ __device__ __forceinline__ void fb_cp4(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 
+// Max over the valid (q_d, q_h) rows of one accumulator part into mx[16] (this thread's 2 channels x 8 q_w columns).
+// The part holds NB n8-blocks of a 3-row tile starting at position POS0 (row = pos / 32, column block = pos % 32 / 8);
+// rows >= rows_ok hold other rows' data and are skipped.
+template <int POS0, int NB, bool HAS_ACT>
+__device__ __forceinline__ void fb_rows_max(float (&mx)[16], const float (&acc)[NB * 4], int rows_ok, int act,
+                                            float b0, float b1) {
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    const int pos = POS0 + 8 * i, row = pos / FB_COLS, cb = (pos % FB_COLS) / 8;
+    if (row >= rows_ok) continue;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = acc[4 * i + e];
+      if (HAS_ACT) v = fb_act(act, v + ((e & 2) ? b1 : b0));
+      mx[4 * cb + e] = ff_max_nan(mx[4 * cb + e], v);
+    }
+  }
+}
+
+// Two consumer warpgroups share the tile and every weight slice; a tile group's 3 tiles (3 x 96 columns) split
+// 144 / 144: warpgroup 0 takes tile 0 (n96) and the first 48 columns of tile 1, warpgroup 1 the last 48 of tile 1
+// and tile 2, so both issue the same number of wgmmas per step and one hides the other's issue and epilogue gaps.
 template <bool HAS_ACT, int KS>
-__global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBParams p) {
+__global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
+  constexpr int NTHR = 256;
   constexpr int SLICE_BYTES = KS * 8 * 64 * 4;   // one tap's weights: [2 KS planes][64][4] tf32
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
@@ -135,6 +147,7 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
+  const int wg = tid >> 7;
 
   // ---- block -> (image, window row, w-chunk) and its input tile origin ----
   long long b = blockIdx.x;
@@ -149,32 +162,34 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
   const int ih_lo = (oh0 + p.p[1]) / p.s[1] - (p.Mmax[1] - 1);
   const int iw_lo = (ow_lo + p.p[2]) / p.s[2] - (p.Mmax[2] - 1);
 
-  for (int i = tid; i < p.pwb * 64; i += 128) winmax[i] = 0u;   // below every encoded value
+  for (int i = tid; i < p.pwb * 64; i += NTHR) winmax[i] = 0u;   // below every encoded value
 
   // ---- input tile: [2 KS planes of 4 channels][nd x nh rows][32 columns][16 B], zero outside the input ----
   {
     constexpr int CP = 2 * KS;
     const int rows = p.nd * p.nh;
-    if (p.channels_last) {   // 4 channels = 16 contiguous bytes: one copy per plane entry, channels fastest
-      for (int i = tid; i < rows * FB_COLS * CP; i += 128) {
-        const int cp = i % CP, rest = i / CP, col = rest % FB_COLS, row = rest / FB_COLS;
-        const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + col;
-        const bool ok = 4 * cp < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
-        const float* src = p.x;
-        if (ok) src += ((((n * p.D + d) * p.H + h) * (long long)p.W + w) * p.C) + cp * 4;
-        fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
+    if (p.channels_last) {   // a warp per tile row: 32 columns x CP planes of 16 contiguous bytes, planes fastest
+      for (int row = warp; row < rows; row += NTHR / 32) {
+        const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh;
+        const bool row_ok = d >= 0 && d < p.D && h >= 0 && h < p.H;
+        const float* xrow = p.x + (((n * p.D + d) * p.H + h) * (long long)p.W) * p.C;
+#pragma unroll
+        for (int j = lane; j < FB_COLS * CP; j += 32) {
+          const int cp = j % CP, col = j / CP, w = iw_lo + col;
+          const bool ok = row_ok && 4 * cp < p.C && w >= 0 && w < p.W;
+          fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, ok ? xrow + (long long)w * p.C + 4 * cp : p.x, ok);
+        }
       }
-    } else {                 // NCDHW read natively: 4-byte copies, w fastest (coalesced), scattered into the planes
-      for (int i = tid; i < rows * FB_COLS * CP * 4; i += 128) {
-        const int col = i % FB_COLS, rest = i / FB_COLS, ch = rest % (CP * 4), row = rest / (CP * 4);
-        const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + col;
+    } else {                 // NCDHW read natively: a warp per (row, channel), a lane per column, 4-byte copies
+      for (int rc = warp; rc < rows * CP * 4; rc += NTHR / 32) {
+        const int ch = rc % (CP * 4), row = rc / (CP * 4);
+        const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + lane;
         const bool ok = ch < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
-        const float* src = p.x;
-        if (ok) src += (((n * p.C + ch) * p.D + d) * (long long)p.H + h) * p.W + w;
-        fb_cp4(tile_s + (ch >> 2) * p.plane_bytes + row * FB_ROW_BYTES + col * 16 + (ch & 3) * 4, src, ok);
+        const float* src = ok ? p.x + (((n * p.C + ch) * p.D + d) * (long long)p.H + h) * p.W + w : p.x;
+        fb_cp4(tile_s + (ch >> 2) * p.plane_bytes + row * FB_ROW_BYTES + lane * 16 + (ch & 3) * 4, src, ok);
       }
     }
-    for (int i = p.tile_bytes / 16 + tid; i < p.tile_alloc / 16; i += 128)
+    for (int i = p.tile_bytes / 16 + tid; i < p.tile_alloc / 16; i += NTHR)
       *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0, 0, 0, 0);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
@@ -203,7 +218,7 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
   }
   __syncthreads();
   const int total = s_total;
-  for (int i = tid; i < total; i += 128) {
+  for (int i = tid; i < total; i += NTHR) {
     int c = 0;
     while (c + 1 < p.ncls && cinfo[(c + 1) * FB_CINFO + 9] <= i) ++c;
     const int* ci = cinfo + c * FB_CINFO;
@@ -212,13 +227,13 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
     const int Mh = p.cls_M[c][1], Mw = p.cls_M[c][2];
     const int md = tap / (Mh * Mw), mh = (tap / Mw) % Mh, mw = tap % Mw;
     const int delta = ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;   // the tap's B start shift, 16-byte units
-    steps[i] = make_int4(p.cls_slice[c] + tap, delta, c, grp | (tap == 0) << 16 | (tap == taps - 1) << 17);
+    steps[i] = make_int4(p.cls_slice[c] + tap, delta, c, grp);
   }
 
   // ---- tile ready: round to tf32 in place (slack included: zeros) ----
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
-  for (int i = tid; i < p.tile_bytes / 16; i += 128) {
+  for (int i = tid; i < p.tile_bytes / 16; i += NTHR) {
     uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
     uint4 v = *a;
     v.x = fb_tf32(__uint_as_float(v.x)); v.y = fb_tf32(__uint_as_float(v.y));
@@ -232,109 +247,73 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
       const float* src = p.wp + (size_t)steps[st].x * (KS * 8 * 64);
       const uint32_t dst = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
 #pragma unroll
-      for (int i = tid; i < SLICE_BYTES / 16; i += 128) fb_cp16(dst + i * 16, src + i * 4, true);
+      for (int i = tid; i < SLICE_BYTES / 16; i += NTHR) fb_cp16(dst + i * 16, src + i * 4, true);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   __syncthreads();   // steps[] and the rounded tile are visible to every thread
-  load_step(0);
-  load_step(1);
+#pragma unroll
+  for (int i = 0; i < FB_PF; ++i) load_step(i);
 
-  const int m0 = 16 * warp + g8;   // this thread's output channels: m0, m0 + 8
+  const int m0 = 16 * (warp & 3) + g8;   // this thread's output channels: m0, m0 + 8
   const float b0 = (p.bias && m0 < p.K) ? __ldg(p.bias + m0) : 0.0f;
   const float b1 = (p.bias && m0 + 8 < p.K) ? __ldg(p.bias + m0 + 8) : 0.0f;
-  const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-row (8-column) core matrices 128 B apart
+  const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-column core matrices 128 B apart
   const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
-  float acc[FB_NT][48];
-  uint32_t bdesc[FB_NT];
-  uint32_t afr0[KS][4], afr1[KS][4];
+  float acc96[48], acc48[24];   // this warpgroup's full tile and its half of the middle tile
 
   for (int st = 0; st < total;) {
     // ---- one tile group: its class's taps, one weight slice per step, FB_NBUF - 2 slices in flight ----
     const int4 e0 = steps[st];
-    const int c = e0.z, grp = e0.w & 0xFFFF;
+    const int c = e0.z, grp = e0.w;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
-#pragma unroll
-    for (int j = 0; j < FB_NT; ++j) {
-      int t = grp * FB_NT + j;
-      if (t >= ci[6]) t = grp * FB_NT;                                // padding tile: a duplicate, dropped later
+    const int t96 = grp * FB_NT + (wg ? 2 : 0), t48 = grp * FB_NT + 1;
+    auto tile_desc = [&](int t) {   // tiles past the class's last are duplicates of the group's first (dropped later)
+      if (t >= ci[6]) t = grp * FB_NT;
       const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
       const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
-      bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
-    }
+      return (addr >> 4) | (plane16 << 16);                          // LBO: next 4-channel plane
+    };
+    const uint32_t d96 = tile_desc(t96), d48 = tile_desc(t48) + (wg ? 48 : 0);   // 48 positions = 768 B
     const int st_begin = st, st_end = st + ci[7];
-    // one step: wait for its slice, prefetch st + 2, FB_NT x KS wgmmas; A = the slice (shared memory, or registers
-    // loaded from it with FB_AREG: two register sets alternate, a set is rewritten only after its wgmmas finished)
-    auto step = [&](int st, uint32_t (&afr)[KS][4]) {
+    for (; st < st_end; ++st) {
       const uint32_t delta = (uint32_t)steps[st].y;
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      asm volatile("cp.async.wait_group %0;" :: "n"(FB_PF - 1) : "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group 1
-      load_step(st + 2);  // buffer (st + 2) % 4 held step st - 2, finished by now
-      const uint32_t slice_s = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
+      load_step(st + FB_PF);  // its buffer held step st - 2, finished by now
+      const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
       const int accumulate = st > st_begin;
-#if FB_AREG
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(afr[ks][0]), "=r"(afr[ks][1]), "=r"(afr[ks][2]), "=r"(afr[ks][3])
-                     : "r"(slice_s + ks * 2048 + tid * 16) : "memory");
-#endif
-      const uint32_t a_lo = (slice_s >> 4) | ((uint32_t)(1024 >> 4) << 16);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
-        (void)da;
-#pragma unroll
-        for (int j = 0; j < FB_NT; ++j) {
-          const uint64_t db = (uint64_t)(bdesc[j] - delta + ks * 2 * plane16) | desc_hi;
-#if FB_AREG
-          fb_wgmma_rs(acc[j], afr[ks], db, (accumulate || ks > 0) ? 1 : 0);
-#else
-          fb_wgmma(acc[j], da, db, (accumulate || ks > 0) ? 1 : 0);
-#endif
-        }
+        const uint32_t kshift = ks * 2 * plane16 - delta;
+        fb_wgmma<96>(acc96, da, (uint64_t)(d96 + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
+        fb_wgmma<48>(acc48, da, (uint64_t)(d48 + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    };
-    for (; st + 1 < st_end; st += 2) {
-      step(st, afr0);
-      step(st + 1, afr1);
     }
-    if (st < st_end) step(st++, afr0);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-    for (int j = 0; j < FB_NT; ++j)
+    for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc96[i]) :: "memory");
 #pragma unroll
-      for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
+    for (int i = 0; i < 24; ++i) asm volatile("" : "+f"(acc48[i]) :: "memory");
     // ---- epilogue of a tile group: max over its valid (q_d, q_h) rows in registers, then into the window maxima ----
     float mx[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) mx[i] = -__int_as_float(0x7f800000);
-#pragma unroll
-    for (int j = 0; j < FB_NT; ++j) {
-      const int t = grp * FB_NT + j;
-      if (t >= ci[6]) break;
-      const int hrows = min(FB_ROWS, ci[3] - FB_ROWS * (t % nhg));
-#pragma unroll
-      for (int hr = 0; hr < FB_ROWS; ++hr) {
-        if (hr >= hrows) break;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          float v = acc[j][hr * 16 + i];
-          if (HAS_ACT) v = fb_act(p.act, v + ((i & 2) ? b1 : b0));
-          mx[i] = ff_max_nan(mx[i], v);
-        }
-      }
-    }
+    auto rows_ok = [&](int t) { return t < ci[6] ? ci[3] - FB_ROWS * (t % nhg) : 0; };
+    fb_rows_max<0, 12, HAS_ACT>(mx, acc96, rows_ok(t96), p.act, b0, b1);
+    if (wg == 0) fb_rows_max<0, 6, HAS_ACT>(mx, acc48, rows_ok(t48), p.act, b0, b1);
+    else fb_rows_max<48, 6, HAS_ACT>(mx, acc48, rows_ok(t48), p.act, b0, b1);
     const int rw = p.cls_r[c][2];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int col = 8 * (i >> 2) + 2 * tig + (i & 1), k = m0 + 8 * ((i >> 1) & 1);
-      if (col >= ci[5] || k >= p.K) continue;
+      if (col >= ci[5] || k >= p.K || mx[i] == -__int_as_float(0x7f800000)) continue;
       const int ow = p.s[2] * (ci[4] + col) + rw - p.p[2];
       atomicMax(winmax + ((ow - ow_lo) / p.win[2]) * 64 + k, fb_enc(mx[i]));
     }
@@ -349,21 +328,32 @@ __global__ void __launch_bounds__(128, 1) fb_kernel(const __grid_constant__ FBPa
     return false;
   };
   const bool tapless_dh = holds_tapless(0, od0, p.win[0]) || holds_tapless(1, oh0, p.win[1]);
-  // ---- bias after the max (no activation), then the channel reduction in a fixed order ----
-  for (int wl = tid; wl < npw; wl += 128) {
+  // ---- bias after the max (no activation), then the channel reduction: a warp per window, lanes over channels
+  // (k = lane, lane + 32), then a butterfly: a fixed order, the same bits every run ----
+  for (int wl = warp; wl < npw; wl += NTHR / 32) {
     const int pw = pw0 + wl;
     const bool tapless = tapless_dh || holds_tapless(2, pw * p.win[2], p.win[2]);
-    float r = (p.red == FF_RED_MAX) ? -__int_as_float(0x7f800000) : 0.0f;
-    for (int k = 0; k < p.K; ++k) {
-      const unsigned enc = winmax[wl * 64 + k];
-      float v = enc ? fb_dec(enc) : -__int_as_float(0x7f800000);   // 0: no computed position (tapless only)
-      const float bk = p.bias ? __ldg(p.bias + k) : 0.0f;
-      if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
-      if (!HAS_ACT) v += bk;
-      r = (p.red == FF_RED_MAX) ? ff_max_nan(r, v) : r + v;
+    float v2[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int k = lane + 32 * h;
+      float v = (p.red == FF_RED_MAX) ? -__int_as_float(0x7f800000) : 0.0f;   // identity for k >= K
+      if (k < p.K) {
+        const unsigned enc = winmax[wl * 64 + k];
+        v = enc ? fb_dec(enc) : -__int_as_float(0x7f800000);   // 0: no computed position (tapless only)
+        const float bk = p.bias ? __ldg(p.bias + k) : 0.0f;
+        if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
+        if (!HAS_ACT) v += bk;
+      }
+      v2[h] = v;
     }
-    if (p.red == FF_RED_MEAN) r *= p.inv_k;
-    p.out[((n * p.P[0] + Pd) * p.P[1] + Ph) * (long long)p.P[2] + pw] = r;
+    float r = (p.red == FF_RED_MAX) ? ff_max_nan(v2[0], v2[1]) : v2[0] + v2[1];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o = __shfl_xor_sync(0xffffffffu, r, off);
+      r = (p.red == FF_RED_MAX) ? ff_max_nan(r, o) : r + o;
+    }
+    if (lane == 0) p.out[((n * p.P[0] + Pd) * p.P[1] + Ph) * (long long)p.P[2] + pw] = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
   }
 #else
   __trap();
@@ -520,7 +510,7 @@ int ff_fused_convt_pool_reduce(const float* x, const float* packed_w, const floa
       auto kern = fb_kernel<decltype(has_act)::value, decltype(ks)::value>;
       cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
       if (e != cudaSuccess) return (int)e;
-      kern<<<(unsigned)pl.blocks, 128, pl.smem, stream>>>(pl.prm);
+      kern<<<(unsigned)pl.blocks, 256, pl.smem, stream>>>(pl.prm);
       return (int)cudaGetLastError();
     });
   });
