@@ -31,10 +31,14 @@ namespace {
 constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
 constexpr int FB_NT = 3;        // tiles accumulated together
-#ifndef FB_NBUF
-#define FB_NBUF 4               // weight-slice buffers: FB_NBUF - 2 steps of prefetch
+#ifndef FB_WGDEPTH
+#define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
 #endif
-constexpr int FB_PF = FB_NBUF - 2;
+#ifndef FB_NBUF
+#define FB_NBUF 4               // weight-slice buffers: FB_NBUF - 1 - FB_WGDEPTH steps of prefetch
+#endif
+constexpr int FB_PF = FB_NBUF - 1 - FB_WGDEPTH;
+static_assert(FB_PF >= 1, "FB_NBUF too small for FB_WGDEPTH");
 constexpr int FB_MAXCLS = 27;
    // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
@@ -168,6 +172,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   {
     constexpr int CP = 2 * KS;
     const int rows = p.nd * p.nh;
+#ifdef FB_SKIP_TILE   // stage-isolation experiments only (wrong results)
+    if (true) {} else
+#endif
     if (p.channels_last) {   // a warp per tile row: 32 columns x CP planes of 16 contiguous bytes, planes fastest
       for (int row = warp; row < rows; row += NTHR / 32) {
         const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh;
@@ -281,8 +288,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       const uint32_t delta = (uint32_t)steps[st].y;
       asm volatile("cp.async.wait_group %0;" :: "n"(FB_PF - 1) : "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group 1
-      load_step(st + FB_PF);  // its buffer held step st - 2, finished by now
+      __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group
+      load_step(st + FB_PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
       const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
       const int accumulate = st > st_begin;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -290,11 +297,13 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       for (int ks = 0; ks < KS; ++ks) {
         const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
         const uint32_t kshift = ks * 2 * plane16 - delta;
+#ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
         fb_wgmma<96>(acc96, da, (uint64_t)(d96 + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
         fb_wgmma<48>(acc48, da, (uint64_t)(d48 + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
+#endif
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
