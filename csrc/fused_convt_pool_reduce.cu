@@ -11,11 +11,13 @@
 //   N = 96 = 3 consecutive q_h rows x 32 q_w columns of the input tile (B, shared memory; the tap's (-m_d, -m_h, -m_w)
 //       shift is only the descriptor's start address, because the tile rows are 32 columns apart, contiguous),
 //   K = C input channels (8 per wgmma, channels padded to 8 * KS with zeros).
-// One block = one image x one window row (Pd, Ph) x a chunk of Pw windows whose input columns fit in 32; two
-// consumer warpgroups share the tile and the weight stream.  A tile group = FB_NT = 3 tiles (q_d, 3-row q_h group);
-// each warpgroup accumulates 144 of its 288 columns (n96 + n48 wgmmas).  A block walks a step list (class, tile
-// group, tap) built in shared memory, one weight slice per step, FB_NBUF - 2 steps of prefetch.
-// The epilogue of a tile group takes the max over d, h rows in registers, then atomicMax (ordered uints, NaN
+// One block = one image x one window-row d index Pd x FB_WH (or fewer) consecutive window rows Ph x a chunk of Pw
+// windows whose input columns fit in 32.  Covering two window rows halves the weight traffic per MMA: every block
+// streams all weight slices once (1 MB at the seed), which at one window row per block was bound by L2 bandwidth
+// (measured: the kernel without its MMAs took 0.77 ms).  Two consumer warpgroups share the tile and the weight
+// stream; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h group), 3 per warpgroup (3 x 48 accumulator registers).
+// A block walks a step list (class, tile group, tap) built in shared memory, one weight slice per step.
+// The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax (ordered uints, NaN
 // propagating) into the window maxima; bias goes after the max when there is no activation.  The final channel
 // reduction runs in a fixed order: deterministic.
 // Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 input (NCDHW or channels_last_3d),
@@ -30,7 +32,8 @@ namespace {
 
 constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
-constexpr int FB_NT = 3;        // tiles accumulated together
+constexpr int FB_NT = 6;        // tiles accumulated together: 3 per warpgroup
+constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_WGDEPTH
 #define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
 #endif
@@ -39,8 +42,7 @@ constexpr int FB_NT = 3;        // tiles accumulated together
 #endif
 constexpr int FB_PF = FB_NBUF - 1 - FB_WGDEPTH;
 static_assert(FB_PF >= 1, "FB_NBUF too small for FB_WGDEPTH");
-constexpr int FB_MAXCLS = 27;
-   // residue classes: s_d * s_h * s_w <= 27
+constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
 constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
@@ -54,6 +56,7 @@ struct FBParams {
   int Mmax[3];                   // max taps per dim over the classes
   int nd, nh;                    // input tile rows (d x h)
   int pwb, nwc;                  // Pw windows per block, w-chunks
+  int wh, nhb;                   // Ph windows per block, h-blocks
   int plane_bytes, tile_bytes, tile_alloc, max_steps;
   float inv_k;
 };
@@ -98,14 +101,6 @@ __device__ __forceinline__ void fb_wgmma<96>(float (&d)[48], uint64_t da, uint64
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "l"(da), "l"(db), "r"(scale_d));
 }
-template <>
-__device__ __forceinline__ void fb_wgmma<48>(float (&d)[24], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, %24, %25, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
 #endif
 
 __device__ __forceinline__ void fb_cp16(uint32_t dst, const void* src, bool ok) {
@@ -115,28 +110,28 @@ __device__ __forceinline__ void fb_cp4(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 
-// Max over the valid (q_d, q_h) rows of one accumulator part into mx[16] (this thread's 2 channels x 8 q_w columns).
-// The part holds NB n8-blocks of a 3-row tile starting at position POS0 (row = pos / 32, column block = pos % 32 / 8);
-// rows >= rows_ok hold other rows' data and are skipped.
-template <int POS0, int NB, bool HAS_ACT>
-__device__ __forceinline__ void fb_rows_max(float (&mx)[16], const float (&acc)[NB * 4], int rows_ok, int act,
-                                            float b0, float b1) {
+// Max over the valid rows of one 3-row tile (q_h0 .. q_h0 + 2, all of one q_d) into mx[h-window][16]: this thread's
+// 2 channels x 8 q_w columns.  Rows >= rows_ok hold other rows' data and are skipped; a row's h-window is
+// (s*q_h + r_h - p - oh0) / win.
+template <bool HAS_ACT>
+__device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float (&acc)[48], int rows_ok, int hw0,
+                                            int hw1, int hw2, int act, float b0, float b1) {
 #pragma unroll
-  for (int i = 0; i < NB; ++i) {
-    const int pos = POS0 + 8 * i, row = pos / FB_COLS, cb = (pos % FB_COLS) / 8;
-    if (row >= rows_ok) continue;
+  for (int r = 0; r < FB_ROWS; ++r) {
+    if (r >= rows_ok) continue;
+    const int hw = r == 0 ? hw0 : r == 1 ? hw1 : hw2;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = acc[4 * i + e];
-      if (HAS_ACT) v = fb_act(act, v + ((e & 2) ? b1 : b0));
-      mx[4 * cb + e] = ff_max_nan(mx[4 * cb + e], v);
+    for (int i = 0; i < 16; ++i) {
+      float v = acc[16 * r + i];
+      if (HAS_ACT) v = fb_act(act, v + ((i & 2) ? b1 : b0));
+#pragma unroll
+      for (int w = 0; w < FB_WH; ++w)
+        if (w == hw) mx[w][i] = ff_max_nan(mx[w][i], v);
     }
   }
 }
 
-// Two consumer warpgroups share the tile and every weight slice; a tile group's 3 tiles (3 x 96 columns) split
-// 144 / 144: warpgroup 0 takes tile 0 (n96) and the first 48 columns of tile 1, warpgroup 1 the last 48 of tile 1
-// and tile 2, so both issue the same number of wgmmas per step and one hides the other's issue and epilogue gaps.
+// Two consumer warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
 template <bool HAS_ACT, int KS>
 __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
@@ -144,8 +139,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   constexpr int SLICE_BYTES = KS * 8 * 64 * 4;   // one tap's weights: [2 KS planes][64][4] tf32
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
-  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * SLICE_BYTES);
-  int4* steps = reinterpret_cast<int4*>(winmax + p.pwb * 64);
+  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * SLICE_BYTES);   // [wh][pwb][64]
+  int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   __shared__ int s_total;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
@@ -153,10 +148,11 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
   const int wg = tid >> 7;
 
-  // ---- block -> (image, window row, w-chunk) and its input tile origin ----
+  // ---- block -> (image, window row d, window rows h, w-chunk) and its input tile origin ----
   long long b = blockIdx.x;
   const int wc = (int)(b % p.nwc); b /= p.nwc;
-  const int Ph = (int)(b % p.P[1]); b /= p.P[1];
+  const int Ph = (int)(b % p.nhb) * p.wh; b /= p.nhb;
+  const int nwh = min(p.wh, p.P[1] - Ph);
   const int Pd = (int)(b % p.P[0]);
   const long long n = b / p.P[0];
   const int od0 = Pd * p.win[0], oh0 = Ph * p.win[1];
@@ -166,7 +162,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const int ih_lo = (oh0 + p.p[1]) / p.s[1] - (p.Mmax[1] - 1);
   const int iw_lo = (ow_lo + p.p[2]) / p.s[2] - (p.Mmax[2] - 1);
 
-  for (int i = tid; i < p.pwb * 64; i += NTHR) winmax[i] = 0u;   // below every encoded value
+  for (int i = tid; i < p.wh * p.pwb * 64; i += NTHR) winmax[i] = 0u;   // below every encoded value
 
   // ---- input tile: [2 KS planes of 4 channels][nd x nh rows][32 columns][16 B], zero outside the input ----
   {
@@ -208,7 +204,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int qd0 = fb_floordiv(od0 + p.p[0] - rd + p.s[0] - 1, p.s[0]);
     const int nqd = fb_floordiv(od0 + p.win[0] - 1 + p.p[0] - rd, p.s[0]) - qd0 + 1;
     const int qh0 = fb_floordiv(oh0 + p.p[1] - rh + p.s[1] - 1, p.s[1]);
-    const int nqh = fb_floordiv(oh0 + p.win[1] - 1 + p.p[1] - rh, p.s[1]) - qh0 + 1;
+    const int nqh = fb_floordiv(oh0 + nwh * p.win[1] - 1 + p.p[1] - rh, p.s[1]) - qh0 + 1;
     const int qw0 = fb_floordiv(ow_lo + p.p[2] - rw + p.s[2] - 1, p.s[2]);
     const int nqw = fb_floordiv(ow_hi - 1 + p.p[2] - rw, p.s[2]) - qw0 + 1;
     const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
@@ -267,7 +263,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const float b1 = (p.bias && m0 + 8 < p.K) ? __ldg(p.bias + m0 + 8) : 0.0f;
   const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-column core matrices 128 B apart
   const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
-  float acc96[48], acc48[24];   // this warpgroup's full tile and its half of the middle tile
+  float acc[3][48];   // this warpgroup's 3 tiles
 
   for (int st = 0; st < total;) {
     // ---- one tile group: its class's taps, one weight slice per step, FB_NBUF - 2 slices in flight ----
@@ -275,14 +271,15 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int c = e0.z, grp = e0.w;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
-    const int t96 = grp * FB_NT + (wg ? 2 : 0), t48 = grp * FB_NT + 1;
-    auto tile_desc = [&](int t) {   // tiles past the class's last are duplicates of the group's first (dropped later)
-      if (t >= ci[6]) t = grp * FB_NT;
+    const int t_first = grp * FB_NT + 3 * wg;   // this warpgroup's tiles: t_first .. t_first + 2
+    uint32_t bdesc[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {   // tiles past the class's last are duplicates of the group's first (dropped later)
+      const int t = t_first + j < ci[6] ? t_first + j : grp * FB_NT;
       const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
       const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
-      return (addr >> 4) | (plane16 << 16);                          // LBO: next 4-channel plane
-    };
-    const uint32_t d96 = tile_desc(t96), d48 = tile_desc(t48) + (wg ? 48 : 0);   // 48 positions = 768 B
+      bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
+    }
     const int st_begin = st, st_end = st + ci[7];
     for (; st < st_end; ++st) {
       const uint32_t delta = (uint32_t)steps[st].y;
@@ -298,8 +295,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
         const uint32_t kshift = ks * 2 * plane16 - delta;
 #ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
-        fb_wgmma<96>(acc96, da, (uint64_t)(d96 + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
-        fb_wgmma<48>(acc48, da, (uint64_t)(d48 + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
+#pragma unroll
+        for (int j = 0; j < 3; ++j)
+          fb_wgmma<96>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
 #endif
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -307,24 +305,35 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-    for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc96[i]) :: "memory");
+    for (int j = 0; j < 3; ++j)
 #pragma unroll
-    for (int i = 0; i < 24; ++i) asm volatile("" : "+f"(acc48[i]) :: "memory");
-    // ---- epilogue of a tile group: max over its valid (q_d, q_h) rows in registers, then into the window maxima ----
-    float mx[16];
+      for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
+    // ---- epilogue of a tile group: max over the valid (q_d, q_h) rows of each h-window in registers, then into the
+    // window maxima ----
+    float mx[FB_WH][16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) mx[i] = -__int_as_float(0x7f800000);
-    auto rows_ok = [&](int t) { return t < ci[6] ? ci[3] - FB_ROWS * (t % nhg) : 0; };
-    fb_rows_max<0, 12, HAS_ACT>(mx, acc96, rows_ok(t96), p.act, b0, b1);
-    if (wg == 0) fb_rows_max<0, 6, HAS_ACT>(mx, acc48, rows_ok(t48), p.act, b0, b1);
-    else fb_rows_max<48, 6, HAS_ACT>(mx, acc48, rows_ok(t48), p.act, b0, b1);
-    const int rw = p.cls_r[c][2];
+    for (int w = 0; w < FB_WH; ++w)
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int col = 8 * (i >> 2) + 2 * tig + (i & 1), k = m0 + 8 * ((i >> 1) & 1);
-      if (col >= ci[5] || k >= p.K || mx[i] == -__int_as_float(0x7f800000)) continue;
-      const int ow = p.s[2] * (ci[4] + col) + rw - p.p[2];
-      atomicMax(winmax + ((ow - ow_lo) / p.win[2]) * 64 + k, fb_enc(mx[i]));
+      for (int i = 0; i < 16; ++i) mx[w][i] = -__int_as_float(0x7f800000);
+    const int rh = p.cls_r[c][1], rw = p.cls_r[c][2];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int t = t_first + j;
+      if (t >= ci[6]) continue;
+      const int qh = ci[2] + FB_ROWS * (t % nhg);
+      auto hwin = [&](int r) { return (p.s[1] * (qh + r) + rh - p.p[1] - oh0) / p.win[1]; };
+      fb_tile_max<HAS_ACT>(mx, acc[j], ci[3] - FB_ROWS * (t % nhg), hwin(0), hwin(1), hwin(2), p.act, b0, b1);
+    }
+#pragma unroll
+    for (int w = 0; w < FB_WH; ++w) {
+      if (w >= nwh) continue;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int col = 8 * (i >> 2) + 2 * tig + (i & 1), k = m0 + 8 * ((i >> 1) & 1);
+        if (col >= ci[5] || k >= p.K || mx[w][i] == -__int_as_float(0x7f800000)) continue;
+        const int ow = p.s[2] * (ci[4] + col) + rw - p.p[2];
+        atomicMax(winmax + (w * p.pwb + (ow - ow_lo) / p.win[2]) * 64 + k, fb_enc(mx[w][i]));
+      }
     }
   }
   __syncthreads();
@@ -336,19 +345,20 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       if ((o + p.p[a]) % p.s[a] >= p.T[a]) return true;
     return false;
   };
-  const bool tapless_dh = holds_tapless(0, od0, p.win[0]) || holds_tapless(1, oh0, p.win[1]);
+  const bool tapless_d = holds_tapless(0, od0, p.win[0]);
   // ---- bias after the max (no activation), then the channel reduction: a warp per window, lanes over channels
   // (k = lane, lane + 32), then a butterfly: a fixed order, the same bits every run ----
-  for (int wl = warp; wl < npw; wl += NTHR / 32) {
-    const int pw = pw0 + wl;
-    const bool tapless = tapless_dh || holds_tapless(2, pw * p.win[2], p.win[2]);
+  for (int ww = warp; ww < nwh * npw; ww += NTHR / 32) {
+    const int hw = ww / npw, wl = ww - hw * npw, pw = pw0 + wl;
+    const bool tapless = tapless_d || holds_tapless(1, oh0 + hw * p.win[1], p.win[1]) || holds_tapless(2, pw * p.win[2], p.win[2]);
+    const unsigned* wm = winmax + (hw * p.pwb + wl) * 64;
     float v2[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int k = lane + 32 * h;
       float v = (p.red == FF_RED_MAX) ? -__int_as_float(0x7f800000) : 0.0f;   // identity for k >= K
       if (k < p.K) {
-        const unsigned enc = winmax[wl * 64 + k];
+        const unsigned enc = wm[k];
         v = enc ? fb_dec(enc) : -__int_as_float(0x7f800000);   // 0: no computed position (tapless only)
         const float bk = p.bias ? __ldg(p.bias + k) : 0.0f;
         if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
@@ -362,7 +372,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       const float o = __shfl_xor_sync(0xffffffffu, r, off);
       r = (p.red == FF_RED_MAX) ? ff_max_nan(r, o) : r + o;
     }
-    if (lane == 0) p.out[((n * p.P[0] + Pd) * p.P[1] + Ph) * (long long)p.P[2] + pw] = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
+    if (lane == 0) p.out[((n * p.P[0] + Pd) * p.P[1] + Ph + hw) * (long long)p.P[2] + pw] = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
   }
 #else
   __trap();
@@ -432,14 +442,6 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
     p.cls_slice[c] = slice;
     slice += taps;
   }
-  // tile rows: input rows q - m over the block's window row; the span depends on (P * win + pad) mod s
-  int ext[2] = {0, 0};
-  for (int a = 0; a < 2; ++a)
-    for (int q = 0; q < s[a] && q < p.P[a]; ++q) {
-      const int X = q * win[a] + pad[a];
-      ext[a] = std::max(ext[a], (X + win[a] - 1) / s[a] - X / s[a] + p.Mmax[a]);
-    }
-  p.nd = ext[0]; p.nh = ext[1];
   // windows per block in w: as many as keep every block's input columns within the tile's 32
   p.pwb = 0;
   for (int pwb = p.P[2]; pwb >= 1 && !p.pwb; --pwb) {
@@ -450,32 +452,48 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   }
   if (!p.pwb) { pl.why = "fused convT-pool-reduce: one pooling window's input columns exceed the 32-column tile"; return pl; }
   p.nwc = (p.P[2] + p.pwb - 1) / p.pwb;
-  // the longest step list over block positions (it depends on (P * win + pad) mod s only)
-  p.max_steps = 0;
-  for (int Pd = 0; Pd < s[0] && Pd < p.P[0]; ++Pd)
-    for (int Ph = 0; Ph < s[1] && Ph < p.P[1]; ++Ph) {
-      int total = 0;
-      for (int c = 0; c < ncls; ++c) {
-        const int o[2] = {Pd * win[0], Ph * win[1]};
-        int nq[2];
-        for (int a = 0; a < 2; ++a) {
-          const int r = p.cls_r[c][a];
-          nq[a] = fb_floordiv(o[a] + win[a] - 1 + pad[a] - r, s[a]) - fb_floordiv(o[a] + pad[a] - r + s[a] - 1, s[a]) + 1;
-        }
-        const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
-        if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
-        const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
-        total += (tiles + FB_NT - 1) / FB_NT * taps;
+  // window rows per block in h: FB_WH when its tile fits in shared memory, else 1
+  for (int wh = std::min(FB_WH, p.P[1]); wh >= 1; --wh) {
+    p.wh = wh;
+    p.nhb = (p.P[1] + wh - 1) / wh;
+    // tile rows: input rows q - m over the block's windows (wd = 1 in d, wh in h); the span and the step count
+    // depend on the block's first output index mod s only
+    const int wins[2] = {1, wh}, nblk[2] = {p.P[0], p.nhb};
+    int ext[2] = {0, 0};
+    for (int a = 0; a < 2; ++a)
+      for (int k = 0; k < s[a] && k < nblk[a]; ++k) {
+        const int X = k * wins[a] * win[a] + pad[a], len = std::min(wins[a], p.P[a] - k * wins[a]) * win[a];
+        ext[a] = std::max(ext[a], (X + len - 1) / s[a] - X / s[a] + p.Mmax[a]);
       }
-      p.max_steps = std::max(p.max_steps, total);
-    }
-  p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
-  p.tile_bytes = 2 * pl.ks * p.plane_bytes;
-  p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
-  pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 8 * 64 * 4 + (size_t)p.pwb * 64 * 4 +
-            (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4;
+    p.nd = ext[0]; p.nh = ext[1];
+    p.max_steps = 0;
+    for (int kd = 0; kd < s[0] && kd < nblk[0]; ++kd)
+      for (int kh = 0; kh < s[1] && kh < nblk[1]; ++kh) {
+        const int o[2] = {kd * win[0], kh * wh * win[1]};
+        const int len[2] = {win[0], std::min(wh, p.P[1] - kh * wh) * win[1]};
+        int total = 0;
+        for (int c = 0; c < ncls; ++c) {
+          int nq[2];
+          for (int a = 0; a < 2; ++a) {
+            const int r = p.cls_r[c][a];
+            nq[a] = fb_floordiv(o[a] + len[a] - 1 + pad[a] - r, s[a]) - fb_floordiv(o[a] + pad[a] - r + s[a] - 1, s[a]) + 1;
+          }
+          const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
+          if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
+          const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
+          total += (tiles + FB_NT - 1) / FB_NT * taps;
+        }
+        p.max_steps = std::max(p.max_steps, total);
+      }
+    p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
+    p.tile_bytes = 2 * pl.ks * p.plane_bytes;
+    p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
+    pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 8 * 64 * 4 + (size_t)wh * p.pwb * 64 * 4 +
+              (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4;
+    if (pl.smem <= 227 * 1024) break;
+  }
   if (pl.smem > 227 * 1024) { pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory"; return pl; }
-  pl.blocks = N * p.P[0] * p.P[1] * p.nwc;
+  pl.blocks = N * p.P[0] * p.nhb * p.nwc;
   if (pl.blocks > 0x7fffffffLL) { pl.why = "fused convT-pool-reduce: too many blocks"; return pl; }
   return pl;
 }
