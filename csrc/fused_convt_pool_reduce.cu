@@ -110,25 +110,36 @@ __device__ __forceinline__ void fb_cp4(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 
-// Max over the valid rows of one 3-row tile (q_h0 .. q_h0 + 2, all of one q_d) into mx[h-window][16]: this thread's
-// 2 channels x 8 q_w columns.  Rows >= rows_ok hold other rows' data and are skipped; a row's h-window is
-// (s*q_h + r_h - p - oh0) / win.
+// m[16] = max(m, rows R0 .. R1 - 1 of one 3-row accumulator tile): this thread's 2 channels x 8 q_w columns per row.
+template <int R0, int R1, bool HAS_ACT>
+__device__ __forceinline__ void fb_rows_max(float (&m)[16], const float (&acc)[48], int act, float b0, float b1) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float v = m[i];
+#pragma unroll
+    for (int r = R0; r < R1; ++r) {
+      float a = acc[16 * r + i];
+      if (HAS_ACT) a = fb_act(act, a + ((i & 2) ? b1 : b0));
+      v = ff_max_nan(v, a);
+    }
+    m[i] = v;
+  }
+}
+
+// Max over the valid rows of one 3-row tile into mx[h-window][16].  Rows >= rows_ok hold other rows' data and are
+// skipped; hw_r (uniform) is row r's h-window.  Usually all three rows lie in one window: one pass.
 template <bool HAS_ACT>
 __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float (&acc)[48], int rows_ok, int hw0,
                                             int hw1, int hw2, int act, float b0, float b1) {
-#pragma unroll
-  for (int r = 0; r < FB_ROWS; ++r) {
-    if (r >= rows_ok) continue;
-    const int hw = r == 0 ? hw0 : r == 1 ? hw1 : hw2;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      float v = acc[16 * r + i];
-      if (HAS_ACT) v = fb_act(act, v + ((i & 2) ? b1 : b0));
-#pragma unroll
-      for (int w = 0; w < FB_WH; ++w)
-        if (w == hw) mx[w][i] = ff_max_nan(mx[w][i], v);
-    }
+  static_assert(FB_WH == 2, "h-window selection below is written for two windows");
+  if (rows_ok >= 3 && hw0 == hw2) {
+    if (hw0 == 0) fb_rows_max<0, 3, HAS_ACT>(mx[0], acc, act, b0, b1);
+    else fb_rows_max<0, 3, HAS_ACT>(mx[1], acc, act, b0, b1);
+    return;
   }
+  if (rows_ok > 0) { if (hw0 == 0) fb_rows_max<0, 1, HAS_ACT>(mx[0], acc, act, b0, b1); else fb_rows_max<0, 1, HAS_ACT>(mx[1], acc, act, b0, b1); }
+  if (rows_ok > 1) { if (hw1 == 0) fb_rows_max<1, 2, HAS_ACT>(mx[0], acc, act, b0, b1); else fb_rows_max<1, 2, HAS_ACT>(mx[1], acc, act, b0, b1); }
+  if (rows_ok > 2) { if (hw2 == 0) fb_rows_max<2, 3, HAS_ACT>(mx[0], acc, act, b0, b1); else fb_rows_max<2, 3, HAS_ACT>(mx[1], acc, act, b0, b1); }
 }
 
 // Two consumer warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
@@ -142,6 +153,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * SLICE_BYTES);   // [wh][pwb][64]
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
+  signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
   __shared__ int s_total;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
@@ -232,6 +244,11 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int delta = ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;   // the tap's B start shift, 16-byte units
     steps[i] = make_int4(p.cls_slice[c] + tap, delta, c, grp);
   }
+  for (int i = tid; i < p.ncls * FB_COLS; i += NTHR) {   // tile column -> the block's w-window (-1: not an output)
+    const int c = i / FB_COLS, col = i % FB_COLS;
+    const int* ci = cinfo + c * FB_CINFO;
+    colwin[i] = col < ci[5] ? (signed char)((p.s[2] * (ci[4] + col) + p.cls_r[c][2] - p.p[2] - ow_lo) / p.win[2]) : -1;
+  }
 
   // ---- tile ready: round to tf32 in place (slack included: zeros) ----
   asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -315,7 +332,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     for (int w = 0; w < FB_WH; ++w)
 #pragma unroll
       for (int i = 0; i < 16; ++i) mx[w][i] = -__int_as_float(0x7f800000);
-    const int rh = p.cls_r[c][1], rw = p.cls_r[c][2];
+    const int rh = p.cls_r[c][1];
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
       const int t = t_first + j;
@@ -324,15 +341,23 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       auto hwin = [&](int r) { return (p.s[1] * (qh + r) + rh - p.p[1] - oh0) / p.win[1]; };
       fb_tile_max<HAS_ACT>(mx, acc[j], ci[3] - FB_ROWS * (t % nhg), hwin(0), hwin(1), hwin(2), p.act, b0, b1);
     }
+    // into the window maxima: columns 2 tig, 2 tig + 1 (+ 8 ii) that share a w-window are merged first
 #pragma unroll
-    for (int w = 0; w < FB_WH; ++w) {
-      if (w >= nwh) continue;
+    for (int ii = 0; ii < 4; ++ii) {
+      const int cw0 = colwin[c * FB_COLS + 8 * ii + 2 * tig], cw1 = colwin[c * FB_COLS + 8 * ii + 2 * tig + 1];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int col = 8 * (i >> 2) + 2 * tig + (i & 1), k = m0 + 8 * ((i >> 1) & 1);
-        if (col >= ci[5] || k >= p.K || mx[w][i] == -__int_as_float(0x7f800000)) continue;
-        const int ow = p.s[2] * (ci[4] + col) + rw - p.p[2];
-        atomicMax(winmax + (w * p.pwb + (ow - ow_lo) / p.win[2]) * 64 + k, fb_enc(mx[w][i]));
+      for (int w = 0; w < FB_WH; ++w) {
+        if (w >= nwh) continue;
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh) {
+          const int k = m0 + 8 * kh;
+          if (k >= p.K) continue;
+          unsigned* row = winmax + w * p.pwb * 64 + k;
+          float v0 = mx[w][4 * ii + 2 * kh], v1 = mx[w][4 * ii + 2 * kh + 1];
+          if (cw0 == cw1) { v0 = ff_max_nan(v0, v1); v1 = -__int_as_float(0x7f800000); }
+          if (cw0 >= 0 && v0 != -__int_as_float(0x7f800000)) atomicMax(row + cw0 * 64, fb_enc(v0));
+          if (cw1 >= 0 && v1 != -__int_as_float(0x7f800000)) atomicMax(row + cw1 * 64, fb_enc(v1));
+        }
       }
     }
   }
@@ -489,7 +514,7 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
     p.tile_bytes = 2 * pl.ks * p.plane_bytes;
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
     pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 8 * 64 * 4 + (size_t)wh * p.pwb * 64 * 4 +
-              (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4;
+              (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
   }
   if (pl.smem > 227 * 1024) { pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory"; return pl; }
