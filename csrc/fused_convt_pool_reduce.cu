@@ -253,6 +253,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   // ---- tile ready: round to tf32 in place (slack included: zeros) ----
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
+#ifndef FB_SKIP_ROUND   // stage-isolation experiments only (truncated tf32)
   for (int i = tid; i < p.tile_bytes / 16; i += NTHR) {
     uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
     uint4 v = *a;
@@ -260,6 +261,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     v.z = fb_tf32(__uint_as_float(v.z)); v.w = fb_tf32(__uint_as_float(v.w));
     *a = v;
   }
+#endif
 
   // weight slice of step st into buffer st % FB_NBUF; one commit group per call, empty past the end
   auto load_step = [&](int st) {
