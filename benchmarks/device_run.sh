@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-a  profile-a  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a
+#   tests  probe  probe-a  profile-a  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -10,6 +10,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="/tmp/site:$PWD"
 ff() { python3 -m fullfuse.cli "$@"; }
+pack() { (cd "$OUT/r" && tar czf "$OUT/results.tgz" .); }   # results so far, re-packed after each step of a final stage
 ff info 2>&1 | tee "$OUT/info.txt"
 ff build 2>&1 | tail -5
 rc=0
@@ -36,7 +37,6 @@ for stage in "$@"; do
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;
     final)   # the recorded comparison: one JSON + PNG per invocation, re-packed into one archive after each
       mkdir -p "$OUT/r"
-      pack() { (cd "$OUT/r" && tar czf "$OUT/results.tgz" .); }
       for fam in A B; do ff bench --family $fam --layout contiguous --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -9; pack; done
       for d in bfloat16 float16; do ff bench --dtype $d --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" 2>&1 | tail -5; pack; done
       ff bench --precision ieee --variants eager fallback fused --layout channels_last --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -5; pack
@@ -44,11 +44,18 @@ for stage in "$@"; do
       rm -rf "$OUT/r" ;;
     final-a)   # family A only: the recorded comparison with the current fused kernel, plus the scaling table
       mkdir -p "$OUT/r"
-      pack() { (cd "$OUT/r" && tar czf "$OUT/results.tgz" .); }
       ff bench --family A --layout both --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -4; pack
       ff bench --family A --precision ieee --variants eager fallback fused --layout both --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -3; pack
       for d in bfloat16 float16; do ff bench --family A --dtype $d --variants eager fallback fused --layout both --repeats 20 --out "$OUT/r" 2>&1 | tail -3; pack; done
-      python3 benchmarks/probe_scaling.py 2>&1 | tee "$OUT/r/scaling_a.txt"; pack
+      python3 benchmarks/probe_scaling.py A 2>&1 | tee "$OUT/r/scaling_a.txt"; pack
+      rm -rf "$OUT/r" ;;
+    final-b)   # family B only: the recorded comparison, every precision and layout, scaling table, kernel-only probe
+      mkdir -p "$OUT/r"
+      ff bench --family B --layout both --repeats 20 --out "$OUT/r" --tag full 2>&1 | tail -4; pack
+      ff bench --family B --precision ieee --variants eager fallback fused --layout both --repeats 20 --out "$OUT/r" --tag ieee 2>&1 | tail -3; pack
+      for d in bfloat16 float16; do ff bench --family B --dtype $d --variants eager fallback fused --layout both --repeats 20 --out "$OUT/r" 2>&1 | tail -3; pack; done
+      python3 benchmarks/probe_scaling.py B 2>&1 | tee "$OUT/r/scaling_b.txt"; pack
+      python3 benchmarks/probe_fused_b.py 2>&1 | grep -v "^ptxas" | tee "$OUT/r/probe_fused_b.txt"; pack
       rm -rf "$OUT/r" ;;
     bench-dtypes)
       for p in tf32 ieee; do ff bench --precision $p --variants eager compile fallback fused --layout channels_last --out "$OUT" --tag $p 2>&1 | tail -8; done

@@ -36,7 +36,7 @@ SIGNATURES: Dict[str, Dict[str, Tuple[Any, list]]] = {
         "ff_fused_conv_act_pool_workspace_bytes": (c_size_t, _FUSED_A_SHAPE),
         "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P]),
     },
-    "fused_convt_pool_reduce": {                # csrc/fused_convt_pool_reduce.cu (draft)
+    "fused_convt_pool_reduce": {                # csrc/fused_convt_pool_reduce.cu
         "ff_fused_convt_pool_reduce_unsupported": (c_char_p, _FUSED_B_SHAPE),
         "ff_fused_convt_pool_reduce": (c_int, [_P, _P, _P, _P, *_FUSED_B_SHAPE]),
     },
