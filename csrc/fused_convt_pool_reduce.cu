@@ -12,16 +12,18 @@
 //       shift is only the descriptor's start address, because the tile rows are 32 columns apart, contiguous),
 //   K = C input channels (8 per wgmma, channels padded to 8 * KS with zeros).
 // One block = one image x one window-row d index Pd x FB_WH (or fewer) consecutive window rows Ph x a chunk of Pw
-// windows whose input columns fit in 32.  Covering two window rows halves the weight traffic per MMA: every block
-// streams all weight slices once (1 MB at the seed), which at one window row per block was bound by L2 bandwidth
-// (measured: the kernel without its MMAs took 0.77 ms).  Two consumer warpgroups share the tile and the weight
-// stream; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h group), 3 per warpgroup (3 x 48 accumulator registers).
-// A block walks a step list (class, tile group, tap) built in shared memory, one weight slice per step.
-// The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax (ordered uints, NaN
-// propagating) into the window maxima; bias goes after the max when there is no activation.  The final channel
-// reduction runs in a fixed order: deterministic.
-// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 input (NCDHW or channels_last_3d),
-// C % 4 == 0 and C <= 64, K <= 64, dilation 1, one window's input columns fit in 32, the tile fits in shared memory.
+// windows whose input columns fit in 32.  Every block streams all weight slices once (1 MB at the seed); covering
+// two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row, 0.67 at two).
+// Two consumer warpgroups share the tile and the weight stream; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h
+// group), 3 per warpgroup (3 x 48 accumulator registers).  A block walks a step list (class, tile group, tap)
+// built in shared memory, one weight slice per step.
+// The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax
+// (ordered uints, NaN propagating) into the window maxima; bias goes after the max when there is no activation.
+// The final channel reduction runs in a fixed order: deterministic.
+// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 input (NCDHW or
+// channels_last_3d), C % 4 == 0 and C <= 64, K <= 64, dilation 1, one window's input columns fit in 32, the tile
+// fits in shared memory.  FB_SKIP_* macros are stage-isolation switches for benchmarks/probe_fused_b.py only
+// (they give wrong results); FB_NBUF / FB_WGDEPTH are pipeline-depth knobs (measured: within 1 %).
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <algorithm>
@@ -97,8 +99,15 @@ template <>
 __device__ __forceinline__ void fb_wgmma<96>(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "l"(da), "l"(db), "r"(scale_d));
 }
 #endif
@@ -137,9 +146,13 @@ __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float 
     else fb_rows_max<0, 3, HAS_ACT>(mx[1], acc, act, b0, b1);
     return;
   }
-  if (rows_ok > 0) { if (hw0 == 0) fb_rows_max<0, 1, HAS_ACT>(mx[0], acc, act, b0, b1); else fb_rows_max<0, 1, HAS_ACT>(mx[1], acc, act, b0, b1); }
-  if (rows_ok > 1) { if (hw1 == 0) fb_rows_max<1, 2, HAS_ACT>(mx[0], acc, act, b0, b1); else fb_rows_max<1, 2, HAS_ACT>(mx[1], acc, act, b0, b1); }
-  if (rows_ok > 2) { if (hw2 == 0) fb_rows_max<2, 3, HAS_ACT>(mx[0], acc, act, b0, b1); else fb_rows_max<2, 3, HAS_ACT>(mx[1], acc, act, b0, b1); }
+  auto row = [&](auto r, int hw) {   // one row into its window
+    if (hw == 0) fb_rows_max<decltype(r)::value, decltype(r)::value + 1, HAS_ACT>(mx[0], acc, act, b0, b1);
+    else fb_rows_max<decltype(r)::value, decltype(r)::value + 1, HAS_ACT>(mx[1], acc, act, b0, b1);
+  };
+  if (rows_ok > 0) row(ff_int<0>{}, hw0);
+  if (rows_ok > 1) row(ff_int<1>{}, hw1);
+  if (rows_ok > 2) row(ff_int<2>{}, hw2);
 }
 
 // Two consumer warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
@@ -448,7 +461,10 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   int ncls = 1;
   for (int a = 0; a < 3; ++a) {
     p.T[a] = T[a]; p.s[a] = s[a]; p.p[a] = pad[a]; p.win[a] = win[a];
-    if (T[a] <= 0 || s[a] <= 0 || pad[a] < 0 || outpad[a] < 0 || win[a] <= 0) { pl.why = "fused convT-pool-reduce: bad parameters"; return pl; }
+    if (T[a] <= 0 || s[a] <= 0 || pad[a] < 0 || outpad[a] < 0 || win[a] <= 0) {
+      pl.why = "fused convT-pool-reduce: bad parameters";
+      return pl;
+    }
     const long long O = (long long)(I[a] - 1) * s[a] - 2LL * pad[a] + T[a] + outpad[a];
     p.P[a] = (int)(O / win[a]);
     if (p.P[a] <= 0) { pl.why = "fused convT-pool-reduce: empty pooled output"; return pl; }
@@ -519,7 +535,10 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
   }
-  if (pl.smem > 227 * 1024) { pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory"; return pl; }
+  if (pl.smem > 227 * 1024) {
+    pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory";
+    return pl;
+  }
   pl.blocks = N * p.P[0] * p.nhb * p.nwc;
   if (pl.blocks > 0x7fffffffLL) { pl.why = "fused convT-pool-reduce: too many blocks"; return pl; }
   return pl;

@@ -50,3 +50,28 @@ def test_packed_slices_rebuild_conv_transpose(kernel, stride, padding, c_in):
 def pack_weights_reference_rounding(w):
     bits = w.float().contiguous().view(torch.int32)
     return ((bits + 0x1000) & -0x2000).view(torch.float32)
+
+
+def _spec(**kw):
+    from fullfuse.spec import ConvTPoolReduceSpec
+    base = dict(dims=3, in_channels=32, out_channels=64, kernel_size=(5, 5, 5), stride=(2, 2, 2), padding=(2, 2, 2),
+                output_padding=(0, 0, 0), dilation=(1, 1, 1), has_bias=True, window=(6, 6, 6))
+    base.update(kw)
+    return ConvTPoolReduceSpec(**base)
+
+
+@pytest.mark.parametrize("change,expect", [({}, None), ({"in_channels": 4}, None), ({"in_channels": 6}, "C_in % 4"),
+                                           ({"in_channels": 68}, "C_in > 64"), ({"out_channels": 65}, "C_out > 64"),
+                                           ({"dilation": (1, 2, 1)}, "dilation"), ({"groups": 2, "out_channels": 64}, "groups"),
+                                           ({"dims": 2, "kernel_size": (5, 5), "stride": (2, 2), "padding": (2, 2),
+                                             "output_padding": (0, 0), "dilation": (1, 1), "window": (6, 6)}, "ConvTranspose2d")])
+def test_fused_b_static_reasons(change, expect):
+    """Shapes the fused family-B kernel can never serve are refused up front with the reason (the fallback runs)."""
+    from fullfuse.fused.convt_pool_reduce import static_unsupported
+    why = static_unsupported(_spec(**change))
+    assert (why is None) if expect is None else (why is not None and expect in why)
+
+
+@pytest.mark.parametrize("c_in,c_pad", [(4, 8), (8, 8), (12, 16), (16, 16), (24, 32), (32, 32), (40, 64), (64, 64)])
+def test_padded_channels(c_in, c_pad):
+    assert padded_channels(c_in) == c_pad
