@@ -59,6 +59,7 @@ struct FBParams {
   int nd, nh;                    // input tile rows (d x h)
   int pwb, nwc;                  // Pw windows per block, w-chunks
   int wh, nhb;                   // Ph windows per block, h-blocks
+  long long nfull;               // blocks of wh window rows; every later block covers one window row (tail split)
   int plane_bytes, tile_bytes, tile_alloc, max_steps;
   float inv_k;
 };
@@ -174,10 +175,21 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const int wg = tid >> 7;
 
   // ---- block -> (image, window row d, window rows h, w-chunk) and its input tile origin ----
+  // blocks past nfull split the last wave's items in two (one window row each), so the tail wave is half as long
   long long b = blockIdx.x;
+  int half = -1;
+  if (b >= p.nfull) {
+    half = (int)((b - p.nfull) & 1);
+    b = p.nfull + (b - p.nfull) / 2;
+  }
   const int wc = (int)(b % p.nwc); b /= p.nwc;
-  const int Ph = (int)(b % p.nhb) * p.wh; b /= p.nhb;
-  const int nwh = min(p.wh, p.P[1] - Ph);
+  int Ph = (int)(b % p.nhb) * p.wh; b /= p.nhb;
+  int nwh = min(p.wh, p.P[1] - Ph);
+  if (half >= 0) {
+    if (half >= nwh) return;   // the whole block: no barrier reached yet
+    Ph += half;
+    nwh = 1;
+  }
   const int Pd = (int)(b % p.P[0]);
   const long long n = b / p.P[0];
   const int od0 = Pd * p.win[0], oh0 = Ph * p.win[1];
@@ -304,6 +316,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
     const int t_first = grp * FB_NT + 3 * wg;   // this warpgroup's tiles: t_first .. t_first + 2
+    const bool wg_busy = t_first < ci[6];
     uint32_t bdesc[3];
 #pragma unroll
     for (int j = 0; j < 3; ++j) {   // tiles past the class's last are duplicates of the group's first (dropped later)
@@ -313,28 +326,37 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
     }
     const int st_begin = st, st_end = st + ci[7];
-    for (; st < st_end; ++st) {
+    // one step: wait for its weight slice (and every warp past the previous step), prefetch, then (MMA) this
+    // warpgroup's 3 x KS wgmmas; a warpgroup whose 3 tiles are all past the class's last runs the loop without them
+    // (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas serialise them, C7520)
+    auto step = [&](int st, auto mma) {
       const uint32_t delta = (uint32_t)steps[st].y;
       asm volatile("cp.async.wait_group %0;" :: "n"(FB_PF - 1) : "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group
       load_step(st + FB_PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
-      const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
-      const int accumulate = st > st_begin;
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+      if constexpr (decltype(mma)::value) {
+        const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
+        const int accumulate = st > st_begin;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
-        const uint32_t kshift = ks * 2 * plane16 - delta;
+        for (int ks = 0; ks < KS; ++ks) {
+          const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
+          const uint32_t kshift = ks * 2 * plane16 - delta;
 #ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
 #pragma unroll
-        for (int j = 0; j < 3; ++j)
-          fb_wgmma<96>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
+          for (int j = 0; j < 3; ++j)
+            fb_wgmma<96>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
 #endif
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
       }
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
-    }
+    };
+    if (wg_busy)
+      for (; st < st_end; ++st) step(st, std::true_type{});
+    else
+      for (; st < st_end; ++st) step(st, std::false_type{});
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 3; ++j)
@@ -539,7 +561,12 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
     pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory";
     return pl;
   }
-  pl.blocks = N * p.P[0] * p.nhb * p.nwc;
+  const long long items = N * p.P[0] * p.nhb * p.nwc;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long long tail = sms > 0 ? items % sms : 0;   // one block per SM: the last wave holds `tail` items
+  p.nfull = (p.wh > 1 && tail > 0 && 2 * tail <= sms) ? items - tail : items;
+  pl.blocks = p.nfull + 2 * (items - p.nfull);
   if (pl.blocks > 0x7fffffffLL) { pl.why = "fused convT-pool-reduce: too many blocks"; return pl; }
   return pl;
 }
