@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import time
 import subprocess
 from pathlib import Path
 from typing import Callable, Dict
 
 import torch
 
+WARMUP_S = 0.3
 L2_FLUSH_BYTES = 256 << 20   # > 4x the H200's 60 MB L2
 
 
@@ -29,8 +31,14 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
 def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True) -> Dict[str, float]:
     """Median and min in ms of ``fn`` timed with CUDA events, after warm-up, flushing the L2 before each run."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    for _ in range(warmup):
+    # warm-up: at least `warmup` calls and WARMUP_S seconds of them (an idle GPU starts at a low clock: measured
+    # 345 MHz before a run on the H200, and the first variant of a table came out slower than the rest)
+    t0, calls = time.perf_counter(), 0
+    while calls < warmup or (time.perf_counter() - t0 < WARMUP_S and calls < 1000):
         fn()
+        calls += 1
+        if calls % 8 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
