@@ -63,11 +63,17 @@ def cases(family: str, quick: bool = False) -> List[Case]:
                reduction="max", bias=False),
             _b("relu, window (1,2,2)", (2, 3, 4, 7, 6), 5, 3, 1, 1, window=(1, 2, 2), act="relu"),
             _b("convtranspose2d", (2, 8, 11, 9), 12, 4, 2, 1, window=2),
-            # C_in % 8 == 0, so the fused kernel serves them too
+            # C_in % 4 == 0 (the fused kernel serves these too; the ones with C_in 5, 6, 3 run the fallback)
             _b("C8 stride 3, output_padding 1, window (2,3,2)", (1, 8, 5, 6, 4), 7, 4, 3, 1, 1, window=(2, 3, 2)),
             _b("C16 kernel < stride, mean", (2, 16, 6, 5, 7), 9, 2, 3, 0, window=2, reduction="mean", keepdim=False),
             _b("C8 gelu before pools, max, no bias", (1, 8, 5, 5, 5), 10, 3, 2, 1, window=3, act="gelu_erf",
                reduction="max", bias=False),
+            # fused-kernel structure: C_in padded 24 -> 32 and w split into chunks; stride 1 with several tile
+            # groups per class; an odd number of window rows in h (a block with one window row)
+            _b("C24 wide W: w-chunks", (2, 24, 5, 6, 40), 33, 3, 2, 1, 1, window=2),
+            _b("C16 stride 1, window 6, max", (1, 16, 9, 10, 11), 64, 3, 1, 1, window=6, reduction="max"),
+            _b("C4 odd window rows, silu", (2, 4, 6, 7, 9), 3, (2, 3, 4), (2, 1, 3), (0, 1, 2), (1, 0, 2),
+               window=(3, 2, 2), act="silu", reduction="mean"),
         ]
     return out[:2] if quick else out
 
