@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import statistics
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fullfuse.fused.convt_pool_reduce import pack_weights  # noqa: E402
+from fullfuse.measure import time_cuda  # noqa: E402
 
-import os  # noqa: E402
 
 # FF_PROBE_VARIANTS="-DX=1 -DY=2;-DZ": builds to compare (';'-separated nvcc flag sets, "_" = none), kept in
 # FF_PROBE_SO_DIR (build them here, carry them to the device); FF_PROBE_NCU=1: the seed only (for Nsight Compute)
@@ -88,18 +88,8 @@ SEED = ("seed", (16, 32, 32, 32, 32), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0
 
 
 def time_seed(lib, x, wp, b, out, args):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    ts = []
-    for i in range(25):
-        flush.zero_()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run(lib, x, wp, b, out, *args)
-        e1.record()
-        e1.synchronize()
-        if i >= 5:
-            ts.append(e0.elapsed_time(e1))
-    return statistics.median(ts), min(ts)
+    t = time_cuda(lambda: run(lib, x, wp, b, out, *args), repeats=20)
+    return t["median_ms"], t["min_ms"]
 
 
 def main():
