@@ -1,7 +1,7 @@
 """Probe for csrc/fused_convt_pool_reduce.cu (family B fused) straight through ctypes.
 
 Compiles the kernel with nvcc (sm_90a) into /tmp, packs the weights per residue class and tap, checks fresh random
-channels_last_3d fp32 inputs against a float64 reference (conv_transpose3d -> max over the composed window ->
+NCDHW and channels_last_3d fp32 inputs against a float64 reference (conv_transpose3d -> max over the composed window ->
 channel reduction) with the output poisoned with NaN first, then times the seed (CUDA events, median, L2 flushed).
 """
 from __future__ import annotations
