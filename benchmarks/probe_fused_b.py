@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fullfuse.fused.convt_pool_reduce import pack_weights  # noqa: E402
+from fullfuse.fused.convt_pool_reduce import LIB, _shape_args, pack_weights  # noqa: E402
+from fullfuse.launch import SIGNATURES  # noqa: E402
+from fullfuse.spec import ConvTPoolReduceSpec  # noqa: E402
+from fullfuse.torch_path import float64_reference  # noqa: E402
 from fullfuse.measure import time_cuda  # noqa: E402
 
 
@@ -27,8 +29,6 @@ from fullfuse.measure import time_cuda  # noqa: E402
 VARIANTS = [v.strip() for v in os.environ.get("FF_PROBE_VARIANTS", "_").split(";")]
 SO_DIR = Path(os.environ.get("FF_PROBE_SO_DIR", "/tmp"))
 NCU = os.environ.get("FF_PROBE_NCU") == "1"
-ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "silu": 4}
-REDS = {"sum": 0, "mean": 1, "max": 2}
 
 
 def build(variant):
@@ -39,36 +39,25 @@ def build(variant):
     if not so.exists():
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     lib = ctypes.CDLL(so)
-    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.c_int] * 15 + [ctypes.c_int] * 2
-    lib.ff_fused_convt_pool_reduce_unsupported.restype = ctypes.c_char_p
-    lib.ff_fused_convt_pool_reduce_unsupported.argtypes = shape
-    lib.ff_fused_convt_pool_reduce.restype = ctypes.c_int
-    lib.ff_fused_convt_pool_reduce.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p]
+    for name, (restype, argtypes) in SIGNATURES[LIB].items():   # the product's ctypes signatures
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes + ([ctypes.c_void_p] if restype is ctypes.c_int else [])   # launchers: + stream
     return lib
 
 
-def run(lib, x, wp, b, out, K, T, s, p, op, win, act, red):
-    N, C, D, H, W = x.shape
-    cl = int(x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous())
-    args = (0, cl, N, C, D, H, W, K, *T, *s, *p, *op, *win, ACTS[act], REDS[red])
+def make_spec(x, K, T, s, p, op, win, act, red, has_bias):
+    return ConvTPoolReduceSpec(3, x.shape[1], K, T, s, p, op, (1, 1, 1), has_bias, win, act, red, keepdim=False)
+
+
+def run(lib, x, wp, b, out, spec):
+    args = _shape_args(spec, x)                                  # the product path's argument tuple
     why = lib.ff_fused_convt_pool_reduce_unsupported(*args)
     if why:
         return why.decode()
     rc = lib.ff_fused_convt_pool_reduce(x.data_ptr(), wp.data_ptr(), b.data_ptr() if b is not None else None,
                                         out.data_ptr(), *args, torch.cuda.current_stream().cuda_stream)
     return None if rc == 0 else f"launch error {rc}"
-
-
-def reference(x, w, b, s, p, op, win, act, red):
-    y = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), s, p, op)
-    if act == "relu":
-        y = F.relu(y)
-    elif act == "gelu_erf":
-        y = F.gelu(y)
-    elif act == "silu":
-        y = F.silu(y)
-    y = F.max_pool3d(y, win, win)
-    return {"sum": y.sum(1), "mean": y.mean(1), "max": y.amax(1)}[red]
 
 
 CASES = [  # name, (N, C, D, H, W), K, T, s, p, op, win, act, red, bias
@@ -87,8 +76,8 @@ CASES = [  # name, (N, C, D, H, W), K, T, s, p, op, win, act, red, bias
 SEED = ("seed", (16, 32, 32, 32, 32), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "none", "sum", True)
 
 
-def time_seed(lib, x, wp, b, out, args):
-    t = time_cuda(lambda: run(lib, x, wp, b, out, *args), repeats=20)
+def time_seed(lib, x, wp, b, out, spec):
+    t = time_cuda(lambda: run(lib, x, wp, b, out, spec), repeats=20)
     return t["median_ms"], t["min_ms"]
 
 
@@ -104,11 +93,11 @@ def main():
                     x = x.contiguous(memory_format=torch.channels_last_3d)
                 w = torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5
                 b = torch.randn(K, device="cuda") if has_bias else None
-                ref = reference(x, w, b, s, p, op, win, act, red)
+                spec = make_spec(x, K, T, s, p, op, win, act, red, has_bias)
+                ref = float64_reference(spec, x, w, b)
                 out = torch.full(ref.shape, float("nan"), device="cuda")
                 wp = pack_weights(w, s)
-                args = (K, T, s, p, op, win, act, red)
-                why = run(lib, x, wp, b, out, *args)
+                why = run(lib, x, wp, b, out, spec)
                 if why:
                     print(f"[{variant}] {name} {layout}: unsupported: {why}")
                     continue
@@ -123,7 +112,7 @@ def main():
                 print(f"[{variant}] {name} {layout}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} "
                       f"{'ok' if ok else 'FAIL'}", flush=True)
                 if name == "seed" and not NCU:
-                    med, mn = time_seed(lib, x, wp, b, out, args)
+                    med, mn = time_seed(lib, x, wp, b, out, spec)
                     print(f"[{variant}] seed {layout} fused B (kernel only): median {med:.3f} ms, min {mn:.3f}", flush=True)
     print(f"failures: {fails}")
     sys.exit(1 if fails else 0)

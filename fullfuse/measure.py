@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable, Dict
 
