@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   float acc[3][48];   // this warpgroup's 3 tiles
 
   for (int st = 0; st < total;) {
-    // ---- one tile group: its class's taps, one weight slice per step, FB_NBUF - 2 slices in flight ----
+    // ---- one tile group: its class's taps, one weight slice per step, FB_PF slices in flight ----
     const int4 e0 = steps[st];
     const int c = e0.z, grp = e0.w;
     const int* ci = cinfo + c * FB_CINFO;
