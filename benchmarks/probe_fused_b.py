@@ -29,6 +29,9 @@ from fullfuse.measure import time_cuda  # noqa: E402
 VARIANTS = [v.strip() for v in os.environ.get("FF_PROBE_VARIANTS", "_").split(";")]
 SO_DIR = Path(os.environ.get("FF_PROBE_SO_DIR", "/tmp"))
 NCU = os.environ.get("FF_PROBE_NCU") == "1"
+# FF_PROBE_DTYPES="float32 bfloat16 float16": input dtypes to check (each with its relerr bound)
+DTYPES = os.environ.get("FF_PROBE_DTYPES", "float32").split()
+BOUND = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}
 
 
 def build(variant):
@@ -86,24 +89,26 @@ def main():
     for variant in VARIANTS:
         lib = build(variant)
         for name, shape, K, T, s, p, op, win, act, red, has_bias in ([] if NCU else CASES) + [SEED]:
-            for layout in ("channels_last", "NCDHW"):
+            for layout, dtype in [(lay, dt) for dt in DTYPES for lay in ("channels_last", "NCDHW")]:
                 torch.manual_seed(len(name))
-                x = torch.randn(shape, device="cuda")
+                dt = getattr(torch, dtype)
+                x = torch.randn(shape, device="cuda").to(dt)
                 if layout == "channels_last":
                     x = x.contiguous(memory_format=torch.channels_last_3d)
-                w = torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5
-                b = torch.randn(K, device="cuda") if has_bias else None
+                w = (torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5).to(dt)
+                b = torch.randn(K, device="cuda") if has_bias else None     # the product path passes an fp32 bias
                 spec = make_spec(x, K, T, s, p, op, win, act, red, has_bias)
                 ref = float64_reference(spec, x, w, b)
                 out = torch.full(ref.shape, float("nan"), device="cuda")
-                wp = pack_weights(w, s)
+                wp = pack_weights(w, s, dt)
+                layout = f"{layout} {dtype}"
                 why = run(lib, x, wp, b, out, spec)
                 if why:
                     print(f"[{variant}] {name} {layout}: unsupported: {why}")
                     continue
                 torch.cuda.synchronize()
                 err = (out.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
-                ok = err <= 1e-3 and not torch.isnan(out).any().item()
+                ok = err <= BOUND[dtype] and not torch.isnan(out).any().item()
                 if "SKIP" in variant:      # stage-isolation builds: timing only
                     if name != "seed":
                         continue
