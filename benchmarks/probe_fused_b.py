@@ -35,10 +35,12 @@ BOUND = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}
 
 
 def build(variant):
-    so = SO_DIR / f"ff_fused_b_probe_{hashlib.md5(variant.encode()).hexdigest()[:10]}.so"
+    src = ROOT / "csrc" / "fused_convt_pool_reduce.cu"
+    key = variant.encode() + src.read_bytes() + (ROOT / "csrc" / "activation.cuh").read_bytes()
+    so = SO_DIR / f"ff_fused_b_probe_{hashlib.md5(key).hexdigest()[:10]}.so"   # source + flags: never a stale build
     cmd = ["nvcc", "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
            "-gencode=arch=compute_90a,code=sm_90a", *([] if variant == "_" else variant.split()), f"-I{ROOT / 'csrc'}", "-o", so,
-           str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
+           str(src)]
     if not so.exists():
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     lib = ctypes.CDLL(so)
@@ -85,6 +87,10 @@ def time_seed(lib, x, wp, b, out, spec):
 
 
 def main():
+    if os.environ.get("FF_PROBE_BUILD_ONLY") == "1":   # prebuild the variants here (no GPU), carry FF_PROBE_SO_DIR
+        for variant in VARIANTS:
+            build(variant)
+        return
     fails = 0
     for variant in VARIANTS:
         lib = build(variant)

@@ -52,7 +52,7 @@ constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile 
 
 struct FBParams {
   const void* x; const void* wp; const float* bias; float* out;   // x, wp: fp32, or bf16 / fp16 (DT)
-  int N, C, D, H, W, K, channels_last;
+  int N, C, D, H, W, K, channels_last, ncdhw_vec;   // ncdhw_vec: NCDHW with 16-byte column groups
   int T[3], s[3], p[3], win[3], P[3];
   int act, red, ncls;
   int cls_r[FB_MAXCLS][3], cls_M[FB_MAXCLS][3], cls_slice[FB_MAXCLS];   // residues, taps per dim, first weight slice
@@ -232,6 +232,53 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
           const bool ok = row_ok && CPL * cp < p.C && w >= 0 && w < p.W;
           const void* src = ok ? xrow + ((long long)w * p.C + CPL * cp) * ES : p.x;
           fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
+        }
+      }
+    } else if (p.ncdhw_vec) {   // NCDHW, W % CPL == 0, 16-byte aligned: a thread per (row, plane, CPL-column group)
+      // loads CPL 16-byte vectors (one per channel, CPL columns each) and transposes them in registers into CPL
+      // 16-byte tile entries (one per column, CPL channels each); U items in flight: 16 loads per thread
+      constexpr int U = 16 / CPL;
+      const int g_lo = fb_floordiv(iw_lo, CPL);
+      const int ngr = fb_floordiv(iw_lo + FB_COLS - 1, CPL) - g_lo + 1;
+      const int items = rows * CP * ngr;
+      const long long chs = (long long)p.D * p.H * p.W;   // elements between channels
+      for (int i0 = tid; i0 < items; i0 += NTHR * U) {
+        uint4 v[U][CPL];
+        int rowoff[U], col0[U];   // tile byte offset of the item's (plane, row), or -1; its first column (may be < 0)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int it = i0 + u * NTHR, grp = it % ngr, cp = (it / ngr) % CP, row = it / (ngr * CP);
+          const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w0 = (g_lo + grp) * CPL;
+          const bool ok = it < items && d >= 0 && d < p.D && h >= 0 && h < p.H && w0 >= 0 && w0 < p.W;
+          rowoff[u] = it < items ? cp * p.plane_bytes + row * FB_ROW_BYTES : -1;
+          col0[u] = w0 - iw_lo;
+          const char* src = static_cast<const char*>(p.x) +
+                            (ok ? ((((n * p.C + cp * CPL) * p.D + d) * (long long)p.H + h) * p.W + w0) * ES : 0);
+#pragma unroll
+          for (int c = 0; c < CPL; ++c)
+            v[u][c] = ok && cp * CPL + c < p.C ? __ldg(reinterpret_cast<const uint4*>(src + c * chs * ES))
+                                               : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (rowoff[u] < 0) continue;
+#pragma unroll
+          for (int j = 0; j < CPL; ++j) {   // column j of the group: channel c's element j of v[u][c]
+            const int col = col0[u] + j;
+            if (col < 0 || col >= FB_COLS) continue;
+            uint32_t e[4];
+            if constexpr (ES == 4) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c) e[c] = reinterpret_cast<const uint32_t*>(&v[u][c])[j];
+            } else {
+#pragma unroll
+              for (int k = 0; k < 4; ++k)
+                e[k] = __byte_perm(reinterpret_cast<const uint32_t*>(&v[u][2 * k])[j >> 1],
+                                   reinterpret_cast<const uint32_t*>(&v[u][2 * k + 1])[j >> 1], (j & 1) ? 0x7632 : 0x5410);
+            }
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(tile_s + rowoff[u] + col * 16), "r"(e[0]), "r"(e[1]),
+                         "r"(e[2]), "r"(e[3]) : "memory");
+          }
         }
       }
     } else {                 // NCDHW read natively: a warp per (row, channel), a lane per column
@@ -636,6 +683,10 @@ int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float*
   FBPlan pl = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
   if (pl.why) return (int)cudaErrorNotSupported;
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;
+  pl.prm.ncdhw_vec = !channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+#ifdef FB_NCDHW_SCALAR   // loader comparison (benchmarks/probe_fused_b.py variants) only: always the per-element NCDHW loader
+  pl.prm.ncdhw_vec = 0;
+#endif
   auto launch = [&](auto kern) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
     if (e != cudaSuccess) return (int)e;
