@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fullfuse.fused.convt_pool_reduce import LIB, _shape_args, pack_weights  # noqa: E402
 from fullfuse.launch import SIGNATURES  # noqa: E402
+import cutlass_ops.builder  # noqa: E402
 from fullfuse.spec import ConvTPoolReduceSpec  # noqa: E402
 from fullfuse.torch_path import float64_reference  # noqa: E402
 from fullfuse.measure import time_cuda  # noqa: E402
@@ -35,6 +36,8 @@ BOUND = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}
 
 
 def build(variant):
+    if variant == "_":   # the product's own build (cached by cutlass_ops)
+        return bind(ctypes.CDLL(str(cutlass_ops.builder.build(LIB))))
     src = ROOT / "csrc" / "fused_convt_pool_reduce.cu"
     key = variant.encode() + src.read_bytes() + (ROOT / "csrc" / "activation.cuh").read_bytes()
     so = SO_DIR / f"ff_fused_b_probe_{hashlib.md5(key).hexdigest()[:10]}.so"   # source + flags: never a stale build
@@ -43,7 +46,10 @@ def build(variant):
            str(src)]
     if not so.exists():
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
-    lib = ctypes.CDLL(so)
+    return bind(ctypes.CDLL(so))
+
+
+def bind(lib):
     for name, (restype, argtypes) in SIGNATURES[LIB].items():   # the product's ctypes signatures
         fn = getattr(lib, name)
         fn.restype = restype
@@ -95,12 +101,15 @@ def main():
     for variant in VARIANTS:
         lib = build(variant)
         for name, shape, K, T, s, p, op, win, act, red, has_bias in ([] if NCU else CASES) + [SEED]:
-            for layout, dtype in [(lay, dt) for dt in DTYPES for lay in ("channels_last", "NCDHW")]:
+            # "NCDHW+1": an NCDHW view one element past a 16-byte boundary (the per-element loader, not the 16-byte one)
+            for layout, dtype in [(lay, dt) for dt in DTYPES for lay in ("channels_last", "NCDHW", "NCDHW+1")]:
                 torch.manual_seed(len(name))
                 dt = getattr(torch, dtype)
                 x = torch.randn(shape, device="cuda").to(dt)
                 if layout == "channels_last":
                     x = x.contiguous(memory_format=torch.channels_last_3d)
+                elif layout == "NCDHW+1":
+                    x = torch.empty(x.numel() + 8, device="cuda", dtype=dt)[1:1 + x.numel()].view(x.shape).copy_(x)
                 w = (torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5).to(dt)
                 b = torch.randn(K, device="cuda") if has_bias else None     # the product path passes an fp32 bias
                 spec = make_spec(x, K, T, s, p, op, win, act, red, has_bias)

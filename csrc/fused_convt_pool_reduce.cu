@@ -682,11 +682,9 @@ int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float*
   FB_GEOM_ARRAYS;
   FBPlan pl = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
   if (pl.why) return (int)cudaErrorNotSupported;
+  if (channels_last && reinterpret_cast<uintptr_t>(x) % 16) return (int)cudaErrorMisalignedAddress;   // 16-byte copies
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;
   pl.prm.ncdhw_vec = !channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-#ifdef FB_NCDHW_SCALAR   // loader comparison (benchmarks/probe_fused_b.py variants) only: always the per-element NCDHW loader
-  pl.prm.ncdhw_vec = 0;
-#endif
   auto launch = [&](auto kern) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
     if (e != cudaSuccess) return (int)e;
