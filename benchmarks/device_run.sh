@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-a  profile-a  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  probe  probe-a  probe-b  profile-a  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -22,6 +22,9 @@ for stage in "$@"; do
     probe-a)   # fused family-A kernel straight through ctypes: checks + seed timings, knob variants in child processes
       FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \
         FF_PROBE_QUICK=1 FF_PROBE_VARIANTS="${FF_PROBE_VARIANTS:-}" python3 benchmarks/probe_fused_a.py 2>&1 | tee "$OUT/probe_fused_a.txt" ;;
+    probe-b)   # fused family-B kernel straight through ctypes: every check case, seed timings; FF_PROBE_VARIANTS (prebuilt
+      # into FF_PROBE_SO_DIR, carried) and FF_PROBE_DTYPES pass through
+      python3 benchmarks/probe_fused_b.py 2>&1 | grep -v "^ptxas" | tee "$OUT/probe_fused_b.txt" ;;
     profile-a)   # product-path timing (eager vs CUDA graph) and Nsight Compute on the fused family-A kernel
       python3 benchmarks/profile_fused_a.py time 2>&1 | tee "$OUT/profile_a_time.txt"
       ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 2 --import-source no \

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fullfuse.fused.convt_pool_reduce import LIB, _shape_args, pack_weights  # noqa: E402
 from fullfuse.launch import SIGNATURES  # noqa: E402
+import cutlass_ops.builder  # noqa: E402
 from fullfuse.spec import ConvTPoolReduceSpec  # noqa: E402
 from fullfuse.torch_path import float64_reference  # noqa: E402
 from fullfuse.measure import time_cuda  # noqa: E402
@@ -29,16 +30,26 @@ from fullfuse.measure import time_cuda  # noqa: E402
 VARIANTS = [v.strip() for v in os.environ.get("FF_PROBE_VARIANTS", "_").split(";")]
 SO_DIR = Path(os.environ.get("FF_PROBE_SO_DIR", "/tmp"))
 NCU = os.environ.get("FF_PROBE_NCU") == "1"
+# FF_PROBE_DTYPES="float32 bfloat16 float16": input dtypes to check (each with its relerr bound)
+DTYPES = os.environ.get("FF_PROBE_DTYPES", "float32").split()
+BOUND = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}
 
 
 def build(variant):
-    so = SO_DIR / f"ff_fused_b_probe_{hashlib.md5(variant.encode()).hexdigest()[:10]}.so"
+    if variant == "_":   # the product's own build (cached by cutlass_ops)
+        return bind(ctypes.CDLL(str(cutlass_ops.builder.build(LIB))))
+    src = ROOT / "csrc" / "fused_convt_pool_reduce.cu"
+    key = variant.encode() + src.read_bytes() + (ROOT / "csrc" / "activation.cuh").read_bytes()
+    so = SO_DIR / f"ff_fused_b_probe_{hashlib.md5(key).hexdigest()[:10]}.so"   # source + flags: never a stale build
     cmd = ["nvcc", "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
            "-gencode=arch=compute_90a,code=sm_90a", *([] if variant == "_" else variant.split()), f"-I{ROOT / 'csrc'}", "-o", so,
-           str(ROOT / "csrc" / "fused_convt_pool_reduce.cu")]
+           str(src)]
     if not so.exists():
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
-    lib = ctypes.CDLL(so)
+    return bind(ctypes.CDLL(so))
+
+
+def bind(lib):
     for name, (restype, argtypes) in SIGNATURES[LIB].items():   # the product's ctypes signatures
         fn = getattr(lib, name)
         fn.restype = restype
@@ -82,28 +93,37 @@ def time_seed(lib, x, wp, b, out, spec):
 
 
 def main():
+    if os.environ.get("FF_PROBE_BUILD_ONLY") == "1":   # prebuild the variants here (no GPU), carry FF_PROBE_SO_DIR
+        for variant in VARIANTS:
+            build(variant)
+        return
     fails = 0
     for variant in VARIANTS:
         lib = build(variant)
         for name, shape, K, T, s, p, op, win, act, red, has_bias in ([] if NCU else CASES) + [SEED]:
-            for layout in ("channels_last", "NCDHW"):
+            # "NCDHW+1": an NCDHW view one element past a 16-byte boundary (the per-element loader, not the 16-byte one)
+            for layout, dtype in [(lay, dt) for dt in DTYPES for lay in ("channels_last", "NCDHW", "NCDHW+1")]:
                 torch.manual_seed(len(name))
-                x = torch.randn(shape, device="cuda")
+                dt = getattr(torch, dtype)
+                x = torch.randn(shape, device="cuda").to(dt)
                 if layout == "channels_last":
                     x = x.contiguous(memory_format=torch.channels_last_3d)
-                w = torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5
-                b = torch.randn(K, device="cuda") if has_bias else None
+                elif layout == "NCDHW+1":
+                    x = torch.empty(x.numel() + 8, device="cuda", dtype=dt)[1:1 + x.numel()].view(x.shape).copy_(x)
+                w = (torch.randn(shape[1], K, *T, device="cuda") / (shape[1] * T[0] * T[1] * T[2]) ** 0.5).to(dt)
+                b = torch.randn(K, device="cuda") if has_bias else None     # the product path passes an fp32 bias
                 spec = make_spec(x, K, T, s, p, op, win, act, red, has_bias)
                 ref = float64_reference(spec, x, w, b)
                 out = torch.full(ref.shape, float("nan"), device="cuda")
-                wp = pack_weights(w, s)
+                wp = pack_weights(w, s, dt)
+                layout = f"{layout} {dtype}"
                 why = run(lib, x, wp, b, out, spec)
                 if why:
                     print(f"[{variant}] {name} {layout}: unsupported: {why}")
                     continue
                 torch.cuda.synchronize()
                 err = (out.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
-                ok = err <= 1e-3 and not torch.isnan(out).any().item()
+                ok = err <= BOUND[dtype] and not torch.isnan(out).any().item()
                 if "SKIP" in variant:      # stage-isolation builds: timing only
                     if name != "seed":
                         continue

@@ -6,11 +6,12 @@
 //
 // Sub-pixel decomposition: output o = s*q + r - p (per dim; residue class r = (o + p) mod s) receives
 // sum_m x[q - m] * w[r + s*m], m = 0 .. M_r - 1, M_r = ceil((T - r) / s): a stride-1 conv per class (8 classes for
-// s = 2) whose taps are input offsets -m.  GEMM per class and tap (wgmma m64n96k8, TF32, fp32 accumulation):
+// s = 2) whose taps are input offsets -m.  GEMM per class and tap (wgmma m64n96k8 TF32 for fp32 input, m64n96k16
+// for bf16 / fp16 input; fp32 accumulation):
 //   M = 64 output channels: A = the tap's weight slice (64 x C, streamed through FB_NBUF shared-memory buffers),
 //   N = 96 = 3 consecutive q_h rows x 32 q_w columns of the input tile (B, shared memory; the tap's (-m_d, -m_h, -m_w)
 //       shift is only the descriptor's start address, because the tile rows are 32 columns apart, contiguous),
-//   K = C input channels (8 per wgmma, channels padded to 8 * KS with zeros).
+//   K = C input channels (8 fp32 or 16 bf16 / fp16 per wgmma, channels zero-padded to a whole number of steps).
 // One block = one image x one window-row d index Pd x FB_WH (or fewer) consecutive window rows Ph x a chunk of Pw
 // windows whose input columns fit in 32.  Every block streams all weight slices once (1 MB at the seed); covering
 // two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row, 0.67 at two).
@@ -20,9 +21,9 @@
 // The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax
 // (ordered uints, NaN propagating) into the window maxima; bias goes after the max when there is no activation.
 // The final channel reduction runs in a fixed order: deterministic.
-// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 input (NCDHW or
-// channels_last_3d), C % 4 == 0 and C <= 64, K <= 64, dilation 1, one window's input columns fit in 32, the tile
-// fits in shared memory.  FB_SKIP_* macros are stage-isolation switches for benchmarks/probe_fused_b.py only
+// Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 / bf16 / fp16 input (NCDHW or
+// channels_last_3d), C <= 64 with C % 4 == 0 (fp32) or C % 8 == 0 (16-bit), K <= 64, dilation 1, one window's
+// input columns fit in 32, the tile fits in shared memory.  FB_SKIP_* macros are stage-isolation switches for benchmarks/probe_fused_b.py only
 // (they give wrong results); FB_NBUF / FB_WGDEPTH are pipeline-depth knobs (measured: within 1 %).
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -50,8 +51,8 @@ constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row 
 constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
 
 struct FBParams {
-  const float* x; const float* wp; const float* bias; float* out;
-  int N, C, D, H, W, K, channels_last;
+  const void* x; const void* wp; const float* bias; float* out;   // x, wp: fp32, or bf16 / fp16 (DT)
+  int N, C, D, H, W, K, channels_last, ncdhw_vec;   // ncdhw_vec: NCDHW with 16-byte column groups
   int T[3], s[3], p[3], win[3], P[3];
   int act, red, ncls;
   int cls_r[FB_MAXCLS][3], cls_M[FB_MAXCLS][3], cls_slice[FB_MAXCLS];   // residues, taps per dim, first weight slice
@@ -93,23 +94,33 @@ __device__ __forceinline__ float fb_act(int act, float v) {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FB_HAVE_WGMMA 1
-// D (64 x N fp32, N / 2 registers per thread) += A (64 x 8 tf32, descriptor) * B (8 x N tf32, descriptor)
-template <int N>
-__device__ void fb_wgmma(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
-template <>
-__device__ __forceinline__ void fb_wgmma<96>(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-      : "l"(da), "l"(db), "r"(scale_d));
+// D (64 x 96 fp32, 48 registers per thread) += A (64 x k, descriptor) * B (k x 96, descriptor): k = 8 tf32 (fp32
+// input) or 16 bf16 / fp16, both operands K-major in shared memory.
+#define FB_WGMMA_N96(NAME, SHAPE_TYPES, TAIL)                                                                    \
+  __device__ __forceinline__ void NAME(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {                  \
+    asm volatile(                                                                                                 \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"                                                            \
+        "wgmma.mma_async.sync.aligned." SHAPE_TYPES " "                                                          \
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27," \
+        "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, " TAIL   \
+        ";\n}\n"                                                                                                 \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]) \
+        : "l"(da), "l"(db), "r"(scale_d));                                                                       \
+  }
+FB_WGMMA_N96(fb_wgmma_tf32, "m64n96k8.f32.tf32.tf32", "1, 1")
+FB_WGMMA_N96(fb_wgmma_bf16, "m64n96k16.f32.bf16.bf16", "1, 1, 0, 0")
+FB_WGMMA_N96(fb_wgmma_f16, "m64n96k16.f32.f16.f16", "1, 1, 0, 0")
+#undef FB_WGMMA_N96
+template <int DT>
+__device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (DT == FF_F32) fb_wgmma_tf32(d, da, db, scale_d);
+  else if constexpr (DT == FF_BF16) fb_wgmma_bf16(d, da, db, scale_d);
+  else fb_wgmma_f16(d, da, db, scale_d);
 }
 #endif
 
@@ -157,11 +168,13 @@ __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float 
 }
 
 // Two consumer warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
-template <bool HAS_ACT, int KS>
+template <bool HAS_ACT, int KS, int DT>
 __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
   constexpr int NTHR = 256;
-  constexpr int SLICE_BYTES = KS * 8 * 64 * 4;   // one tap's weights: [2 KS planes][64][4] tf32
+  constexpr int ES = DT == FF_F32 ? 4 : 2;        // bytes per input / weight element
+  constexpr int CPL = 16 / ES;                      // channels per 16-byte plane entry: 4 (fp32) or 8 (16-bit)
+  constexpr int SLICE_BYTES = KS * 2048;            // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
   unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * SLICE_BYTES);   // [wh][pwb][64]
@@ -201,7 +214,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
 
   for (int i = tid; i < p.wh * p.pwb * 64; i += NTHR) winmax[i] = 0u;   // below every encoded value
 
-  // ---- input tile: [2 KS planes of 4 channels][nd x nh rows][32 columns][16 B], zero outside the input ----
+  // ---- input tile: [2 KS planes of CPL channels][nd x nh rows][32 columns][16 B], zero outside the input ----
   {
     constexpr int CP = 2 * KS;
     const int rows = p.nd * p.nh;
@@ -212,21 +225,75 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       for (int row = warp; row < rows; row += NTHR / 32) {
         const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh;
         const bool row_ok = d >= 0 && d < p.D && h >= 0 && h < p.H;
-        const float* xrow = p.x + (((n * p.D + d) * p.H + h) * (long long)p.W) * p.C;
+        const char* xrow = static_cast<const char*>(p.x) + (((n * p.D + d) * p.H + h) * (long long)p.W) * p.C * ES;
 #pragma unroll
         for (int j = lane; j < FB_COLS * CP; j += 32) {
           const int cp = j % CP, col = j / CP, w = iw_lo + col;
-          const bool ok = row_ok && 4 * cp < p.C && w >= 0 && w < p.W;
-          fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, ok ? xrow + (long long)w * p.C + 4 * cp : p.x, ok);
+          const bool ok = row_ok && CPL * cp < p.C && w >= 0 && w < p.W;
+          const void* src = ok ? xrow + ((long long)w * p.C + CPL * cp) * ES : p.x;
+          fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
         }
       }
-    } else {                 // NCDHW read natively: a warp per (row, channel), a lane per column, 4-byte copies
-      for (int rc = warp; rc < rows * CP * 4; rc += NTHR / 32) {
-        const int ch = rc % (CP * 4), row = rc / (CP * 4);
+    } else if (p.ncdhw_vec) {   // NCDHW, W % CPL == 0, 16-byte aligned: a thread per (row, plane, CPL-column group)
+      // loads CPL 16-byte vectors (one per channel, CPL columns each) and transposes them in registers into CPL
+      // 16-byte tile entries (one per column, CPL channels each); U items in flight: 16 loads per thread
+      constexpr int U = 16 / CPL;
+      const int g_lo = fb_floordiv(iw_lo, CPL);
+      const int ngr = fb_floordiv(iw_lo + FB_COLS - 1, CPL) - g_lo + 1;
+      const int items = rows * CP * ngr;
+      const long long chs = (long long)p.D * p.H * p.W;   // elements between channels
+      for (int i0 = tid; i0 < items; i0 += NTHR * U) {
+        uint4 v[U][CPL];
+        int rowoff[U], col0[U];   // tile byte offset of the item's (plane, row), or -1; its first column (may be < 0)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int it = i0 + u * NTHR, grp = it % ngr, cp = (it / ngr) % CP, row = it / (ngr * CP);
+          const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w0 = (g_lo + grp) * CPL;
+          const bool ok = it < items && d >= 0 && d < p.D && h >= 0 && h < p.H && w0 >= 0 && w0 < p.W;
+          rowoff[u] = it < items ? cp * p.plane_bytes + row * FB_ROW_BYTES : -1;
+          col0[u] = w0 - iw_lo;
+          const char* src = static_cast<const char*>(p.x) +
+                            (ok ? ((((n * p.C + cp * CPL) * p.D + d) * (long long)p.H + h) * p.W + w0) * ES : 0);
+#pragma unroll
+          for (int c = 0; c < CPL; ++c)
+            v[u][c] = ok && cp * CPL + c < p.C ? __ldg(reinterpret_cast<const uint4*>(src + c * chs * ES))
+                                               : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (rowoff[u] < 0) continue;
+#pragma unroll
+          for (int j = 0; j < CPL; ++j) {   // column j of the group: channel c's element j of v[u][c]
+            const int col = col0[u] + j;
+            if (col < 0 || col >= FB_COLS) continue;
+            uint32_t e[4];
+            if constexpr (ES == 4) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c) e[c] = reinterpret_cast<const uint32_t*>(&v[u][c])[j];
+            } else {
+#pragma unroll
+              for (int k = 0; k < 4; ++k)
+                e[k] = __byte_perm(reinterpret_cast<const uint32_t*>(&v[u][2 * k])[j >> 1],
+                                   reinterpret_cast<const uint32_t*>(&v[u][2 * k + 1])[j >> 1], (j & 1) ? 0x7632 : 0x5410);
+            }
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(tile_s + rowoff[u] + col * 16), "r"(e[0]), "r"(e[1]),
+                         "r"(e[2]), "r"(e[3]) : "memory");
+          }
+        }
+      }
+    } else {                 // NCDHW read natively: a warp per (row, channel), a lane per column
+      for (int rc = warp; rc < rows * CP * CPL; rc += NTHR / 32) {
+        const int ch = rc % (CP * CPL), row = rc / (CP * CPL);
         const int d = id_lo + row / p.nh, h = ih_lo + row % p.nh, w = iw_lo + lane;
         const bool ok = ch < p.C && d >= 0 && d < p.D && h >= 0 && h < p.H && w >= 0 && w < p.W;
-        const float* src = ok ? p.x + (((n * p.C + ch) * p.D + d) * (long long)p.H + h) * p.W + w : p.x;
-        fb_cp4(tile_s + (ch >> 2) * p.plane_bytes + row * FB_ROW_BYTES + lane * 16 + (ch & 3) * 4, src, ok);
+        const long long e = ok ? (((n * p.C + ch) * p.D + d) * (long long)p.H + h) * p.W + w : 0;
+        const uint32_t dst = tile_s + (ch / CPL) * p.plane_bytes + row * FB_ROW_BYTES + lane * 16 + (ch % CPL) * ES;
+        if constexpr (ES == 4) {   // 4-byte asynchronous copies
+          fb_cp4(dst, static_cast<const float*>(p.x) + e, ok);
+        } else {                   // no 2-byte cp.async: a plain load and store
+          const unsigned short v = ok ? __ldg(static_cast<const unsigned short*>(p.x) + e) : (unsigned short)0;
+          asm volatile("st.shared.u16 [%0], %1;" :: "r"(dst), "h"(v) : "memory");
+        }
       }
     }
     for (int i = p.tile_bytes / 16 + tid; i < p.tile_alloc / 16; i += NTHR)
@@ -275,11 +342,11 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     colwin[i] = col < ci[5] ? (signed char)((p.s[2] * (ci[4] + col) + p.cls_r[c][2] - p.p[2] - ow_lo) / p.win[2]) : -1;
   }
 
-  // ---- tile ready: round to tf32 in place (slack included: zeros) ----
+  // ---- tile ready: fp32 rounded to tf32 in place (slack included: zeros); 16-bit input is used as it is ----
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
 #ifndef FB_SKIP_ROUND   // stage-isolation experiments only (truncated tf32)
-  for (int i = tid; i < p.tile_bytes / 16; i += NTHR) {
+  for (int i = tid; DT == FF_F32 && i < p.tile_bytes / 16; i += NTHR) {
     uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
     uint4 v = *a;
     v.x = fb_tf32(__uint_as_float(v.x)); v.y = fb_tf32(__uint_as_float(v.y));
@@ -291,10 +358,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   // weight slice of step st into buffer st % FB_NBUF; one commit group per call, empty past the end
   auto load_step = [&](int st) {
     if (st < total) {
-      const float* src = p.wp + (size_t)steps[st].x * (KS * 8 * 64);
+      const char* src = static_cast<const char*>(p.wp) + (size_t)steps[st].x * SLICE_BYTES;
       const uint32_t dst = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
 #pragma unroll
-      for (int i = tid; i < SLICE_BYTES / 16; i += NTHR) fb_cp16(dst + i * 16, src + i * 4, true);
+      for (int i = tid; i < SLICE_BYTES / 16; i += NTHR) fb_cp16(dst + i * 16, src + i * 16, true);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
@@ -346,7 +413,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
 #ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
 #pragma unroll
           for (int j = 0; j < 3; ++j)
-            fb_wgmma<96>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
+            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
 #endif
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -441,17 +508,21 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
 #endif
 }
 
-// K steps (8 channels each) of the kernel that serves C input channels: C padded up to 8, 16, 32 or 64.  The packed
-// weights hold, per residue class (rd, rh, rw) and tap (md, mh, mw), one [C_pad/4][64][4] tf32 slice (output
-// channels padded to 64): fullfuse/fused/convt_pool_reduce.py pack_weights, same padding rule.
-int fb_ksteps(int C) { return C <= 8 ? 1 : C <= 16 ? 2 : C <= 32 ? 4 : 8; }
+// K steps of the kernel that serves C input channels: 8 channels each (fp32, C padded up to 8, 16, 32 or 64) or 16
+// (bf16 / fp16, C padded up to 16, 32 or 64).  The packed weights hold, per residue class (rd, rh, rw) and tap
+// (md, mh, mw), one [C_pad / CPL][64][CPL] slice of KS x 2 KB (output channels padded to 64; CPL = 4 tf32 or 8
+// 16-bit values): fullfuse/fused/convt_pool_reduce.py pack_weights, same padding rule.
+int fb_ksteps(int dtype, int C) {
+  if (dtype == FF_F32) return C <= 8 ? 1 : C <= 16 ? 2 : C <= 32 ? 4 : 8;
+  return C <= 16 ? 1 : C <= 32 ? 2 : 4;
+}
 
 struct FBPlan {
   const char* why;
   FBParams prm;
   size_t smem;
   long long blocks;
-  int ks;
+  int ks, dtype;
 };
 
 // Input columns a block of windows [pw0, pw0 + npw) needs: q_w from the first window's lowest class to the last
@@ -465,8 +536,11 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   FBPlan pl{};
   pl.why = nullptr;
   FBParams& p = pl.prm;
-  if (dtype != FF_F32) { pl.why = "fused convT-pool-reduce: fp32 (TF32) only"; return pl; }
-  if (C % 4 != 0 || C > 64) { pl.why = "fused convT-pool-reduce: needs C_in % 4 == 0 and C_in <= 64"; return pl; }
+  if (dtype != FF_F32 && dtype != FF_BF16 && dtype != FF_F16) { pl.why = "fused convT-pool-reduce: bad dtype"; return pl; }
+  if (C % (dtype == FF_F32 ? 4 : 8) != 0 || C > 64) {
+    pl.why = "fused convT-pool-reduce: needs C_in <= 64 and C_in % 4 == 0 (fp32) or % 8 == 0 (bf16 / fp16)";
+    return pl;
+  }
   if (K > 64) { pl.why = "fused convT-pool-reduce: C_out > 64"; return pl; }
   if (act < 0 || act > 4 || red < 0 || red > 2) { pl.why = "fused convT-pool-reduce: bad activation/reduction code"; return pl; }
   if (N <= 0) { pl.why = "fused convT-pool-reduce: empty batch"; return pl; }
@@ -478,7 +552,8 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   p.N = (int)N; p.C = C; p.D = D; p.H = H; p.W = W; p.K = K; p.act = act; p.red = red;
   p.channels_last = channels_last != 0;
   p.inv_k = 1.0f / (float)K;
-  pl.ks = fb_ksteps(C);
+  pl.ks = fb_ksteps(dtype, C);
+  pl.dtype = dtype;
   const int I[3] = {D, H, W};
   int ncls = 1;
   for (int a = 0; a < 3; ++a) {
@@ -553,7 +628,7 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
     p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
     p.tile_bytes = 2 * pl.ks * p.plane_bytes;
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
-    pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 8 * 64 * 4 + (size_t)wh * p.pwb * 64 * 4 +
+    pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
   }
@@ -571,13 +646,16 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   return pl;
 }
 
-template <class F>
+// k steps -> template parameter (1, 2, 4, and 8 when MAXKS allows it: fp32 only)
+template <int MAXKS, class F>
 int fb_dispatch_ks(int ks, F&& f) {
   switch (ks) {
     case 1: return f(ff_int<1>{});
     case 2: return f(ff_int<2>{});
     case 4: return f(ff_int<4>{});
-    case 8: return f(ff_int<8>{});
+    case 8:
+      if constexpr (MAXKS >= 8) return f(ff_int<8>{});
+      else return (int)cudaErrorInvalidValue;
     default: return (int)cudaErrorInvalidValue;
   }
 }
@@ -598,21 +676,28 @@ const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int channels_last,
   return fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
 }
 
-int ff_fused_convt_pool_reduce(const float* x, const float* packed_w, const float* bias, float* out, int dtype,
+int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, float* out, int dtype,
                                int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
                                int red, cudaStream_t stream) {
   FB_GEOM_ARRAYS;
   FBPlan pl = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
   if (pl.why) return (int)cudaErrorNotSupported;
+  if (channels_last && reinterpret_cast<uintptr_t>(x) % 16) return (int)cudaErrorMisalignedAddress;   // 16-byte copies
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;
+  pl.prm.ncdhw_vec = !channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  auto launch = [&](auto kern) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
+    if (e != cudaSuccess) return (int)e;
+    kern<<<(unsigned)pl.blocks, 256, pl.smem, stream>>>(pl.prm);
+    return (int)cudaGetLastError();
+  };
   return ff_dispatch_bool(act != FF_ACT_NONE, [&](auto has_act) {
-    return fb_dispatch_ks(pl.ks, [&](auto ks) {
-      auto kern = fb_kernel<decltype(has_act)::value, decltype(ks)::value>;
-      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
-      if (e != cudaSuccess) return (int)e;
-      kern<<<(unsigned)pl.blocks, 256, pl.smem, stream>>>(pl.prm);
-      return (int)cudaGetLastError();
-    });
+    constexpr bool A = decltype(has_act)::value;
+    if (pl.dtype == FF_F32)
+      return fb_dispatch_ks<8>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FF_F32>); });
+    if (pl.dtype == FF_BF16)   // 16-bit: 16-channel k steps, at most 4
+      return fb_dispatch_ks<4>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FF_BF16>); });
+    return fb_dispatch_ks<4>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FF_F16>); });
   });
 }
 

@@ -93,7 +93,8 @@ def _choose_cached(spec, requested, x, weight, bias, mode, deterministic) -> Tup
     """choose(), remembered per input signature: the host work per call stays small next to the kernels."""
     channels_last = torch.channels_last if x.dim() == 4 else torch.channels_last_3d if x.dim() == 5 else None
     key = (spec, requested, x.device, x.dtype, tuple(x.shape), x.is_contiguous(),
-           channels_last is not None and x.is_contiguous(memory_format=channels_last), weight.device, weight.dtype,
+           channels_last is not None and x.is_contiguous(memory_format=channels_last), x.data_ptr() % 16 == 0,
+           weight.device, weight.dtype,
            None if bias is None else (bias.device, bias.dtype), mode, deterministic)
     if key not in _choices:
         if len(_choices) > 4096:

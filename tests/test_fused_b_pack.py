@@ -75,3 +75,18 @@ def test_fused_b_static_reasons(change, expect):
 @pytest.mark.parametrize("c_in,c_pad", [(4, 8), (8, 8), (12, 16), (16, 16), (24, 32), (32, 32), (40, 64), (64, 64)])
 def test_padded_channels(c_in, c_pad):
     assert padded_channels(c_in) == c_pad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_16bit_slices(dtype):
+    """bf16 / fp16 slices: [C_pad/8][64][8] in the input dtype (no rounding), C_in padded to 16 / 32 / 64."""
+    gen = torch.Generator().manual_seed(1)
+    c_in, k_out, stride = 24, 5, (2, 2, 2)
+    w = torch.randn(c_in, k_out, 3, 3, 3, generator=gen).to(dtype)
+    packed = pack_weights(w, stride, dtype)
+    c_pad = padded_channels(c_in, dtype)
+    assert c_pad == 32 and packed.dtype == dtype
+    first = packed[:c_pad * 64].view(c_pad // 8, 64, 8).permute(1, 0, 2).reshape(64, c_pad)   # class (0,0,0), tap 0
+    assert torch.equal(first[:k_out, :c_in], w[:, :, 0, 0, 0].t())
+    assert not first[k_out:].any() and not first[:, c_in:].any()
+    assert packed.numel() == 27 * c_pad * 64      # kernel 3 at stride 2: (2 + 1) ** 3 tap slices

@@ -130,6 +130,32 @@ def test_non_contiguous_and_empty_batch():
             fused(empty)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fused_b_input_off_a_16_byte_boundary(channels_last):
+    """An input view one element past a 16-byte boundary: NCDHW takes the kernel's per-element loader (not the 16-byte
+    one) and must still match; channels_last_3d cannot be copied in 16-byte groups, so "fused" refuses it with the
+    reason and "auto" serves it through the fallback."""
+    model = SeedB().cuda().eval()
+    x = _seed_input("B", channels_last=channels_last)[:, :, :12, :12, :12].contiguous(
+        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+    buf = torch.empty(x.numel() + 8, device="cuda")
+    off = torch.as_strided(buf, x.shape, x.stride(), storage_offset=1).copy_(x)
+    assert off.data_ptr() % 16 and off.is_contiguous(
+        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+    ref = _reference(model, x)
+    with torch.no_grad():
+        auto = fullfuse.fused_model(model)
+        assert errors(auto(off), ref)["relerr"] <= TOLERANCE["tf32"]
+        fused = fullfuse.fused_model(model, path="fused")
+        if channels_last:
+            with pytest.raises(fullfuse.UnsupportedError, match="aligned"):
+                fused(off)
+            assert auto.plans[0].last_path == "fallback" and "aligned" in auto.plans[0].last_reason
+        else:
+            assert errors(fused(off), ref)["relerr"] <= TOLERANCE["tf32"]
+            assert auto.plans[0].last_path == "fused"
+
+
 def test_wrong_device_dtype_and_rank():
     model = SeedA().cuda().eval()
     fused = fullfuse.fused_model(model)

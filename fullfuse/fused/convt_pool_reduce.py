@@ -24,7 +24,7 @@ def static_unsupported(spec: ConvTPoolReduceSpec) -> Optional[str]:
     if spec.groups != 1:
         return "groups != 1"
     if spec.in_channels % 4 or spec.in_channels > 64:
-        return "C_in % 4 != 0 or C_in > 64 (the fused kernel reads 4-channel, 16-byte groups, at most 64 channels)"
+        return "C_in % 4 != 0 or C_in > 64 (the fused kernel reads 16-byte channel groups, at most 64 channels)"
     if spec.out_channels > 64:
         return "C_out > 64"
     return None
@@ -45,8 +45,12 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     reason = static_unsupported(spec)
     if reason:
         return reason
-    if x.dtype != torch.float32 or mode != "tf32":
-        return f"{x.dtype} / precision {mode}: the fused kernel is fp32 TF32 only"
+    if x.dtype == torch.float32 and mode != "tf32":
+        return f"precision {mode}: the fused kernel runs fp32 as TF32 only"
+    if x.dtype in (torch.bfloat16, torch.float16) and spec.in_channels % 8:
+        return "bf16 / fp16 with C_in % 8 != 0 (the fused kernel reads 8-channel, 16-byte groups)"
+    if _channels_last(x) and x.data_ptr() % 16:
+        return "channels_last_3d input not 16-byte aligned (the fused kernel copies 16-byte channel groups)"
     try:
         why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", *_shape_args(spec, x))
     except Exception as exc:  # no nvcc and no cached build, or a build failure
@@ -54,17 +58,20 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     return None if why is None else why.decode()
 
 
-def padded_channels(c_in: int) -> int:
-    """Input channels of one packed weight slice: C_in padded up to 8, 16, 32 or 64 (fb_ksteps in the kernel)."""
-    return next(c for c in (8, 16, 32, 64) if c_in <= c)
+def padded_channels(c_in: int, dtype: torch.dtype = torch.float32) -> int:
+    """Input channels of one packed weight slice (fb_ksteps in the kernel): C_in padded up to 8, 16, 32 or 64 for
+    fp32 (8-channel k steps), up to 16, 32 or 64 for bf16 / fp16 (16-channel k steps)."""
+    sizes = (8, 16, 32, 64) if dtype == torch.float32 else (16, 32, 64)
+    return next(c for c in sizes if c_in <= c)
 
 
-def pack_weights(weight: torch.Tensor, stride) -> torch.Tensor:
-    """(C, K, Td, Th, Tw) -> per residue class (rd, rh, rw), per tap (md, mh, mw): one [C_pad/4][64][4] slice,
-    TF32-rounded (round to nearest, ties away), input channels zero-padded to C_pad, output channels to 64: the
-    layout csrc/fused_convt_pool_reduce.cu streams."""
+def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(C, K, Td, Th, Tw) -> per residue class (rd, rh, rw), per tap (md, mh, mw): one [C_pad/G][64][G] slice (G = 4
+    fp32 values, TF32-rounded to nearest with ties away, or 8 bf16 / fp16 values as given), input channels
+    zero-padded to C_pad, output channels to 64: the layout csrc/fused_convt_pool_reduce.cu streams."""
     c_in, k_out = weight.shape[:2]
-    c_pad = padded_channels(c_in)
+    c_pad = padded_channels(c_in, dtype)
+    group = 4 if dtype == torch.float32 else 8
     taps = weight.shape[2:]
     parts = []
     for rd in range(stride[0]):
@@ -73,20 +80,25 @@ def pack_weights(weight: torch.Tensor, stride) -> torch.Tensor:
                 for td in range(rd, taps[0], stride[0]):
                     for th in range(rh, taps[1], stride[1]):
                         for tw in range(rw, taps[2], stride[2]):
-                            kc = weight.new_zeros(64, c_pad, dtype=torch.float32)
-                            kc[:k_out, :c_in] = weight[:, :, td, th, tw].t().float()
-                            parts.append(kc.view(64, c_pad // 4, 4).permute(1, 0, 2).reshape(-1))
-    bits = torch.cat(parts).view(torch.int32)
+                            kc = weight.new_zeros(64, c_pad, dtype=dtype)
+                            kc[:k_out, :c_in] = weight[:, :, td, th, tw].t().to(dtype)
+                            parts.append(kc.view(64, c_pad // group, group).permute(1, 0, 2).reshape(-1))
+    packed = torch.cat(parts)
+    if dtype != torch.float32:
+        return packed
+    bits = packed.view(torch.int32)
     return ((bits + 0x1000) & -0x2000).view(torch.float32)
 
 
 def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
     if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d)):
         x = x.contiguous()                       # NCDHW and channels_last_3d are read natively, anything else copied
-    packed = relayout(weight, ("fused_b_pack", tuple(spec.stride)), lambda w: pack_weights(w, spec.stride))
+    packed = relayout(weight, ("fused_b_pack", tuple(spec.stride), x.dtype),
+                      lambda w: pack_weights(w, spec.stride, x.dtype))
     n = x.shape[0]
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     out = launch.new_output(n, *pooled, device=x.device)
     launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, *_shape_args(spec, x),
                   device=x.device)
+    out = out.to(x.dtype)                        # computed in fp32; returned in the input's dtype, as the model does
     return out.unsqueeze(1) if spec.keepdim else out
