@@ -446,7 +446,10 @@ __global__ void __launch_bounds__(FB_THREADS, 1) fb_kernel(const __grid_constant
       // serialise them, C7520)
       auto step = [&](int st, auto mma) {
         const int b = st % FB_NBUF;
-        if (tid == 0) produce(st);
+        if (warp == 0) {   // warp-uniform: lanes 1-31 wait here, not spinning on the full barrier beside lane 0
+          if (lane == 0) produce(st);
+          __syncwarp();
+        }
         fb_mbar_wait(full_s + 8 * b, (st / FB_NBUF) & 1);
         if constexpr (decltype(mma)::value) {
           const uint32_t delta = (uint32_t)steps[st].y;
