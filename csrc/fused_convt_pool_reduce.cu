@@ -17,17 +17,14 @@
 // two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row, 0.67 at two).
 // Two consumer warpgroups share the tile and the weight stream; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h
 // group), 3 per warpgroup (3 x 48 accumulator registers).  A block walks a step list (class, tile group, tap)
-// built in shared memory, one weight slice per step, bulk-copied (TMA) into FB_NBUF buffers with full / empty
-// mbarriers: thread 0 issues the copies between its own steps, up to FB_NBUF steps ahead where a buffer is already
-// free, so the warpgroups never wait on a block barrier between taps and may drift apart.  (A producer warp would
-// cost registers: at 288 threads ptxas serialises the wgmmas, C7512.)
+// built in shared memory, one weight slice per step.
 // The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax
 // (ordered uints, NaN propagating) into the window maxima; bias goes after the max when there is no activation.
 // The final channel reduction runs in a fixed order: deterministic.
 // Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 / bf16 / fp16 input (NCDHW or
 // channels_last_3d), C <= 64 with C % 4 == 0 (fp32) or C % 8 == 0 (16-bit), K <= 64, dilation 1, one window's
 // input columns fit in 32, the tile fits in shared memory.  FB_SKIP_* macros are stage-isolation switches for benchmarks/probe_fused_b.py only
-// (they give wrong results); FB_NBUF is the pipeline-depth knob.
+// (they give wrong results); FB_NBUF / FB_WGDEPTH are pipeline-depth knobs (measured: within 1 %).
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <algorithm>
@@ -40,11 +37,14 @@ constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
 constexpr int FB_NT = 6;        // tiles accumulated together: 3 per warpgroup
 constexpr int FB_WH = 2;        // window rows (in h) per block, at most
-#ifndef FB_NBUF
-#define FB_NBUF 4               // weight-slice buffers: copies run up to FB_NBUF steps ahead
+#ifndef FB_WGDEPTH
+#define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
 #endif
-constexpr int FB_THREADS = 256;                   // two warpgroups (wgmma + epilogue)
-constexpr size_t FB_SMEM_MAX = 227 * 1024 - 256;  // dynamic shared memory: the per-block 227 KB less the static part
+#ifndef FB_NBUF
+#define FB_NBUF 4               // weight-slice buffers: FB_NBUF - 1 - FB_WGDEPTH steps of prefetch
+#endif
+constexpr int FB_PF = FB_NBUF - 1 - FB_WGDEPTH;
+static_assert(FB_PF >= 1, "FB_NBUF too small for FB_WGDEPTH");
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
@@ -124,34 +124,6 @@ __device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t d
 }
 #endif
 
-// mbarriers (shared::cta): a full barrier per weight buffer (thread 0's expect_tx + the bulk copy's bytes) and an
-// empty barrier per buffer (one arrival per warp once its wgmmas that read the buffer have completed)
-__device__ __forceinline__ void fb_mbar_init(uint32_t bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void fb_mbar_wait(uint32_t bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ bool fb_mbar_test(uint32_t bar, unsigned parity) {   // non-blocking
-  unsigned done;
-  asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void fb_mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-// one bulk copy (TMA, no tensor map) of `bytes` contiguous bytes into shared memory, completing on mbarrier bar
-__device__ __forceinline__ void fb_bulk_load(uint32_t dst, const void* src, unsigned bytes, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
 __device__ __forceinline__ void fb_cp16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
@@ -195,11 +167,11 @@ __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float 
   if (rows_ok > 2) row(ff_int<2>{}, hw2);
 }
 
-// Two warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
+// Two consumer warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
 template <bool HAS_ACT, int KS, int DT>
-__global__ void __launch_bounds__(FB_THREADS, 1) fb_kernel(const __grid_constant__ FBParams p) {
+__global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
-  constexpr int NTHR = FB_THREADS;
+  constexpr int NTHR = 256;
   constexpr int ES = DT == FF_F32 ? 4 : 2;        // bytes per input / weight element
   constexpr int CPL = 16 / ES;                      // channels per 16-byte plane entry: 4 (fp32) or 8 (16-bit)
   constexpr int SLICE_BYTES = KS * 2048;            // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
@@ -210,8 +182,6 @@ __global__ void __launch_bounds__(FB_THREADS, 1) fb_kernel(const __grid_constant
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
   __shared__ int s_total;
-  __shared__ __align__(8) uint64_t s_bars[2 * FB_NBUF];   // full[FB_NBUF], empty[FB_NBUF]
-  const uint32_t full_s = (uint32_t)__cvta_generic_to_shared(s_bars), empty_s = full_s + 8 * FB_NBUF;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
@@ -243,13 +213,6 @@ __global__ void __launch_bounds__(FB_THREADS, 1) fb_kernel(const __grid_constant
   const int iw_lo = (ow_lo + p.p[2]) / p.s[2] - (p.Mmax[2] - 1);
 
   for (int i = tid; i < p.wh * p.pwb * 64; i += NTHR) winmax[i] = 0u;   // below every encoded value
-  if (tid == 0) {
-    for (int b = 0; b < FB_NBUF; ++b) {
-      fb_mbar_init(full_s + 8 * b, 1);
-      fb_mbar_init(empty_s + 8 * b, FB_THREADS / 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
 
   // ---- input tile: [2 KS planes of CPL channels][nd x nh rows][32 columns][16 B], zero outside the input ----
   {
@@ -392,131 +355,112 @@ __global__ void __launch_bounds__(FB_THREADS, 1) fb_kernel(const __grid_constant
   }
 #endif
 
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // tile writes (generic proxy) -> wgmma reads
-  __syncthreads();   // steps[], the mbarriers and the rounded tile are visible to every thread
-
-  // weight slices: thread 0 copies step `next` into buffer next % FB_NBUF once the step that held it (next - FB_NBUF)
-  // is released by all 8 warps; before step st it must have copied step st (waiting if it has to: the buffer's
-  // previous step is at least one step behind this warp, so only the other warpgroup can hold it), and it copies
-  // further ahead, up to st + FB_NBUF - 1, while buffers are already free
-  int next = 0;
-  auto produce = [&](int st) {
-    for (; next < total && next < st + FB_NBUF; ++next) {
-      const int b = next % FB_NBUF;
-      if (next >= FB_NBUF) {
-        const unsigned parity = ((next / FB_NBUF) - 1) & 1;
-        if (next > st) {
-          if (!fb_mbar_test(empty_s + 8 * b, parity)) break;
-        } else {
-          fb_mbar_wait(empty_s + 8 * b, parity);
-        }
-      }
-      fb_bulk_load(wbuf_s + b * SLICE_BYTES, static_cast<const char*>(p.wp) + (size_t)steps[next].x * SLICE_BYTES,
-                   SLICE_BYTES, full_s + 8 * b);
+  // weight slice of step st into buffer st % FB_NBUF; one commit group per call, empty past the end
+  auto load_step = [&](int st) {
+    if (st < total) {
+      const char* src = static_cast<const char*>(p.wp) + (size_t)steps[st].x * SLICE_BYTES;
+      const uint32_t dst = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
+#pragma unroll
+      for (int i = tid; i < SLICE_BYTES / 16; i += NTHR) fb_cp16(dst + i * 16, src + i * 16, true);
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");
   };
-  {
-    const int m0 = 16 * (warp & 3) + g8;   // this thread's output channels: m0, m0 + 8
-    const float b0 = (p.bias && m0 < p.K) ? __ldg(p.bias + m0) : 0.0f;
-    const float b1 = (p.bias && m0 + 8 < p.K) ? __ldg(p.bias + m0 + 8) : 0.0f;
-    const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-column core matrices 128 B apart
-    const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
-    float acc[3][48];   // this warpgroup's 3 tiles
+  __syncthreads();   // steps[] and the rounded tile are visible to every thread
+#pragma unroll
+  for (int i = 0; i < FB_PF; ++i) load_step(i);
 
-    for (int st = 0; st < total;) {
-      // ---- one tile group: its class's taps, one weight slice per step ----
-      const int4 e0 = steps[st];
-      const int c = e0.z, grp = e0.w;
-      const int* ci = cinfo + c * FB_CINFO;
-      const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
-      const int t_first = grp * FB_NT + 3 * wg;   // this warpgroup's tiles: t_first .. t_first + 2
-      const bool wg_busy = t_first < ci[6];
-      uint32_t bdesc[3];
+  const int m0 = 16 * (warp & 3) + g8;   // this thread's output channels: m0, m0 + 8
+  const float b0 = (p.bias && m0 < p.K) ? __ldg(p.bias + m0) : 0.0f;
+  const float b1 = (p.bias && m0 + 8 < p.K) ? __ldg(p.bias + m0 + 8) : 0.0f;
+  const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-column core matrices 128 B apart
+  const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
+  float acc[3][48];   // this warpgroup's 3 tiles
+
+  for (int st = 0; st < total;) {
+    // ---- one tile group: its class's taps, one weight slice per step, FB_PF slices in flight ----
+    const int4 e0 = steps[st];
+    const int c = e0.z, grp = e0.w;
+    const int* ci = cinfo + c * FB_CINFO;
+    const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
+    const int t_first = grp * FB_NT + 3 * wg;   // this warpgroup's tiles: t_first .. t_first + 2
+    const bool wg_busy = t_first < ci[6];
+    uint32_t bdesc[3];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) {   // tiles past the class's last are duplicates of the group's first (dropped later)
-        const int t = t_first + j < ci[6] ? t_first + j : grp * FB_NT;
-        const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
-        const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
-        bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
-      }
-      const int st_begin = st, st_end = st + ci[7];
-      // one step: wait for its weight slice, then (MMA) this warpgroup's 3 x KS wgmmas, then release the previous step's
-      // buffer (its wgmmas are complete after wait_group 1); a warpgroup whose 3 tiles are all past the class's last
-      // only waits and releases (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas
-      // serialise them, C7520)
-      auto step = [&](int st, auto mma) {
-        const int b = st % FB_NBUF;
-        if (warp == 0) {   // warp-uniform: lanes 1-31 wait here, not spinning on the full barrier beside lane 0
-          if (lane == 0) produce(st);
-          __syncwarp();
-        }
-        fb_mbar_wait(full_s + 8 * b, (st / FB_NBUF) & 1);
-        if constexpr (decltype(mma)::value) {
-          const uint32_t delta = (uint32_t)steps[st].y;
-          const uint32_t a_lo = ((wbuf_s + b * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
-          const int accumulate = st > st_begin;
-          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    for (int j = 0; j < 3; ++j) {   // tiles past the class's last are duplicates of the group's first (dropped later)
+      const int t = t_first + j < ci[6] ? t_first + j : grp * FB_NT;
+      const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
+      const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
+      bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
+    }
+    const int st_begin = st, st_end = st + ci[7];
+    // one step: wait for its weight slice (and every warp past the previous step), prefetch, then (MMA) this
+    // warpgroup's 3 x KS wgmmas; a warpgroup whose 3 tiles are all past the class's last runs the loop without them
+    // (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas serialise them, C7520)
+    auto step = [&](int st, auto mma) {
+      const uint32_t delta = (uint32_t)steps[st].y;
+      asm volatile("cp.async.wait_group %0;" :: "n"(FB_PF - 1) : "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group
+      load_step(st + FB_PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
+      if constexpr (decltype(mma)::value) {
+        const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
+        const int accumulate = st > st_begin;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-          for (int ks = 0; ks < KS; ++ks) {
-            const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
-            const uint32_t kshift = ks * 2 * plane16 - delta;
+        for (int ks = 0; ks < KS; ++ks) {
+          const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
+          const uint32_t kshift = ks * 2 * plane16 - delta;
 #ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
 #pragma unroll
-            for (int j = 0; j < 3; ++j)
-              fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
+          for (int j = 0; j < 3; ++j)
+            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
 #endif
-          }
-          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-          if (st > st_begin && lane == 0) fb_mbar_arrive(empty_s + 8 * ((st - 1) % FB_NBUF));
-        } else {
-          if (lane == 0) fb_mbar_arrive(empty_s + 8 * b);
         }
-      };
-      if (wg_busy) {
-        for (; st < st_end; ++st) step(st, std::true_type{});
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        if (lane == 0) fb_mbar_arrive(empty_s + 8 * ((st_end - 1) % FB_NBUF));
-      } else {
-        for (; st < st_end; ++st) step(st, std::false_type{});
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
       }
+    };
+    if (wg_busy)
+      for (; st < st_end; ++st) step(st, std::true_type{});
+    else
+      for (; st < st_end; ++st) step(st, std::false_type{});
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-      for (int j = 0; j < 3; ++j)
+    for (int j = 0; j < 3; ++j)
 #pragma unroll
-        for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
-      // ---- epilogue of a tile group: max over the valid (q_d, q_h) rows of each h-window in registers, then into the
-      // window maxima ----
-      float mx[FB_WH][16];
+      for (int i = 0; i < 48; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
+    // ---- epilogue of a tile group: max over the valid (q_d, q_h) rows of each h-window in registers, then into the
+    // window maxima ----
+    float mx[FB_WH][16];
 #pragma unroll
-      for (int w = 0; w < FB_WH; ++w)
+    for (int w = 0; w < FB_WH; ++w)
 #pragma unroll
-        for (int i = 0; i < 16; ++i) mx[w][i] = -__int_as_float(0x7f800000);
-      const int rh = p.cls_r[c][1];
+      for (int i = 0; i < 16; ++i) mx[w][i] = -__int_as_float(0x7f800000);
+    const int rh = p.cls_r[c][1];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int t = t_first + j;
-        if (t >= ci[6]) continue;
-        const int qh = ci[2] + FB_ROWS * (t % nhg);
-        auto hwin = [&](int r) { return (p.s[1] * (qh + r) + rh - p.p[1] - oh0) / p.win[1]; };
-        fb_tile_max<HAS_ACT>(mx, acc[j], ci[3] - FB_ROWS * (t % nhg), hwin(0), hwin(1), hwin(2), p.act, b0, b1);
-      }
-      // into the window maxima: columns 2 tig, 2 tig + 1 (+ 8 ii) that share a w-window are merged first
+    for (int j = 0; j < 3; ++j) {
+      const int t = t_first + j;
+      if (t >= ci[6]) continue;
+      const int qh = ci[2] + FB_ROWS * (t % nhg);
+      auto hwin = [&](int r) { return (p.s[1] * (qh + r) + rh - p.p[1] - oh0) / p.win[1]; };
+      fb_tile_max<HAS_ACT>(mx, acc[j], ci[3] - FB_ROWS * (t % nhg), hwin(0), hwin(1), hwin(2), p.act, b0, b1);
+    }
+    // into the window maxima: columns 2 tig, 2 tig + 1 (+ 8 ii) that share a w-window are merged first
 #pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        const int cw0 = colwin[c * FB_COLS + 8 * ii + 2 * tig], cw1 = colwin[c * FB_COLS + 8 * ii + 2 * tig + 1];
+    for (int ii = 0; ii < 4; ++ii) {
+      const int cw0 = colwin[c * FB_COLS + 8 * ii + 2 * tig], cw1 = colwin[c * FB_COLS + 8 * ii + 2 * tig + 1];
 #pragma unroll
-        for (int w = 0; w < FB_WH; ++w) {
-          if (w >= nwh) continue;
+      for (int w = 0; w < FB_WH; ++w) {
+        if (w >= nwh) continue;
 #pragma unroll
-          for (int kh = 0; kh < 2; ++kh) {
-            const int k = m0 + 8 * kh;
-            if (k >= p.K) continue;
-            unsigned* row = winmax + w * p.pwb * 64 + k;
-            float v0 = mx[w][4 * ii + 2 * kh], v1 = mx[w][4 * ii + 2 * kh + 1];
-            if (cw0 == cw1) { v0 = ff_max_nan(v0, v1); v1 = -__int_as_float(0x7f800000); }
-            if (cw0 >= 0 && v0 != -__int_as_float(0x7f800000)) atomicMax(row + cw0 * 64, fb_enc(v0));
-            if (cw1 >= 0 && v1 != -__int_as_float(0x7f800000)) atomicMax(row + cw1 * 64, fb_enc(v1));
-          }
+        for (int kh = 0; kh < 2; ++kh) {
+          const int k = m0 + 8 * kh;
+          if (k >= p.K) continue;
+          unsigned* row = winmax + w * p.pwb * 64 + k;
+          float v0 = mx[w][4 * ii + 2 * kh], v1 = mx[w][4 * ii + 2 * kh + 1];
+          if (cw0 == cw1) { v0 = ff_max_nan(v0, v1); v1 = -__int_as_float(0x7f800000); }
+          if (cw0 >= 0 && v0 != -__int_as_float(0x7f800000)) atomicMax(row + cw0 * 64, fb_enc(v0));
+          if (cw1 >= 0 && v1 != -__int_as_float(0x7f800000)) atomicMax(row + cw1 * 64, fb_enc(v1));
         }
       }
     }
@@ -686,9 +630,9 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
     pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
-    if (pl.smem <= FB_SMEM_MAX) break;
+    if (pl.smem <= 227 * 1024) break;
   }
-  if (pl.smem > FB_SMEM_MAX) {
+  if (pl.smem > 227 * 1024) {
     pl.why = "fused convT-pool-reduce: the input tile of one window row does not fit in shared memory";
     return pl;
   }
@@ -744,7 +688,7 @@ int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float*
   auto launch = [&](auto kern) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
     if (e != cudaSuccess) return (int)e;
-    kern<<<(unsigned)pl.blocks, FB_THREADS, pl.smem, stream>>>(pl.prm);
+    kern<<<(unsigned)pl.blocks, 256, pl.smem, stream>>>(pl.prm);
     return (int)cudaGetLastError();
   };
   return ff_dispatch_bool(act != FF_ACT_NONE, [&](auto has_act) {
