@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-a  probe-b  profile-a  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  probe  probe-a  probe-b  profile-a  profile-b  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,6 +34,15 @@ for stage in "$@"; do
       ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
         --page source --csv --print-source sass python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a_sass.csv" 2>&1
       gzip -f "$OUT/ncu_a_sass.csv"; ls -la "$OUT" ;;
+    profile-b)   # Nsight Compute on the fused family-B kernel at the seed (probe, FF_PROBE_NCU=1: channels_last launch first)
+      for d in float32 bfloat16; do
+        FF_PROBE_NCU=1 FF_PROBE_DTYPES=$d ncu --clock-control none -k regex:fb_kernel --launch-count 1 --import-source no \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+          --section InstructionStats --section MemoryWorkloadAnalysis python3 benchmarks/probe_fused_b.py > "$OUT/ncu_b_$d.txt" 2>&1
+        FF_PROBE_NCU=1 FF_PROBE_DTYPES=$d ncu --clock-control none -k regex:fb_kernel --launch-count 1 --section SourceCounters \
+          --section WarpStateStats --page source --csv --print-source sass python3 benchmarks/probe_fused_b.py > "$OUT/ncu_b_sass_$d.csv" 2>&1
+        gzip -f "$OUT/ncu_b_sass_$d.csv"; tail -3 "$OUT/ncu_b_$d.txt"
+      done ;;
     probe-chunks) python3 benchmarks/probe_fallback_chunks.py 2>&1 | tee "$OUT/probe_chunks.txt" ;;
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;

@@ -18,7 +18,7 @@ import torch
 from .cudnn_peer import cudnn_fused_a
 from .errors import UnsupportedError
 from .fallback import cudnn_conv, pipeline
-from .measure import environment, errors, peak_extra_memory, time_cuda
+from .measure import environment, errors, gpu_state, peak_extra_memory, time_cuda
 from .model import fused_model
 from .precision import cudnn_conv_precision, resolve
 from .seed_models import SEED_SHAPE, SMALL_SHAPE, seed_model
@@ -77,16 +77,19 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
             err = errors(out, reference)
             del out
             timing = time_cuda(call, repeats=repeats)
+            state = gpu_state()                             # clock / power right after the timed runs
             extra = peak_extra_memory(call)
-        row = {"variant": name, "available": True, **timing, **err, "peak_extra_mb": extra / 2**20, "first_call_s": first_s}
+        row = {"variant": name, "available": True, **timing, **err, "peak_extra_mb": extra / 2**20, "first_call_s": first_s,
+               "gpu_after_timing": state}
         if name in ("fallback", "fused"):
             row["plans"] = [str(p) for p in fn_model.plans]
             row["ran"] = [p.last_path for p in fn_model.plans]
             row["chunk_schedules"] = [str(d) for d in pipeline.describe()]
             row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe()]
         rows.append(row)
+        clock = f"  SM {state['sm_clock_mhz']:.0f} MHz {state.get('power_w', 0):.0f} W" if "sm_clock_mhz" in state else ""
         print(f"  {name:22} {timing['median_ms']:8.3f} ms (min {timing['min_ms']:.3f})  relerr {err['relerr']:.2e}  "
-              f"extra mem {extra / 2**20:8.1f} MB", flush=True)
+              f"extra mem {extra / 2**20:8.1f} MB{clock}", flush=True)
     return {"family": family, "shape": list(shape), "dtype": dtype, "precision": precision, "mode": mode,
             "layout": "channels_last" if channels_last else "contiguous", "rows": rows}
 

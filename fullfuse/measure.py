@@ -102,10 +102,30 @@ def environment() -> Dict[str, object]:
     return env
 
 
-def _driver_version():
+def _nvidia_smi(fields: str):
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
         return out or None
     except Exception:
         return None
+
+
+def _driver_version():
+    return _nvidia_smi("driver_version")
+
+
+def gpu_state() -> Dict[str, object]:
+    """SM clock (MHz), power (W) and temperature (C) as nvidia-smi reads them now: recorded beside each timing, so
+    a run's spread can be told apart from a slower kernel (an H200 under sustained tensor-core load may clock down)."""
+    out = _nvidia_smi("clocks.sm,power.draw,temperature.gpu")
+    if not out:
+        return {}
+    keys = ("sm_clock_mhz", "power_w", "temperature_c")
+    state = {}
+    for key, value in zip(keys, out.split(",")):
+        try:
+            state[key] = float(value)
+        except ValueError:
+            pass
+    return state
