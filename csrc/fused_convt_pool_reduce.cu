@@ -17,7 +17,7 @@
 // two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row, 0.67 at two).
 // Two consumer warpgroups share the tile and the weight stream; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h
 // group), 3 per warpgroup (3 x 48 accumulator registers).  A block walks a step list (class, tile group, tap)
-// built in shared memory, one weight slice per step.
+// built in shared memory, FB_TPS = 2 taps (weight slices) per step.
 // The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax
 // (ordered uints, NaN propagating) into the window maxima; bias goes after the max when there is no activation.
 // The final channel reduction runs in a fixed order: deterministic.
@@ -41,8 +41,10 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
 #endif
 #ifndef FB_NBUF
-#define FB_NBUF 4               // weight-slice buffers: FB_NBUF - 1 - FB_WGDEPTH steps of prefetch
+#define FB_NBUF 3               // weight buffers (FB_TPS slices each): FB_NBUF - 1 - FB_WGDEPTH steps of prefetch
 #endif
+constexpr int FB_TPS = 2;       // taps per step: a step's block barrier, copies and descriptor work serve 2 taps' MMAs
+                                // (profile, bf16: per-step work as long as one tap's HGMMAs)
 constexpr int FB_PF = FB_NBUF - 1 - FB_WGDEPTH;
 static_assert(FB_PF >= 1, "FB_NBUF too small for FB_WGDEPTH");
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   constexpr int SLICE_BYTES = KS * 2048;            // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
-  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * SLICE_BYTES);   // [wh][pwb][64]
+  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * FB_TPS * SLICE_BYTES);   // [wh][pwb][64]
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
@@ -315,7 +317,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int tiles = (nqd > 0 && nqh > 0 && nqw > 0 && taps > 0) ? nqd * ((nqh + FB_ROWS - 1) / FB_ROWS) : 0;
     int* ci = cinfo + c * FB_CINFO;
     ci[0] = qd0; ci[1] = nqd; ci[2] = qh0; ci[3] = nqh; ci[4] = qw0; ci[5] = nqw; ci[6] = tiles;
-    ci[7] = taps; ci[8] = (tiles + FB_NT - 1) / FB_NT * taps;   // steps of this class
+    ci[7] = (taps + FB_TPS - 1) / FB_TPS;                          // steps per tile group: FB_TPS taps each
+    ci[8] = (tiles + FB_NT - 1) / FB_NT * ci[7];                     // steps of this class
   }
   __syncthreads();
   if (tid == 0) {
@@ -329,12 +332,16 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     int c = 0;
     while (c + 1 < p.ncls && cinfo[(c + 1) * FB_CINFO + 9] <= i) ++c;
     const int* ci = cinfo + c * FB_CINFO;
-    const int local = i - ci[9], taps = ci[7];
-    const int grp = local / taps, tap = local - grp * taps;
-    const int Mh = p.cls_M[c][1], Mw = p.cls_M[c][2];
-    const int md = tap / (Mh * Mw), mh = (tap / Mw) % Mh, mw = tap % Mw;
-    const int delta = ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;   // the tap's B start shift, 16-byte units
-    steps[i] = make_int4(p.cls_slice[c] + tap, delta, c, grp);
+    const int local = i - ci[9], nst = ci[7];
+    const int grp = local / nst, tap = (local - grp * nst) * FB_TPS;
+    const int Mh = p.cls_M[c][1], Mw = p.cls_M[c][2], taps = p.cls_M[c][0] * Mh * Mw;
+    auto delta = [&](int t) {   // tap t's B start shift in 16-byte units; -1: past the class's last tap (none)
+      if (t >= taps) return -1;
+      const int md = t / (Mh * Mw), mh = (t / Mw) % Mh, mw = t % Mw;
+      return ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;
+    };
+    static_assert(FB_TPS == 2, "a step entry holds two taps");
+    steps[i] = make_int4(p.cls_slice[c] + tap, delta(tap), delta(tap + 1), c | grp << 8);
   }
   for (int i = tid; i < p.ncls * FB_COLS; i += NTHR) {   // tile column -> the block's w-window (-1: not an output)
     const int c = i / FB_COLS, col = i % FB_COLS;
@@ -355,13 +362,18 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   }
 #endif
 
-  // weight slice of step st into buffer st % FB_NBUF; one commit group per call, empty past the end
+  // weight slices of step st (consecutive in the packing) into buffer st % FB_NBUF, a missing second tap as zeros;
+  // one commit group per call, empty past the end
   auto load_step = [&](int st) {
     if (st < total) {
-      const char* src = static_cast<const char*>(p.wp) + (size_t)steps[st].x * SLICE_BYTES;
-      const uint32_t dst = wbuf_s + (st % FB_NBUF) * SLICE_BYTES;
+      const int4 e = steps[st];
+      const char* src = static_cast<const char*>(p.wp) + (size_t)e.x * SLICE_BYTES;
+      const uint32_t dst = wbuf_s + (st % FB_NBUF) * (FB_TPS * SLICE_BYTES);
 #pragma unroll
-      for (int i = tid; i < SLICE_BYTES / 16; i += NTHR) fb_cp16(dst + i * 16, src + i * 16, true);
+      for (int i = tid; i < FB_TPS * SLICE_BYTES / 16; i += NTHR) {
+        const bool ok = i < SLICE_BYTES / 16 || e.z >= 0;
+        fb_cp16(dst + i * 16, ok ? src + i * 16 : src, ok);
+      }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
@@ -374,12 +386,13 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const float b1 = (p.bias && m0 + 8 < p.K) ? __ldg(p.bias + m0 + 8) : 0.0f;
   const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;            // SBO: 8-column core matrices 128 B apart
   const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
+  const uint32_t zero_desc = (tile_s + (uint32_t)p.tile_bytes) >> 4;   // the zero slack, LBO 0 (see step below)
   float acc[3][48];   // this warpgroup's 3 tiles
 
   for (int st = 0; st < total;) {
-    // ---- one tile group: its class's taps, one weight slice per step, FB_PF slices in flight ----
+    // ---- one tile group: its class's taps, FB_TPS weight slices per step, FB_PF steps in flight ----
     const int4 e0 = steps[st];
-    const int c = e0.z, grp = e0.w;
+    const int c = e0.w & 255, grp = e0.w >> 8;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
     const int t_first = grp * FB_NT + 3 * wg;   // this warpgroup's tiles: t_first .. t_first + 2
@@ -393,29 +406,42 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
     }
     const int st_begin = st, st_end = st + ci[7];
-    // one step: wait for its weight slice (and every warp past the previous step), prefetch, then (MMA) this
-    // warpgroup's 3 x KS wgmmas; a warpgroup whose 3 tiles are all past the class's last runs the loop without them
-    // (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas serialise them, C7520)
+    // one step: wait for its weight slices (and every warp past the previous step), prefetch, then (MMA) this
+    // warpgroup's FB_TPS x KS x 3 wgmmas; a warpgroup whose 3 tiles are all past the class's last runs the loop
+    // without them (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas serialise them,
+    // C7520).  A step without a second tap (odd tap count) multiplies zero weights by the tile's zero slack (read
+    // with LBO 0), so Inf / NaN in the input cannot leak into it.
     auto step = [&](int st, auto mma) {
-      const uint32_t delta = (uint32_t)steps[st].y;
+      const int4 e = steps[st];
       asm volatile("cp.async.wait_group %0;" :: "n"(FB_PF - 1) : "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();   // step st's slice landed for all; every warp is past step st - 1's wgmma.wait_group
+      __syncthreads();   // step st's slices landed for all; every warp is past step st - 1's wgmma.wait_group
       load_step(st + FB_PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
       if constexpr (decltype(mma)::value) {
-        const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * SLICE_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
+        const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * (FB_TPS * SLICE_BYTES)) >> 4) | ((uint32_t)(1024 >> 4) << 16);
         const int accumulate = st > st_begin;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        const bool none1 = e.z < 0;
+        uint32_t b1[3];
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-          const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
-          const uint32_t kshift = ks * 2 * plane16 - delta;
+        for (int j = 0; j < 3; ++j) b1[j] = none1 ? zero_desc : bdesc[j] - (uint32_t)e.z;
+        const uint32_t kstep1 = none1 ? 0u : 2 * plane16;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
 #pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {   // tap 0
+          const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
+#pragma unroll
           for (int j = 0; j < 3; ++j)
-            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + kshift) | desc_hi, (accumulate || ks > 0) ? 1 : 0);
-#endif
+            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
+                         (accumulate || ks > 0) ? 1 : 0);
         }
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {   // tap 1
+          const uint64_t da = (uint64_t)(a_lo + (SLICE_BYTES >> 4) + ks * (2048 >> 4)) | desc_hi;
+#pragma unroll
+          for (int j = 0; j < 3; ++j) fb_wgmma<DT>(acc[j], da, (uint64_t)(b1[j] + ks * kstep1) | desc_hi, 1);
+        }
+#endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
       }
@@ -621,14 +647,14 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
           const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
           if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
           const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
-          total += (tiles + FB_NT - 1) / FB_NT * taps;
+          total += (tiles + FB_NT - 1) / FB_NT * ((taps + FB_TPS - 1) / FB_TPS);
         }
         p.max_steps = std::max(p.max_steps, total);
       }
     p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
     p.tile_bytes = 2 * pl.ks * p.plane_bytes;
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
-    pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
+    pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * FB_TPS * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
   }
