@@ -8,23 +8,23 @@
 // sum_m x[q - m] * w[r + s*m], m = 0 .. M_r - 1, M_r = ceil((T - r) / s): a stride-1 conv per class (8 classes for
 // s = 2) whose taps are input offsets -m.  GEMM per class and tap (wgmma m64n96k8 TF32 for fp32 input, m64n96k16
 // for bf16 / fp16 input; fp32 accumulation):
-//   M = 64 output channels: A = the tap's weight slice (64 x C, streamed through FB_NBUF shared-memory buffers),
+//   M = 64 output channels: A = the tap's weight slice (64 x C, streamed through shared-memory buffers),
 //   N = 96 = 3 consecutive q_h rows x 32 q_w columns of the input tile (B, shared memory; the tap's (-m_d, -m_h, -m_w)
 //       shift is only the descriptor's start address, because the tile rows are 32 columns apart, contiguous),
 //   K = C input channels (8 fp32 or 16 bf16 / fp16 per wgmma, channels zero-padded to a whole number of steps).
 // One block = one image x one window-row d index Pd x FB_WH (or fewer) consecutive window rows Ph x a chunk of Pw
-// windows whose input columns fit in 32.  Every block streams all weight slices once (1 MB at the seed); covering
-// two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row, 0.67 at two).
-// Two consumer warpgroups share the tile and the weight stream; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h
-// group), 3 per warpgroup (3 x 48 accumulator registers).  A block walks a step list (class, tile group, tap)
-// built in shared memory, FB_TPS = 2 taps (weight slices) per step.
+// windows whose input columns fit in 32.  Each warpgroup of a block streams all weight slices once (1 MB at the
+// seed); covering two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row,
+// 0.67 at two).  Two warpgroups share the tile; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h group), 3 per
+// warpgroup (3 x 48 accumulator registers).  A block walks a step list (class, tile group, taps) built in shared
+// memory, 1 (fp32) or 2 (16-bit) taps per step; each warpgroup walks it with its own weight buffers and barrier.
 // The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax
 // (ordered uints, NaN propagating) into the window maxima; bias goes after the max when there is no activation.
 // The final channel reduction runs in a fixed order: deterministic.
 // Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 / bf16 / fp16 input (NCDHW or
 // channels_last_3d), C <= 64 with C % 4 == 0 (fp32) or C % 8 == 0 (16-bit), K <= 64, dilation 1, one window's
 // input columns fit in 32, the tile fits in shared memory.  FB_SKIP_* macros are stage-isolation switches for benchmarks/probe_fused_b.py only
-// (they give wrong results); FB_NBUF / FB_WGDEPTH are pipeline-depth knobs (measured: within 1 %).
+// (they give wrong results); FB_NBUF32 / FB_NBUF16 / FB_WGDEPTH are pipeline-depth knobs.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <algorithm>
@@ -40,13 +40,19 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_WGDEPTH
 #define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
 #endif
-#ifndef FB_NBUF
-#define FB_NBUF 3               // weight buffers (FB_TPS slices each): FB_NBUF - 1 - FB_WGDEPTH steps of prefetch
+#ifndef FB_NBUF32
+#define FB_NBUF32 3             // weight buffers per warpgroup, fp32 input: FB_NBUF32 - 1 - FB_WGDEPTH steps of prefetch
 #endif
-constexpr int FB_TPS = 2;       // taps per step: a step's block barrier, copies and descriptor work serve 2 taps' MMAs
-                                // (profile, bf16: per-step work as long as one tap's HGMMAs)
-constexpr int FB_PF = FB_NBUF - 1 - FB_WGDEPTH;
-static_assert(FB_PF >= 1, "FB_NBUF too small for FB_WGDEPTH");
+#ifndef FB_NBUF16
+#define FB_NBUF16 4             // the same for bf16 / fp16 input
+#endif
+// Each warpgroup streams its own copy of the weight slices (its own buffers, copies and named barrier), so the two
+// run apart: one's epilogue overlaps the other's HGMMAs.  Taps per step: 2 for 16-bit input (a step's barrier, copies
+// and descriptor setup serve twice the HGMMAs), 1 for fp32 (two warpgroups' buffers of 2 x 8 KB taps do not fit
+// beside the 160 KB tile).
+__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 ? 1 : 2; }
+__host__ __device__ constexpr int fb_nbuf(int dt) { return dt == FF_F32 ? FB_NBUF32 : FB_NBUF16; }
+static_assert(FB_NBUF32 - 1 - FB_WGDEPTH >= 1 && FB_NBUF16 - 1 - FB_WGDEPTH >= 1, "too few buffers for FB_WGDEPTH");
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
@@ -169,7 +175,8 @@ __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float 
   if (rows_ok > 2) row(ff_int<2>{}, hw2);
 }
 
-// Two consumer warpgroups share the tile and every weight slice: warpgroup g takes tiles 3g .. 3g + 2 of a group.
+// Two warpgroups share the tile: warpgroup g takes tiles 3g .. 3g + 2 of every tile group and streams its own copy of
+// the weight slices, its step sequence rotated (warpgroup 1 starts half-way), so their epilogues fall apart in time.
 template <bool HAS_ACT, int KS, int DT>
 __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
@@ -177,13 +184,15 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   constexpr int ES = DT == FF_F32 ? 4 : 2;        // bytes per input / weight element
   constexpr int CPL = 16 / ES;                      // channels per 16-byte plane entry: 4 (fp32) or 8 (16-bit)
   constexpr int SLICE_BYTES = KS * 2048;            // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
+  constexpr int TPS = fb_tps(DT), NBUF = fb_nbuf(DT), PF = NBUF - 1 - FB_WGDEPTH;
+  constexpr int STEP_BYTES = TPS * SLICE_BYTES;     // one step's weights
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
-  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + FB_NBUF * FB_TPS * SLICE_BYTES);   // [wh][pwb][64]
+  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + 2 * NBUF * STEP_BYTES);   // [wh][pwb][64]
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
-  __shared__ int s_total;
+  __shared__ int s_total, s_off;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
@@ -317,7 +326,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int tiles = (nqd > 0 && nqh > 0 && nqw > 0 && taps > 0) ? nqd * ((nqh + FB_ROWS - 1) / FB_ROWS) : 0;
     int* ci = cinfo + c * FB_CINFO;
     ci[0] = qd0; ci[1] = nqd; ci[2] = qh0; ci[3] = nqh; ci[4] = qw0; ci[5] = nqw; ci[6] = tiles;
-    ci[7] = (taps + FB_TPS - 1) / FB_TPS;                          // steps per tile group: FB_TPS taps each
+    ci[7] = (taps + TPS - 1) / TPS;                                // steps per tile group: TPS taps each
     ci[8] = (tiles + FB_NT - 1) / FB_NT * ci[7];                     // steps of this class
   }
   __syncthreads();
@@ -325,23 +334,25 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     int t = 0;
     for (int c = 0; c < p.ncls; ++c) { cinfo[c * FB_CINFO + 9] = t; t += cinfo[c * FB_CINFO + 8]; }
     s_total = t;
+    int off = 0;   // warpgroup 1 starts at the class boundary nearest half the steps (warpgroup 0 at 0)
+    for (int c = 0; c < p.ncls; ++c)
+      if (abs(2 * cinfo[c * FB_CINFO + 9] - t) < abs(2 * off - t)) off = cinfo[c * FB_CINFO + 9];
+    s_off = off;
   }
   __syncthreads();
-  const int total = s_total;
-  for (int i = tid; i < total; i += NTHR) {
+  for (int i = tid; i < s_total; i += NTHR) {
     int c = 0;
     while (c + 1 < p.ncls && cinfo[(c + 1) * FB_CINFO + 9] <= i) ++c;
     const int* ci = cinfo + c * FB_CINFO;
     const int local = i - ci[9], nst = ci[7];
-    const int grp = local / nst, tap = (local - grp * nst) * FB_TPS;
+    const int grp = local / nst, tap = (local - grp * nst) * TPS;
     const int Mh = p.cls_M[c][1], Mw = p.cls_M[c][2], taps = p.cls_M[c][0] * Mh * Mw;
     auto delta = [&](int t) {   // tap t's B start shift in 16-byte units; -1: past the class's last tap (none)
       if (t >= taps) return -1;
       const int md = t / (Mh * Mw), mh = (t / Mw) % Mh, mw = t % Mw;
       return ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;
     };
-    static_assert(FB_TPS == 2, "a step entry holds two taps");
-    steps[i] = make_int4(p.cls_slice[c] + tap, delta(tap), delta(tap + 1), c | grp << 8);
+    steps[i] = make_int4(p.cls_slice[c] + tap, delta(tap), TPS == 2 ? delta(tap + 1) : -1, c | grp << 8);
   }
   for (int i = tid; i < p.ncls * FB_COLS; i += NTHR) {   // tile column -> the block's w-window (-1: not an output)
     const int c = i / FB_COLS, col = i % FB_COLS;
@@ -362,24 +373,28 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   }
 #endif
 
-  // weight slices of step st (consecutive in the packing) into buffer st % FB_NBUF, a missing second tap as zeros;
-  // one commit group per call, empty past the end
+  // This warpgroup's step sequence: the step list rotated by s_off for warpgroup 1.  Step st's weight slices
+  // (consecutive in the packing) go into this warpgroup's buffer st % NBUF, a missing second tap as zeros; one
+  // commit group per call, empty past the end.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // this thread's tile writes -> the wgmmas of both
+  __syncthreads();   // steps[], s_off and the rounded tile are visible to every thread (both warpgroups)
+  const int total = s_total, off = wg ? s_off : 0;
+  auto entry = [&](int st) { const int i = st + off; return steps[i < total ? i : i - total]; };
   auto load_step = [&](int st) {
     if (st < total) {
-      const int4 e = steps[st];
+      const int4 e = entry(st);
       const char* src = static_cast<const char*>(p.wp) + (size_t)e.x * SLICE_BYTES;
-      const uint32_t dst = wbuf_s + (st % FB_NBUF) * (FB_TPS * SLICE_BYTES);
+      const uint32_t dst = wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES;
 #pragma unroll
-      for (int i = tid; i < FB_TPS * SLICE_BYTES / 16; i += NTHR) {
+      for (int i = tid & 127; i < STEP_BYTES / 16; i += 128) {
         const bool ok = i < SLICE_BYTES / 16 || e.z >= 0;
         fb_cp16(dst + i * 16, ok ? src + i * 16 : src, ok);
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
-  __syncthreads();   // steps[] and the rounded tile are visible to every thread
 #pragma unroll
-  for (int i = 0; i < FB_PF; ++i) load_step(i);
+  for (int i = 0; i < PF; ++i) load_step(i);
 
   const int m0 = 16 * (warp & 3) + g8;   // this thread's output channels: m0, m0 + 8
   const float b0 = (p.bias && m0 < p.K) ? __ldg(p.bias + m0) : 0.0f;
@@ -390,8 +405,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   float acc[3][48];   // this warpgroup's 3 tiles
 
   for (int st = 0; st < total;) {
-    // ---- one tile group: its class's taps, FB_TPS weight slices per step, FB_PF steps in flight ----
-    const int4 e0 = steps[st];
+    // ---- one tile group: its class's taps, TPS weight slices per step, PF steps in flight ----
+    const int4 e0 = entry(st);
     const int c = e0.w & 255, grp = e0.w >> 8;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
@@ -406,19 +421,20 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
     }
     const int st_begin = st, st_end = st + ci[7];
-    // one step: wait for its weight slices (and every warp past the previous step), prefetch, then (MMA) this
-    // warpgroup's FB_TPS x KS x 3 wgmmas; a warpgroup whose 3 tiles are all past the class's last runs the loop
+    // one step: wait for its weight slices (and this warpgroup's warps past the previous step), prefetch, then (MMA)
+    // the TPS x KS x 3 wgmmas; a warpgroup whose 3 tiles are all past the class's last runs the loop
     // without them (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas serialise them,
     // C7520).  A step without a second tap (odd tap count) multiplies zero weights by the tile's zero slack (read
     // with LBO 0), so Inf / NaN in the input cannot leak into it.
     auto step = [&](int st, auto mma) {
-      const int4 e = steps[st];
-      asm volatile("cp.async.wait_group %0;" :: "n"(FB_PF - 1) : "memory");
+      const int4 e = entry(st);
+      asm volatile("cp.async.wait_group %0;" :: "n"(PF - 1) : "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();   // step st's slices landed for all; every warp is past step st - 1's wgmma.wait_group
-      load_step(st + FB_PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
+      asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");   // this warpgroup: step st's slices landed,
+                                                                      // its warps are past step st - 1's wait_group
+      load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
       if constexpr (decltype(mma)::value) {
-        const uint32_t a_lo = ((wbuf_s + (st % FB_NBUF) * (FB_TPS * SLICE_BYTES)) >> 4) | ((uint32_t)(1024 >> 4) << 16);
+        const uint32_t a_lo = ((wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
         const int accumulate = st > st_begin;
         const bool none1 = e.z < 0;
         uint32_t b1[3];
@@ -436,7 +452,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
                          (accumulate || ks > 0) ? 1 : 0);
         }
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {   // tap 1
+        for (int ks = 0; ks < (TPS == 2 ? KS : 0); ++ks) {   // tap 1
           const uint64_t da = (uint64_t)(a_lo + (SLICE_BYTES >> 4) + ks * (2048 >> 4)) | desc_hi;
 #pragma unroll
           for (int j = 0; j < 3; ++j) fb_wgmma<DT>(acc[j], da, (uint64_t)(b1[j] + ks * kstep1) | desc_hi, 1);
@@ -647,14 +663,14 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
           const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
           if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
           const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
-          total += (tiles + FB_NT - 1) / FB_NT * ((taps + FB_TPS - 1) / FB_TPS);
+          total += (tiles + FB_NT - 1) / FB_NT * ((taps + fb_tps(dtype) - 1) / fb_tps(dtype));
         }
         p.max_steps = std::max(p.max_steps, total);
       }
     p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
     p.tile_bytes = 2 * pl.ks * p.plane_bytes;
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
-    pl.smem = (size_t)p.tile_alloc + (size_t)FB_NBUF * FB_TPS * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
+    pl.smem = (size_t)p.tile_alloc + (size_t)2 * fb_nbuf(dtype) * fb_tps(dtype) * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
   }
