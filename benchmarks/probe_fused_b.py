@@ -114,7 +114,7 @@ def main():
                 b = torch.randn(K, device="cuda") if has_bias else None     # the product path passes an fp32 bias
                 spec = make_spec(x, K, T, s, p, op, win, act, red, has_bias)
                 ref = float64_reference(spec, x, w, b)
-                out = torch.full(ref.shape, float("nan"), device="cuda")
+                out = torch.full(ref.shape, float("nan"), device="cuda", dtype=dt)   # the kernel writes the input's dtype
                 wp = pack_weights(w, s, dt)
                 layout = f"{layout} {dtype}"
                 why = run(lib, x, wp, b, out, spec)

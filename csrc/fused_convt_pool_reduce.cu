@@ -59,7 +59,7 @@ constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row 
 constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
 
 struct FBParams {
-  const void* x; const void* wp; const float* bias; float* out;   // x, wp: fp32, or bf16 / fp16 (DT)
+  const void* x; const void* wp; const float* bias; void* out;   // x, wp, out: fp32, or bf16 / fp16 (DT)
   int N, C, D, H, W, K, channels_last, ncdhw_vec;   // ncdhw_vec: NCDHW with 16-byte column groups
   int T[3], s[3], p[3], win[3], P[3];
   int act, red, ncls;
@@ -543,7 +543,13 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       const float o = __shfl_xor_sync(0xffffffffu, r, off);
       r = (p.red == FF_RED_MAX) ? ff_max_nan(r, o) : r + o;
     }
-    if (lane == 0) p.out[((n * p.P[0] + Pd) * p.P[1] + Ph + hw) * (long long)p.P[2] + pw] = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
+    if (lane == 0) {   // in the input's dtype, rounded once (as the model's own output)
+      const long long o = ((n * p.P[0] + Pd) * p.P[1] + Ph + hw) * (long long)p.P[2] + pw;
+      const float v = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
+      if constexpr (DT == FF_F32) static_cast<float*>(p.out)[o] = v;
+      else if constexpr (DT == FF_BF16) static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(v);
+      else static_cast<__half*>(p.out)[o] = __float2half_rn(v);
+    }
   }
 #else
   __trap();
@@ -718,7 +724,7 @@ const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int channels_last,
   return fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
 }
 
-int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, float* out, int dtype,
+int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, void* out, int dtype,
                                int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
                                int red, cudaStream_t stream) {
   FB_GEOM_ARRAYS;

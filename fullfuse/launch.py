@@ -49,11 +49,11 @@ _functions: Dict[Tuple[str, str], Any] = {}
 POISON_OUTPUTS = os.environ.get("FULLFUSE_POISON_OUTPUTS", "0") == "1"
 
 
-def new_output(*shape, device) -> torch.Tensor:
-    """A float32 buffer for a kernel to write completely."""
+def new_output(*shape, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A buffer (float32 unless told) for a kernel to write completely."""
     if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=torch.float32, device=device)
-    return torch.empty(*shape, dtype=torch.float32, device=device)
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(*shape, dtype=dtype, device=device)
 
 
 def function(lib: str, name: str):

@@ -97,8 +97,7 @@ def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, 
                       lambda w: pack_weights(w, spec.stride, x.dtype))
     n = x.shape[0]
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
-    out = launch.new_output(n, *pooled, device=x.device)
+    out = launch.new_output(n, *pooled, device=x.device, dtype=x.dtype)   # the model's dtype, written by the kernel
     launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, *_shape_args(spec, x),
                   device=x.device)
-    out = out.to(x.dtype)                        # computed in fp32; returned in the input's dtype, as the model does
     return out.unsqueeze(1) if spec.keepdim else out
