@@ -192,14 +192,15 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
-  __shared__ int s_total, s_off;
+  __shared__ int s_total, s_off, s_split;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
   const int wg = tid >> 7;
 
   // ---- block -> (image, window row d, window rows h, w-chunk) and its input tile origin ----
-  // blocks past nfull split the last wave's items in two (one window row each), so the tail wave is half as long
+  // blocks past nfull split the last wave's items in two (one window row each, its classes shared out between the
+  // warpgroups, see below), so the tail wave is half as long
   long long b = blockIdx.x;
   int half = -1;
   if (b >= p.nfull) {
@@ -278,9 +279,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
             const int col = col0[u] + j;
             if (col < 0 || col >= FB_COLS) continue;
             uint32_t e[4];
-            if constexpr (ES == 4) {
+            if constexpr (ES == 4) {   // rounded to tf32 on the way (no rounding pass for this loader)
 #pragma unroll
-              for (int c = 0; c < 4; ++c) e[c] = reinterpret_cast<const uint32_t*>(&v[u][c])[j];
+              for (int c = 0; c < 4; ++c) e[c] = fb_tf32(reinterpret_cast<const float*>(&v[u][c])[j]);
             } else {
 #pragma unroll
               for (int k = 0; k < 4; ++k)
@@ -334,10 +335,14 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     int t = 0;
     for (int c = 0; c < p.ncls; ++c) { cinfo[c * FB_CINFO + 9] = t; t += cinfo[c * FB_CINFO + 8]; }
     s_total = t;
-    int off = 0;   // warpgroup 1 starts at the class boundary nearest half the steps (warpgroup 0 at 0)
-    for (int c = 0; c < p.ncls; ++c)
+    int off = 0;   // the class boundary nearest half the steps
+    bool small = true;   // every class's tiles fit one warpgroup (<= 3)
+    for (int c = 0; c < p.ncls; ++c) {
       if (abs(2 * cinfo[c * FB_CINFO + 9] - t) < abs(2 * off - t)) off = cinfo[c * FB_CINFO + 9];
+      small = small && cinfo[c * FB_CINFO + 6] <= 3;
+    }
     s_off = off;
+    s_split = half >= 0 && small;
   }
   __syncthreads();
   for (int i = tid; i < s_total; i += NTHR) {
@@ -360,11 +365,13 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     colwin[i] = col < ci[5] ? (signed char)((p.s[2] * (ci[4] + col) + p.cls_r[c][2] - p.p[2] - ow_lo) / p.win[2]) : -1;
   }
 
-  // ---- tile ready: fp32 rounded to tf32 in place (slack included: zeros); 16-bit input is used as it is ----
+  // ---- tile ready: fp32 rounded to tf32 in place (the 16-byte NCDHW loader rounded already; the slack is zeros);
+  // 16-bit input is used as it is ----
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
 #ifndef FB_SKIP_ROUND   // stage-isolation experiments only (truncated tf32)
-  for (int i = tid; DT == FF_F32 && i < p.tile_bytes / 16; i += NTHR) {
+  const bool rounded = !p.channels_last && p.ncdhw_vec;
+  for (int i = tid; DT == FF_F32 && !rounded && i < p.tile_bytes / 16; i += NTHR) {
     uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
     uint4 v = *a;
     v.x = fb_tf32(__uint_as_float(v.x)); v.y = fb_tf32(__uint_as_float(v.y));
@@ -373,15 +380,18 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   }
 #endif
 
-  // This warpgroup's step sequence: the step list rotated by s_off for warpgroup 1.  Step st's weight slices
-  // (consecutive in the packing) go into this warpgroup's buffer st % NBUF, a missing second tap as zeros; one
-  // commit group per call, empty past the end.
+  // This warpgroup's step sequence: normally the whole step list, rotated by s_off for warpgroup 1, the warpgroups
+  // taking tiles 0-2 and 3-5 of each group; in a tail block whose classes have <= 3 tiles each (one window row),
+  // warpgroup 0 takes steps [0, s_off) and warpgroup 1 [s_off, total), both on tiles 0-2, so neither idles.  Step
+  // st's weight slices (consecutive in the packing) go into this warpgroup's buffer st % NBUF, a missing second tap
+  // as zeros; one commit group per call, empty past the end.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // this thread's tile writes -> the wgmmas of both
   __syncthreads();   // steps[], s_off and the rounded tile are visible to every thread (both warpgroups)
-  const int total = s_total, off = wg ? s_off : 0;
+  const int total = s_total, off = wg ? s_off : 0, split = s_split;
+  const int nseq = split ? (wg ? total - off : s_off) : total;
   auto entry = [&](int st) { const int i = st + off; return steps[i < total ? i : i - total]; };
   auto load_step = [&](int st) {
-    if (st < total) {
+    if (st < nseq) {
       const int4 e = entry(st);
       const char* src = static_cast<const char*>(p.wp) + (size_t)e.x * SLICE_BYTES;
       const uint32_t dst = wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES;
@@ -404,13 +414,13 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const uint32_t zero_desc = (tile_s + (uint32_t)p.tile_bytes) >> 4;   // the zero slack, LBO 0 (see step below)
   float acc[3][48];   // this warpgroup's 3 tiles
 
-  for (int st = 0; st < total;) {
+  for (int st = 0; st < nseq;) {
     // ---- one tile group: its class's taps, TPS weight slices per step, PF steps in flight ----
     const int4 e0 = entry(st);
     const int c = e0.w & 255, grp = e0.w >> 8;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
-    const int t_first = grp * FB_NT + 3 * wg;   // this warpgroup's tiles: t_first .. t_first + 2
+    const int t_first = grp * FB_NT + (split ? 0 : 3 * wg);   // this warpgroup's tiles: t_first .. t_first + 2
     const bool wg_busy = t_first < ci[6];
     uint32_t bdesc[3];
 #pragma unroll
