@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <algorithm>
+#include <cstring>
 #include "codes.h"
 #include "activation.cuh"
 
@@ -704,6 +705,19 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   return pl;
 }
 
+// The dynamic shared-memory limit this thread has set for kernel fn on device dev (0 at first); nullptr when the
+// table is full (the caller then sets the limit every time).
+int* fb_smem_limit(const void* fn, int dev) {
+  struct Entry { const void* fn; int dev, smem; };
+  static thread_local Entry table[64];
+  static thread_local int used = 0;
+  for (int i = 0; i < used; ++i)
+    if (table[i].fn == fn && table[i].dev == dev) return &table[i].smem;
+  if (used == 64) return nullptr;
+  table[used] = Entry{fn, dev, 0};
+  return &table[used++].smem;
+}
+
 // k steps -> template parameter (1, 2, 4, and 8 when MAXKS allows it: fp32 only)
 template <int MAXKS, class F>
 int fb_dispatch_ks(int ks, F&& f) {
@@ -738,14 +752,31 @@ int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float*
                                int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
                                int red, cudaStream_t stream) {
   FB_GEOM_ARRAYS;
-  FBPlan pl = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
+  // the plan of the previous call is reused when every argument but the pointers repeats (host time per call: the
+  // plan asks the device for its attributes), and a kernel's shared-memory limit is raised only when it grows
+  const int key[25] = {dtype, channels_last, (int)N, (int)(N >> 32), C, D, H, W, K, T[0], T[1], T[2], s[0], s[1], s[2],
+                       pad[0], pad[1], pad[2], outpad[0], outpad[1], outpad[2], win[0], win[1], win[2], act * 4 + red};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static thread_local int last_key[25], last_dev = -1;
+  static thread_local FBPlan last_plan;
+  if (dev != last_dev || std::memcmp(key, last_key, sizeof key) != 0) {
+    last_plan = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
+    std::memcpy(last_key, key, sizeof key);
+    last_dev = dev;
+  }
+  FBPlan pl = last_plan;
   if (pl.why) return (int)cudaErrorNotSupported;
   if (channels_last && reinterpret_cast<uintptr_t>(x) % 16) return (int)cudaErrorMisalignedAddress;   // 16-byte copies
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;
   pl.prm.ncdhw_vec = !channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   auto launch = [&](auto kern) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
-    if (e != cudaSuccess) return (int)e;
+    int* set = fb_smem_limit(reinterpret_cast<const void*>(kern), dev);   // the limit set so far (or nullptr)
+    if (!set || (int)pl.smem > *set) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
+      if (e != cudaSuccess) return (int)e;
+      if (set) *set = (int)pl.smem;
+    }
     kern<<<(unsigned)pl.blocks, 256, pl.smem, stream>>>(pl.prm);
     return (int)cudaGetLastError();
   };

@@ -88,7 +88,10 @@ def launch(lib: str, name: str, *args, device: torch.device):
     """Launch a kernel on the current stream of ``device`` and check its return code."""
     fn = function(lib, name)
     stream = torch.cuda.current_stream(device).cuda_stream
-    with torch.cuda.device(device):
+    if device.index is None or device.index == torch.cuda.current_device():   # no device switch (host time)
         code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
+    else:
+        with torch.cuda.device(device):
+            code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
     if code != 0:
         raise RuntimeError(f"fullfuse: {name} failed: {_cuda_error_name(code)} ({code})")
