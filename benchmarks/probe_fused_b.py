@@ -1,8 +1,10 @@
 """Probe for csrc/fused_convt_pool_reduce.cu (family B fused) straight through ctypes.
 
-Compiles the kernel with nvcc (sm_90a) into /tmp, packs the weights per residue class and tap, checks fresh random
-NCDHW and channels_last_3d fp32 inputs against a float64 reference (conv_transpose3d -> max over the composed window ->
-channel reduction) with the output poisoned with NaN first, then times the seed (CUDA events, median, L2 flushed).
+Uses the product build (or, per FF_PROBE_VARIANTS, builds of the kernel with extra nvcc flags in FF_PROBE_SO_DIR),
+packs the weights per residue class and tap, checks fresh random inputs of each FF_PROBE_DTYPES dtype in three
+layouts (channels_last_3d, NCDHW, NCDHW one element off a 16-byte boundary) against a float64 reference
+(conv_transpose3d -> max over the composed window -> channel reduction) with the output poisoned with NaN first, then
+times the seed (CUDA events, median, L2 flushed).
 """
 from __future__ import annotations
 
