@@ -2,7 +2,7 @@
 //   out[n, Pd, Ph, Pw] = red_k ( max_{o in window(P)} act(convT3d(x, w)[n, k, o] + b[k]) )
 // Reduces, per image and pooling window, over the window's conv outputs (max), then over output channels
 // (sum / mean / max): the window maxima stay in shared memory, so the transposed conv's output (1 GB at the seed)
-// never leaves the chip; only N x Pd x Ph x Pw values are written (in the input's dtype).
+// never leaves the chip; only N x Pd x Ph x Pw values are written.
 //
 // Sub-pixel decomposition: output o = s*q + r - p (per dim; residue class r = (o + p) mod s) receives
 // sum_m x[q - m] * w[r + s*m], m = 0 .. M_r - 1, M_r = ceil((T - r) / s): a stride-1 conv per class (8 classes for
