@@ -2,6 +2,7 @@
 and its CUDA-graph replay.  Times N back-to-back calls on the host (kernels queue up asynchronously), for the
 FusedModel, the functional op and the bare ctypes launch, then prints cProfile's top entries for the FusedModel."""
 import cProfile
+import ctypes
 import pstats
 import time
 
@@ -16,7 +17,7 @@ N = 200
 model = seed_model("B").cuda().eval()
 fused = fullfuse.fused_model(model)
 x = torch.randn(16, 32, 32, 32, 32, device="cuda")
-conv = model.conv if hasattr(model, "conv") else next(m for m in model.modules() if isinstance(m, torch.nn.ConvTranspose3d))
+conv = model.conv_transpose
 spec = fused.plans[0].spec
 
 
@@ -34,11 +35,10 @@ def host_us(fn):
 
 
 packed = fb.pack_weights(conv.weight.detach(), spec.stride)
-out = torch.empty(16, 10, 10, 10, device="cuda")
+out = torch.empty(x.shape[0], *spec.pooled_spatial(tuple(x.shape[2:])), device="cuda")
 args = fb._shape_args(spec, x)
 raw_fn = launch.function(fb.LIB, "ff_fused_convt_pool_reduce")
 stream = torch.cuda.current_stream().cuda_stream
-import ctypes
 raw = lambda: raw_fn(x.data_ptr(), packed.data_ptr(), conv.bias.data_ptr(), out.data_ptr(), *args, ctypes.c_void_p(stream))
 print(f"host us per call: FusedModel {host_us(lambda: fused(x)):.1f}, "
       f"ops.convt_pool_reduce {host_us(lambda: fullfuse.ops.convt_pool_reduce(x, conv.weight, conv.bias, 2, 2, 0, 1, 6)):.1f}, "

@@ -6,6 +6,7 @@ return code.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from ctypes import c_char_p, c_int, c_longlong, c_size_t, c_void_p
@@ -88,10 +89,8 @@ def launch(lib: str, name: str, *args, device: torch.device):
     """Launch a kernel on the current stream of ``device`` and check its return code."""
     fn = function(lib, name)
     stream = torch.cuda.current_stream(device).cuda_stream
-    if device.index is None or device.index == torch.cuda.current_device():   # no device switch (host time)
+    current = device.index is None or device.index == torch.cuda.current_device()   # no device switch (host time)
+    with contextlib.nullcontext() if current else torch.cuda.device(device):
         code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
-    else:
-        with torch.cuda.device(device):
-            code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
     if code != 0:
         raise RuntimeError(f"fullfuse: {name} failed: {_cuda_error_name(code)} ({code})")

@@ -47,8 +47,6 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
         return reason
     if x.dtype == torch.float32 and mode != "tf32":
         return f"precision {mode}: the fused kernel runs fp32 as TF32 only"
-    if x.dtype in (torch.bfloat16, torch.float16) and spec.in_channels % 8:
-        return "bf16 / fp16 with C_in % 8 != 0 (the fused kernel reads 8-channel, 16-byte groups)"
     if _channels_last(x) and x.data_ptr() % 16:
         return "channels_last_3d input not 16-byte aligned (the fused kernel copies 16-byte channel groups)"
     try:
