@@ -32,9 +32,10 @@ from fullfuse.measure import time_cuda  # noqa: E402
 VARIANTS = [v.strip() for v in os.environ.get("FF_PROBE_VARIANTS", "_").split(";")]
 SO_DIR = Path(os.environ.get("FF_PROBE_SO_DIR", "/tmp"))
 NCU = os.environ.get("FF_PROBE_NCU") == "1"
-# FF_PROBE_DTYPES="float32 bfloat16 float16": input dtypes to check (each with its relerr bound)
+# FF_PROBE_DTYPES="float32 ieee bfloat16 float16": input dtypes to check (each with its relerr bound; "ieee": fp32
+# input at precision ieee, "float32" is TF32)
 DTYPES = os.environ.get("FF_PROBE_DTYPES", "float32").split()
-BOUND = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}
+BOUND = {"float32": 1e-3, "ieee": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
 
 
 def build(variant):
@@ -63,8 +64,8 @@ def make_spec(x, K, T, s, p, op, win, act, red, has_bias):
     return ConvTPoolReduceSpec(3, x.shape[1], K, T, s, p, op, (1, 1, 1), has_bias, win, act, red, keepdim=False)
 
 
-def run(lib, x, wp, b, out, spec):
-    args = _shape_args(spec, x)                                  # the product path's argument tuple
+def run(lib, x, wp, b, out, spec, mode):
+    args = _shape_args(spec, x, mode)                            # the product path's argument tuple
     why = lib.ff_fused_convt_pool_reduce_unsupported(*args)
     if why:
         return why.decode()
@@ -89,8 +90,8 @@ CASES = [  # name, (N, C, D, H, W), K, T, s, p, op, win, act, red, bias
 SEED = ("seed", (16, 32, 32, 32, 32), 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (6, 6, 6), "none", "sum", True)
 
 
-def time_seed(lib, x, wp, b, out, spec):
-    t = time_cuda(lambda: run(lib, x, wp, b, out, spec), repeats=20)
+def time_seed(lib, x, wp, b, out, spec, mode):
+    t = time_cuda(lambda: run(lib, x, wp, b, out, spec, mode), repeats=20)
     return t["median_ms"], t["min_ms"]
 
 
@@ -106,7 +107,8 @@ def main():
             # "NCDHW+1": an NCDHW view one element past a 16-byte boundary (the per-element loader, not the 16-byte one)
             for layout, dtype in [(lay, dt) for dt in DTYPES for lay in ("channels_last", "NCDHW", "NCDHW+1")]:
                 torch.manual_seed(len(name))
-                dt = getattr(torch, dtype)
+                mode = "ieee" if dtype == "ieee" else "tf32"
+                dt = torch.float32 if dtype == "ieee" else getattr(torch, dtype)
                 x = torch.randn(shape, device="cuda").to(dt)
                 if layout == "channels_last":
                     x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -117,9 +119,9 @@ def main():
                 spec = make_spec(x, K, T, s, p, op, win, act, red, has_bias)
                 ref = float64_reference(spec, x, w, b)
                 out = torch.full(ref.shape, float("nan"), device="cuda", dtype=dt)   # the kernel writes the input's dtype
-                wp = pack_weights(w, s, dt)
+                wp = pack_weights(w, s, dt, mode)
                 layout = f"{layout} {dtype}"
-                why = run(lib, x, wp, b, out, spec)
+                why = run(lib, x, wp, b, out, spec, mode)
                 if why:
                     print(f"[{variant}] {name} {layout}: unsupported: {why}")
                     continue
@@ -134,7 +136,7 @@ def main():
                 print(f"[{variant}] {name} {layout}: relerr {err:.2e} maxabs {(out.double() - ref).abs().max().item():.2e} "
                       f"{'ok' if ok else 'FAIL'}", flush=True)
                 if name == "seed" and not NCU:
-                    med, mn = time_seed(lib, x, wp, b, out, spec)
+                    med, mn = time_seed(lib, x, wp, b, out, spec, mode)
                     print(f"[{variant}] seed {layout} fused B (kernel only): median {med:.3f} ms, min {mn:.3f}", flush=True)
     print(f"failures: {fails}")
     sys.exit(1 if fails else 0)

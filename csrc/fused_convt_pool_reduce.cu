@@ -15,12 +15,18 @@
 // One block = one image x one window-row d index Pd x FB_WH (or fewer) consecutive window rows Ph x a chunk of Pw
 // windows whose input columns fit in 32.  Each warpgroup of a block streams all weight slices once (1 MB at the
 // seed); covering two window rows halves that traffic per MMA (without its MMAs the kernel took 0.77 ms at one row,
-// 0.67 at two).  Two warpgroups share the tile; a tile group = FB_NT = 6 tiles (q_d, 3-row q_h group), 3 per
+// 0.67 at two).  Two warpgroups share the tile; a tile group = fb_nt = 6 tiles (q_d, 3-row q_h group), 3 per
 // warpgroup (3 x 48 accumulator registers).  A block walks a step list (class, tile group, taps) built in shared
 // memory, 1 (fp32) or 2 (16-bit) taps per step; each warpgroup walks it with its own weight buffers and barrier.
 // The epilogue of a tile group takes the max over the d, h rows of each window in registers, then atomicMax
 // (ordered uints, NaN propagating) into the window maxima; bias goes after the max when there is no activation.
 // The final channel reduction runs in a fixed order: deterministic.
+// Precision "ieee" (fp32 input, fp32 accuracy; kernel variant FB_X3): x = x_hi + x_lo with x_hi = tf32(x) and w the
+// same, x * w ~ w_hi x_hi + w_lo x_hi + w x_lo.  The first two are TF32 wgmmas on the rounded tile; the third reads a
+// second tile of x_lo rounded to bf16 (half the bytes of a tf32 copy; its error 2^-9 of |x_lo| <= 2^-11 |x| is
+// 2^-20 |x w|) against bf16(w) (error 2^-9 |w| times |x_lo|: 2^-20 again): ~2^-19 |x w| per product, as 3xTF32
+// without the room of a third fp32 tile.  Both tiles fit beside three 20 KB weight steps only for one window row
+// and one warpgroup per block.
 // Requirements (else the host API says why and the fallback serves it): sm_90a, fp32 / bf16 / fp16 input (NCDHW or
 // channels_last_3d), C <= 64 with C % 4 == 0 (fp32) or C % 8 == 0 (16-bit), K <= 64, dilation 1, one window's
 // input columns fit in 32, the tile fits in shared memory.  FB_SKIP_* macros are stage-isolation switches for benchmarks/probe_fused_b.py only
@@ -36,7 +42,6 @@ namespace {
 
 constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
-constexpr int FB_NT = 6;        // tiles accumulated together: 3 per warpgroup
 constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_WGDEPTH
 #define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
@@ -47,13 +52,24 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_NBUF16
 #define FB_NBUF16 4             // the same for bf16 / fp16 input
 #endif
+#ifndef FB_NBUFX3
+#define FB_NBUFX3 3             // the same for the "ieee" variant (one warpgroup)
+#endif
+constexpr int FB_X3 = 3;        // kernel variant (not an input dtype code): fp32 input at fp32 accuracy, see above
 // Each warpgroup streams its own copy of the weight slices (its own buffers, copies and named barrier), so the two
 // run apart: one's epilogue overlaps the other's HGMMAs.  Taps per step: 2 for 16-bit input (a step's barrier, copies
 // and descriptor setup serve twice the HGMMAs), 1 for fp32 (two warpgroups' buffers of 2 x 8 KB taps do not fit
 // beside the 160 KB tile).
-__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 ? 1 : 2; }
-__host__ __device__ constexpr int fb_nbuf(int dt) { return dt == FF_F32 ? FB_NBUF32 : FB_NBUF16; }
-static_assert(FB_NBUF32 - 1 - FB_WGDEPTH >= 1 && FB_NBUF16 - 1 - FB_WGDEPTH >= 1, "too few buffers for FB_WGDEPTH");
+// dt below: the kernel variant, FF_F32 / FF_BF16 / FF_F16 or FB_X3.
+__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 || dt == FB_X3 ? 1 : 2; }
+__host__ __device__ constexpr int fb_nbuf(int dt) { return dt == FF_F32 ? FB_NBUF32 : dt == FB_X3 ? FB_NBUFX3 : FB_NBUF16; }
+__host__ __device__ constexpr int fb_nwg(int dt) { return dt == FB_X3 ? 1 : 2; }   // warpgroups per block
+__host__ __device__ constexpr int fb_nt(int dt) { return 3 * fb_nwg(dt); }           // tiles per tile group
+__host__ __device__ constexpr int fb_ks16(int ks) { return (ks + 1) / 2; }          // bf16 k steps of FB_X3's x_lo term
+// bytes of one tap's packed weights at ks k steps: FB_X3 packs [w_hi tf32 | w_lo tf32 | bf16(w)] per tap
+__host__ __device__ constexpr int fb_slice_bytes(int dt, int ks) { return dt == FB_X3 ? ks * 4096 + fb_ks16(ks) * 2048 : ks * 2048; }
+static_assert(FB_NBUF32 - 1 - FB_WGDEPTH >= 1 && FB_NBUF16 - 1 - FB_WGDEPTH >= 1 && FB_NBUFX3 - 1 - FB_WGDEPTH >= 1,
+              "too few buffers for FB_WGDEPTH");
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
@@ -70,7 +86,7 @@ struct FBParams {
   int pwb, nwc;                  // Pw windows per block, w-chunks
   int wh, nhb;                   // Ph windows per block, h-blocks
   long long nfull;               // blocks of wh window rows; every later block covers one window row (tail split)
-  int plane_bytes, tile_bytes, tile_alloc, max_steps;
+  int plane_bytes, tile_bytes, tile_alloc, max_steps;   // FB_X3: the x_lo tile starts at tile_bytes + FB_TILE_SLACK
   float inv_k;
 };
 
@@ -181,15 +197,17 @@ __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float 
 template <bool HAS_ACT, int KS, int DT>
 __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
 #ifdef FB_HAVE_WGMMA
-  constexpr int NTHR = 256;
-  constexpr int ES = DT == FF_F32 ? 4 : 2;        // bytes per input / weight element
+  constexpr bool X3 = DT == FB_X3;
+  constexpr int NWG = fb_nwg(DT), NTHR = 128 * NWG, NT = fb_nt(DT);
+  constexpr int ES = DT == FF_F32 || X3 ? 4 : 2;   // bytes per input / weight element
   constexpr int CPL = 16 / ES;                      // channels per 16-byte plane entry: 4 (fp32) or 8 (16-bit)
-  constexpr int SLICE_BYTES = KS * 2048;            // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
+  constexpr int KS16 = X3 ? fb_ks16(KS) : 0;        // FB_X3: bf16 k steps over the x_lo tile
+  constexpr int SLICE_BYTES = fb_slice_bytes(DT, KS);   // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
   constexpr int TPS = fb_tps(DT), NBUF = fb_nbuf(DT), PF = NBUF - 1 - FB_WGDEPTH;
   constexpr int STEP_BYTES = TPS * SLICE_BYTES;     // one step's weights
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
-  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + 2 * NBUF * STEP_BYTES);   // [wh][pwb][64]
+  unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + NWG * NBUF * STEP_BYTES);   // [wh][pwb][64]
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
@@ -280,9 +298,12 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
             const int col = col0[u] + j;
             if (col < 0 || col >= FB_COLS) continue;
             uint32_t e[4];
-            if constexpr (ES == 4) {   // rounded to tf32 on the way (no rounding pass for this loader)
+            if constexpr (ES == 4) {   // rounded to tf32 on the way (no rounding pass), FB_X3: as it is (split below)
 #pragma unroll
-              for (int c = 0; c < 4; ++c) e[c] = fb_tf32(reinterpret_cast<const float*>(&v[u][c])[j]);
+              for (int c = 0; c < 4; ++c) {
+                const float f = reinterpret_cast<const float*>(&v[u][c])[j];
+                e[c] = X3 ? __float_as_uint(f) : fb_tf32(f);
+              }
             } else {
 #pragma unroll
               for (int k = 0; k < 4; ++k)
@@ -329,7 +350,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     int* ci = cinfo + c * FB_CINFO;
     ci[0] = qd0; ci[1] = nqd; ci[2] = qh0; ci[3] = nqh; ci[4] = qw0; ci[5] = nqw; ci[6] = tiles;
     ci[7] = (taps + TPS - 1) / TPS;                                // steps per tile group: TPS taps each
-    ci[8] = (tiles + FB_NT - 1) / FB_NT * ci[7];                     // steps of this class
+    ci[8] = (tiles + NT - 1) / NT * ci[7];                     // steps of this class
   }
   __syncthreads();
   if (tid == 0) {
@@ -372,6 +393,35 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   __syncthreads();
 #ifndef FB_SKIP_ROUND   // stage-isolation experiments only (truncated tf32)
   const bool rounded = !p.channels_last && p.ncdhw_vec;
+  if constexpr (X3) {   // x -> x_hi = tf32(x) in place, x_lo = bf16(x - x_hi) into the x_lo tile: lo plane j holds the
+    // 8 channels of hi planes 2j, 2j + 1 (planes past the channels stay zero)
+    const int ents = p.plane_bytes / 16;
+    unsigned char* lo_tile = tile + p.tile_bytes + FB_TILE_SLACK;
+    for (int i = tid; i < KS * ents; i += NTHR) {
+      const int j = i / ents, e = i - j * ents;
+      uint4* h[2] = {reinterpret_cast<uint4*>(tile + 2 * j * p.plane_bytes + e * 16),
+                     reinterpret_cast<uint4*>(tile + (2 * j + 1) * p.plane_bytes + e * 16)};
+      uint32_t lo[4];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        uint4 v = *h[k];
+        uint32_t* f = reinterpret_cast<uint32_t*>(&v);
+        float l[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float x = __uint_as_float(f[c]);
+          f[c] = fb_tf32(x);
+          const float hi = __uint_as_float(f[c]);
+          l[c] = isfinite(hi) ? x - hi : 0.0f;   // exact; Inf / NaN stay in x_hi only
+        }
+        *h[k] = v;
+        __nv_bfloat162 l01 = __floats2bfloat162_rn(l[0], l[1]), l23 = __floats2bfloat162_rn(l[2], l[3]);
+        lo[2 * k] = *reinterpret_cast<uint32_t*>(&l01);
+        lo[2 * k + 1] = *reinterpret_cast<uint32_t*>(&l23);
+      }
+      *reinterpret_cast<uint4*>(lo_tile + j * p.plane_bytes + e * 16) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  }
   for (int i = tid; DT == FF_F32 && !rounded && i < p.tile_bytes / 16; i += NTHR) {
     uint4* a = reinterpret_cast<uint4*>(tile + i * 16);
     uint4 v = *a;
@@ -421,12 +471,12 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int c = e0.w & 255, grp = e0.w >> 8;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
-    const int t_first = grp * FB_NT + (split ? 0 : 3 * wg);   // this warpgroup's tiles: t_first .. t_first + 2
+    const int t_first = grp * NT + (split ? 0 : 3 * wg);   // this warpgroup's tiles: t_first .. t_first + 2
     const bool wg_busy = t_first < ci[6];
     uint32_t bdesc[3];
 #pragma unroll
     for (int j = 0; j < 3; ++j) {   // tiles past the class's last are duplicates of the group's first (dropped later)
-      const int t = t_first + j < ci[6] ? t_first + j : grp * FB_NT;
+      const int t = t_first + j < ci[6] ? t_first + j : grp * NT;
       const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
       const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
       bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
@@ -454,6 +504,26 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         const uint32_t kstep1 = none1 ? 0u : 2 * plane16;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #ifndef FB_SKIP_MMA   // stage-isolation experiments only (wrong results)
+        if constexpr (X3) {   // w_hi x_hi, w_lo x_hi (tf32), bf16(w) x_lo (bf16)
+          const uint32_t lo16 = (uint32_t)(p.tile_bytes + FB_TILE_SLACK) >> 4;
+#pragma unroll
+          for (int part = 0; part < 2; ++part)
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+              const uint64_t da = (uint64_t)(a_lo + (part * KS + ks) * (2048 >> 4)) | desc_hi;
+#pragma unroll
+              for (int j = 0; j < 3; ++j)
+                fb_wgmma_tf32(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
+                              (accumulate || part > 0 || ks > 0) ? 1 : 0);
+            }
+#pragma unroll
+          for (int ks = 0; ks < KS16; ++ks) {
+            const uint64_t da = (uint64_t)(a_lo + (2 * KS + ks) * (2048 >> 4)) | desc_hi;
+#pragma unroll
+            for (int j = 0; j < 3; ++j)
+              fb_wgmma_bf16(acc[j], da, (uint64_t)(bdesc[j] + lo16 + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi, 1);
+          }
+        } else {
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {   // tap 0
           const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
@@ -467,6 +537,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
           const uint64_t da = (uint64_t)(a_lo + (SLICE_BYTES >> 4) + ks * (2048 >> 4)) | desc_hi;
 #pragma unroll
           for (int j = 0; j < 3; ++j) fb_wgmma<DT>(acc[j], da, (uint64_t)(b1[j] + ks * kstep1) | desc_hi, 1);
+        }
         }
 #endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -557,7 +628,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     if (lane == 0) {   // in the input's dtype, rounded once (as the model's own output)
       const long long o = ((n * p.P[0] + Pd) * p.P[1] + Ph + hw) * (long long)p.P[2] + pw;
       const float v = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
-      if constexpr (DT == FF_F32) static_cast<float*>(p.out)[o] = v;
+      if constexpr (ES == 4) static_cast<float*>(p.out)[o] = v;
       else if constexpr (DT == FF_BF16) static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(v);
       else static_cast<__half*>(p.out)[o] = __float2half_rn(v);
     }
@@ -581,7 +652,7 @@ struct FBPlan {
   FBParams prm;
   size_t smem;
   long long blocks;
-  int ks, dtype;
+  int ks, dtype;   // dtype: the kernel variant (FB_X3 for fp32 input at precision ieee)
 };
 
 // Input columns a block of windows [pw0, pw0 + npw) needs: q_w from the first window's lowest class to the last
@@ -590,12 +661,14 @@ int fb_cols_needed(int pw0, int npw, int win, int s, int pad, int Mmax) {
   return (pw0 + npw) * win - 1 + pad >= 0 ? ((pw0 + npw) * win - 1 + pad) / s - (pw0 * win + pad) / s + Mmax : 0;
 }
 
-FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, int W, int K, const int* T, const int* s,
+FBPlan fb_plan(int dtype, int precision, int channels_last, long long N, int C, int D, int H, int W, int K, const int* T, const int* s,
                const int* pad, const int* outpad, const int* win, int act, int red) {
   FBPlan pl{};
   pl.why = nullptr;
   FBParams& p = pl.prm;
   if (dtype != FF_F32 && dtype != FF_BF16 && dtype != FF_F16) { pl.why = "fused convT-pool-reduce: bad dtype"; return pl; }
+  if (precision != FF_PREC_TF32 && precision != FF_PREC_IEEE) { pl.why = "fused convT-pool-reduce: bad precision code"; return pl; }
+  const int kv = dtype == FF_F32 && precision == FF_PREC_IEEE ? FB_X3 : dtype;   // the kernel variant
   if (C % (dtype == FF_F32 ? 4 : 8) != 0 || C > 64) {
     pl.why = "fused convT-pool-reduce: needs C_in <= 64 and C_in % 4 == 0 (fp32) or % 8 == 0 (bf16 / fp16)";
     return pl;
@@ -612,7 +685,8 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   p.channels_last = channels_last != 0;
   p.inv_k = 1.0f / (float)K;
   pl.ks = fb_ksteps(dtype, C);
-  pl.dtype = dtype;
+  pl.dtype = kv;
+  if (kv == FB_X3 && pl.ks > 4) { pl.why = "fused convT-pool-reduce: precision ieee needs C_in <= 32 (two tiles in shared memory)"; return pl; }
   const int I[3] = {D, H, W};
   int ncls = 1;
   for (int a = 0; a < 3; ++a) {
@@ -680,14 +754,16 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
           const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
           if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
           const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
-          total += (tiles + FB_NT - 1) / FB_NT * ((taps + fb_tps(dtype) - 1) / fb_tps(dtype));
+          total += (tiles + fb_nt(kv) - 1) / fb_nt(kv) * ((taps + fb_tps(kv) - 1) / fb_tps(kv));
         }
         p.max_steps = std::max(p.max_steps, total);
       }
     p.plane_bytes = p.nd * p.nh * FB_ROW_BYTES;
     p.tile_bytes = 2 * pl.ks * p.plane_bytes;
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
-    pl.smem = (size_t)p.tile_alloc + (size_t)2 * fb_nbuf(dtype) * fb_tps(dtype) * pl.ks * 2048 + (size_t)wh * p.pwb * 64 * 4 +
+    if (kv == FB_X3) p.tile_alloc += 2 * fb_ks16(pl.ks) * p.plane_bytes + FB_TILE_SLACK;   // + the x_lo tile (bf16)
+    pl.smem = (size_t)p.tile_alloc + (size_t)fb_nwg(kv) * fb_nbuf(kv) * fb_tps(kv) * fb_slice_bytes(kv, pl.ks) +
+              (size_t)wh * p.pwb * 64 * 4 +
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
   }
@@ -699,7 +775,7 @@ FBPlan fb_plan(int dtype, int channels_last, long long N, int C, int D, int H, i
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const long long tail = sms > 0 ? items % sms : 0;   // one block per SM: the last wave holds `tail` items
-  p.nfull = (p.wh > 1 && tail > 0 && 2 * tail <= sms) ? items - tail : items;
+  p.nfull = (fb_nwg(kv) == 2 && p.wh > 1 && tail > 0 && 2 * tail <= sms) ? items - tail : items;
   pl.blocks = p.nfull + 2 * (items - p.nfull);
   if (pl.blocks > 0x7fffffffLL) { pl.why = "fused convT-pool-reduce: too many blocks"; return pl; }
   return pl;
@@ -742,26 +818,26 @@ extern "C" {
 #define FB_GEOM_ARRAYS const int T[3] = {Td, Th, Tw}, s[3] = {sd, sh, sw}, pad[3] = {pd, ph, pw}, outpad[3] = {opd, oph, opw}, \
                        win[3] = {wd, wh, ww}
 
-const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int channels_last, long long N, int C, int D, int H, int W,
+const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int precision, int channels_last, long long N, int C, int D, int H, int W,
                                                    int K, FB_GEOM_PARAMS, int act, int red) {
   FB_GEOM_ARRAYS;
-  return fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
+  return fb_plan(dtype, precision, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
 }
 
 int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, void* out, int dtype,
-                               int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
+                               int precision, int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
                                int red, cudaStream_t stream) {
   FB_GEOM_ARRAYS;
   // the plan of the previous call is reused when every argument but the pointers repeats (host time per call: the
   // plan asks the device for its attributes), and a kernel's shared-memory limit is raised only when it grows
-  const int key[25] = {dtype, channels_last, (int)N, (int)(N >> 32), C, D, H, W, K, T[0], T[1], T[2], s[0], s[1], s[2],
+  const int key[26] = {dtype, precision, channels_last, (int)N, (int)(N >> 32), C, D, H, W, K, T[0], T[1], T[2], s[0], s[1], s[2],
                        pad[0], pad[1], pad[2], outpad[0], outpad[1], outpad[2], win[0], win[1], win[2], act * 4 + red};
   int dev = 0;
   cudaGetDevice(&dev);
-  static thread_local int last_key[25], last_dev = -1;
+  static thread_local int last_key[26], last_dev = -1;
   static thread_local FBPlan last_plan;
   if (dev != last_dev || std::memcmp(key, last_key, sizeof key) != 0) {
-    last_plan = fb_plan(dtype, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
+    last_plan = fb_plan(dtype, precision, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
     std::memcpy(last_key, key, sizeof key);
     last_dev = dev;
   }
@@ -777,13 +853,15 @@ int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float*
       if (e != cudaSuccess) return (int)e;
       if (set) *set = (int)pl.smem;
     }
-    kern<<<(unsigned)pl.blocks, 256, pl.smem, stream>>>(pl.prm);
+    kern<<<(unsigned)pl.blocks, 128 * fb_nwg(pl.dtype), pl.smem, stream>>>(pl.prm);
     return (int)cudaGetLastError();
   };
   return ff_dispatch_bool(act != FF_ACT_NONE, [&](auto has_act) {
     constexpr bool A = decltype(has_act)::value;
     if (pl.dtype == FF_F32)
       return fb_dispatch_ks<8>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FF_F32>); });
+    if (pl.dtype == FB_X3)     // 8 k steps (C_in > 32): its tiles never fit, the plan refuses it
+      return fb_dispatch_ks<4>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FB_X3>); });
     if (pl.dtype == FF_BF16)   // 16-bit: 16-channel k steps, at most 4
       return fb_dispatch_ks<4>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FF_BF16>); });
     return fb_dispatch_ks<4>(pl.ks, [&](auto ks) { return launch(fb_kernel<A, decltype(ks)::value, FF_F16>); });

@@ -20,7 +20,7 @@ _P = c_void_p
 _L = c_longlong
 _I = c_int
 _FUSED_A_SHAPE = [_I, _I, _L, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I]
-_FUSED_B_SHAPE = [_I, _I, _L, *[_I] * 5, *[_I] * 15, _I, _I]
+_FUSED_B_SHAPE = [_I, _I, _I, _L, *[_I] * 5, *[_I] * 15, _I, _I]
 
 # library -> exported function -> (restype, argtypes).  Kernel launchers (int return, called through launch())
 # take the cudaStream_t as one more, last argument, not listed here.

@@ -90,3 +90,24 @@ def test_packed_16bit_slices(dtype):
     assert torch.equal(first[:k_out, :c_in], w[:, :, 0, 0, 0].t())
     assert not first[k_out:].any() and not first[:, c_in:].any()
     assert packed.numel() == 27 * c_pad * 64      # kernel 3 at stride 2: (2 + 1) ** 3 tap slices
+
+
+def test_packed_ieee_slices():
+    """fp32 at precision ieee: per tap [tf32(w)] [tf32(w - tf32(w))] [bf16(w)]; hi + lo is w to 2^-22."""
+    gen = torch.Generator().manual_seed(2)
+    c_in, k_out, stride = 12, 5, (2, 2, 2)
+    w = torch.randn(c_in, k_out, 3, 3, 3, generator=gen)
+    packed = pack_weights(w, stride, torch.float32, "ieee")
+    c32, c16 = padded_channels(c_in), padded_channels(c_in, torch.bfloat16)
+    assert packed.dtype == torch.uint8 and (c32, c16) == (16, 16)
+    tap = packed.view(27, -1)[0]            # class (0,0,0), tap 0
+    hi = tap[:c32 * 256].view(torch.float32).view(c32 // 4, 64, 4).permute(1, 0, 2).reshape(64, c32)
+    lo = tap[c32 * 256:c32 * 512].view(torch.float32).view(c32 // 4, 64, 4).permute(1, 0, 2).reshape(64, c32)
+    bf = tap[c32 * 512:].view(torch.bfloat16).view(c16 // 8, 64, 8).permute(1, 0, 2).reshape(64, c16)
+    exact = w[:, :, 0, 0, 0].t()
+    assert torch.equal(hi[:k_out, :c_in], pack_weights_reference_rounding(exact))
+    assert ((hi + lo)[:k_out, :c_in].double() - exact.double()).abs().max() <= 2 ** -21 * exact.abs().max()
+    assert torch.equal(bf[:k_out, :c_in], exact.to(torch.bfloat16))
+    for part in (hi, lo, bf):
+        assert not part[k_out:].any() and not part[:, c_in:].any()
+    assert packed.numel() == 27 * (2 * c32 * 256 + c16 * 128)

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .. import launch
-from ..codes import ACTIVATIONS, REDUCTIONS, dtype_code
+from ..codes import ACTIVATIONS, PRECISIONS, REDUCTIONS, dtype_code
 from ..spec import ConvTPoolReduceSpec
 from ..weights import float32_bias, relayout
 
@@ -34,9 +34,9 @@ def _channels_last(x: torch.Tensor) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
 
 
-def _shape_args(spec, x):
+def _shape_args(spec, x, mode):
     n, c, d, h, w = x.shape
-    return (dtype_code(x.dtype), int(_channels_last(x)), n, c, d, h, w, spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding,
+    return (dtype_code(x.dtype), PRECISIONS.get(mode, 0), int(_channels_last(x)), n, c, d, h, w, spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding,
             *spec.output_padding, *spec.window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction])
 
 
@@ -45,12 +45,10 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     reason = static_unsupported(spec)
     if reason:
         return reason
-    if x.dtype == torch.float32 and mode != "tf32":
-        return f"precision {mode}: the fused kernel runs fp32 as TF32 only"
     if _channels_last(x) and x.data_ptr() % 16:
         return "channels_last_3d input not 16-byte aligned (the fused kernel copies 16-byte channel groups)"
     try:
-        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", *_shape_args(spec, x))
+        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", *_shape_args(spec, x, mode))
     except Exception as exc:  # no nvcc and no cached build, or a build failure
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     return None if why is None else why.decode()
@@ -63,10 +61,23 @@ def padded_channels(c_in: int, dtype: torch.dtype = torch.float32) -> int:
     return next(c for c in sizes if c_in <= c)
 
 
-def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _tf32(w: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to TF32, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
+    bits = w.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32)
+
+
+def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float32, mode: str = "tf32") -> torch.Tensor:
     """(C, K, Td, Th, Tw) -> per residue class (rd, rh, rw), per tap (md, mh, mw): one [C_pad/G][64][G] slice (G = 4
     fp32 values, TF32-rounded to nearest with ties away, or 8 bf16 / fp16 values as given), input channels
-    zero-padded to C_pad, output channels to 64: the layout csrc/fused_convt_pool_reduce.cu streams."""
+    zero-padded to C_pad, output channels to 64: the layout csrc/fused_convt_pool_reduce.cu streams.
+    fp32 at mode "ieee": per tap three slices, [w_hi = tf32(w)] [tf32(w - w_hi)] [bf16(w), C padded as for bf16],
+    returned as bytes."""
+    if dtype == torch.float32 and mode == "ieee":
+        hi = pack_weights(weight, stride).view(-1, padded_channels(weight.shape[0]) * 64)
+        lo = _tf32(pack_weights(weight - _tf32(weight), stride, mode="exact")).view(hi.shape)
+        bf = pack_weights(weight.to(torch.bfloat16), stride, torch.bfloat16).view(hi.shape[0], -1)
+        return torch.cat([hi.view(torch.uint8), lo.view(torch.uint8), bf.view(torch.uint8)], dim=1).reshape(-1)
     c_in, k_out = weight.shape[:2]
     c_pad = padded_channels(c_in, dtype)
     group = 4 if dtype == torch.float32 else 8
@@ -82,20 +93,17 @@ def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float3
                             kc[:k_out, :c_in] = weight[:, :, td, th, tw].t().to(dtype)
                             parts.append(kc.view(64, c_pad // group, group).permute(1, 0, 2).reshape(-1))
     packed = torch.cat(parts)
-    if dtype != torch.float32:
-        return packed
-    bits = packed.view(torch.int32)
-    return ((bits + 0x1000) & -0x2000).view(torch.float32)
+    return packed if dtype != torch.float32 or mode == "exact" else _tf32(packed)
 
 
 def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
     if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d)):
         x = x.contiguous()                       # NCDHW and channels_last_3d are read natively, anything else copied
-    packed = relayout(weight, ("fused_b_pack", tuple(spec.stride), x.dtype),
-                      lambda w: pack_weights(w, spec.stride, x.dtype))
+    packed = relayout(weight, ("fused_b_pack", tuple(spec.stride), x.dtype, mode),
+                      lambda w: pack_weights(w, spec.stride, x.dtype, mode))
     n = x.shape[0]
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     out = launch.new_output(n, *pooled, device=x.device, dtype=x.dtype)   # the model's dtype, written by the kernel
-    launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, *_shape_args(spec, x),
+    launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, *_shape_args(spec, x, mode),
                   device=x.device)
     return out.unsqueeze(1) if spec.keepdim else out
