@@ -3,9 +3,12 @@
 // can stay in registers: each block reduces its rows in registers and only 64 partials per image piece leave the chip.
 //
 // Two implementations, chosen per call:
-//   * sm_90 (H100/H200), any dtype (TF32 / 3xTF32 / bf16 / fp16), stride-1 columns, K <= 64: wgmma path
+//   * sm_90 (H100/H200), any dtype (TF32 / ieee / bf16 / fp16), stride-1 columns, K <= 64: wgmma path
 //     (fa_wgmma_kernel, below) - weights (A) and input rows (B, a shared-memory ring with the halo) both fed to the
-//     tensor cores by descriptors.
+//     tensor cores by descriptors.  ieee there: x w ~ x_hi w_hi (tf32) + bf16(x) bf16(w_lo) + bf16(x_lo) bf16(w)
+//     (x_hi = tf32(x), x_lo = x - x_hi, w likewise): the two small terms are ONE bf16 k16 wgmma whose K chunks are the
+//     (x, w_lo) and (x_lo, w) pairs, so a tap costs two wgmmas instead of 3xTF32's three; each bf16 rounding is 2^-9
+//     of a term already 2^-11 of x w, i.e. <= 2^-18 |x w| per product (3xTF32: ~2^-21), well inside ieee's 1e-5.
 //   * otherwise (sm_80, strided columns, K > 64, ...): implicit GEMM on mma.sync (TF32 m16n8k8; 3xTF32 for
 //     precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
 //     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
@@ -677,9 +680,8 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
       wgh_bf16(acc, da, desc, j > 0);
     } else if (DT == FF_F16) {
       wgh_f16(acc, da, desc, j > 0);
-    } else if (SPLIT && !bias_op) {
-      wgh_tf32(acc, da + (uint64_t)(p.a_small_off >> 4), desc, j > 0);
-      wgh_tf32(acc, da, desc + (uint64_t)(p.small_off >> 4), 1);
+    } else if (SPLIT && !bias_op) {   // x w ~ x_hi w_hi (tf32) + [bf16(x) | bf16(x_lo)] . [bf16(w_lo) | bf16(w)] (k16)
+      wgh_bf16(acc, da + (uint64_t)(p.a_small_off >> 4), desc + (uint64_t)(p.small_off >> 4), j > 0);
       wgh_tf32(acc, da, desc, 1);
     } else {
       wgh_tf32(acc, da, desc, j > 0);
@@ -698,8 +700,28 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool ok
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 
+// precision ieee, the small part of the ring slot: per 8-channel group two bf16 planes, bf16(x) then bf16(x - x_hi)
+// (x_hi = tf32(x)), both 0 where x_hi is not finite (Inf / NaN then reach the result through x_hi w_hi alone, as in
+// TF32).  Returns the two bf16 pairs (x of channels c, c + 1 in the low / high half) and the two x_lo pairs.
+__device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32_t (&hi)[4], uint32_t (&xb)[2], uint32_t (&xl)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float a[2], l[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float h = __uint_as_float(hi[2 * i + e]);
+      const bool fin = isfinite(h);
+      a[e] = fin ? x[2 * i + e] : 0.0f;
+      l[e] = fin ? x[2 * i + e] - h : 0.0f;
+    }
+    __nv_bfloat162 pa = __floats2bfloat162_rn(a[0], a[1]), pl = __floats2bfloat162_rn(l[0], l[1]);
+    xb[i] = *reinterpret_cast<uint32_t*>(&pa);
+    xl[i] = *reinterpret_cast<uint32_t*>(&pl);
+  }
+}
+
 // One input row (relative row j of the current piece) into its ring slot. MODE 0: issue (cp.async or register
-// loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; 3xTF32: also the small part).
+// loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; ieee: also the small part).
 template <int DT, bool SPLIT, int LM, int MODE>
 __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase) {
   const int tid = threadIdx.x;
@@ -724,10 +746,14 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         uint4 b = make_uint4(f2tf32(__uint_as_float(v.x)), f2tf32(__uint_as_float(v.y)), f2tf32(__uint_as_float(v.z)),
                              f2tf32(__uint_as_float(v.w)));
         asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
-        if (SPLIT) {
-          uint4 s = make_uint4(f2tf32(__uint_as_float(v.x) - __uint_as_float(b.x)), f2tf32(__uint_as_float(v.y) - __uint_as_float(b.y)),
-                               f2tf32(__uint_as_float(v.z) - __uint_as_float(b.z)), f2tf32(__uint_as_float(v.w) - __uint_as_float(b.w)));
-          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst + p.small_off), "r"(s.x), "r"(s.y), "r"(s.z), "r"(s.w) : "memory");
+        if (SPLIT) {   // this thread's 4 channels = half of the group's 16-byte bf16 entries
+          const float x[4] = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)};
+          const uint32_t hi[4] = {b.x, b.y, b.z, b.w};
+          uint32_t xb[2], xl[2];
+          wg_small_pairs(x, hi, xb, xl);
+          const uint32_t ds = dst - half * p.plane_bytes + half * 8 + p.small_off;
+          asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
+          asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
         }
       }
     }
@@ -758,15 +784,21 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          uint32_t b[4], sm[4];
+          uint32_t b[4];
+          float x[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            b[e] = f2tf32(__uint_as_float(v[e][i]));
-            sm[e] = SPLIT ? f2tf32(__uint_as_float(v[e][i]) - __uint_as_float(b[e])) : 0u;
+            x[e] = __uint_as_float(v[e][i]);
+            b[e] = f2tf32(x[e]);
           }
           asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
-          if (SPLIT)
-            asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16 + p.small_off), "r"(sm[0]), "r"(sm[1]), "r"(sm[2]), "r"(sm[3]) : "memory");
+          if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
+            uint32_t xb[2], xl[2];
+            wg_small_pairs(x, b, xb, xl);
+            const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
+            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
+            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
+          }
         }
       }
     }
@@ -789,7 +821,13 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         asm volatile("ld.shared.f32 %0,[%1];" : "=f"(v) : "r"(dst));
         const uint32_t b = f2tf32(v);
         asm volatile("st.shared.u32 [%0],%1;" :: "r"(dst), "r"(b) : "memory");
-        if (SPLIT) asm volatile("st.shared.u32 [%0],%1;" :: "r"(dst + p.small_off), "r"(f2tf32(v - __uint_as_float(b))) : "memory");
+        if (SPLIT) {   // channel 4 (hp & 1) + e of the group's bf16 entries
+          const bool fin = isfinite(__uint_as_float(b));
+          const __nv_bfloat16 xb = __float2bfloat16_rn(fin ? v : 0.0f), xl = __float2bfloat16_rn(fin ? v - __uint_as_float(b) : 0.0f);
+          const uint32_t ds = dst - (hp & 1) * p.plane_bytes - e * 4 + ((hp & 1) * 4 + e) * 2 + p.small_off;
+          asm volatile("st.shared.u16 [%0],%1;" :: "r"(ds), "h"(*reinterpret_cast<const unsigned short*>(&xb)) : "memory");
+          asm volatile("st.shared.u16 [%0],%1;" :: "r"(ds + p.plane_bytes), "h"(*reinterpret_cast<const unsigned short*>(&xl)) : "memory");
+        }
       }
     }
   } else {                                             // 16-bit, any layout: register loads, 8 channels per column
@@ -874,7 +912,11 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       if (DT == FF_F32) {
         const uint32_t b = f2tf32(v);
         *reinterpret_cast<uint32_t*>(smem + off) = b;
-        if (SPLIT) *reinterpret_cast<uint32_t*>(smem + p.a_small_off + off) = f2tf32(v - __uint_as_float(b));
+        if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
+          __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
+          sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
+          sa[512] = __float2bfloat16_rn(v);
+        }
       } else if (DT == FF_BF16) {
         *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
       } else {
