@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  probe  probe-a  probe-b  profile-a  profile-b  variance-b  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  probe  probe-a  probe-b  profile-a  profile-b  host-b  variance-b  probe-chunks  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -43,6 +43,7 @@ for stage in "$@"; do
           --section WarpStateStats --page source --csv --print-source sass python3 benchmarks/probe_fused_b.py > "$OUT/ncu_b_sass_$d.csv" 2>&1
         gzip -f "$OUT/ncu_b_sass_$d.csv"; tail -3 "$OUT/ncu_b_$d.txt"
       done ;;
+    host-b) python3 benchmarks/profile_host_b.py 2>&1 | tee "$OUT/profile_host_b.txt" | head -40 ;;
     variance-b) python3 benchmarks/probe_variance_b.py 2>&1 | tee "$OUT/variance_b.txt" ;;
     probe-chunks) python3 benchmarks/probe_fallback_chunks.py 2>&1 | tee "$OUT/probe_chunks.txt" ;;
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;

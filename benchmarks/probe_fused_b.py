@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fullfuse.fused.convt_pool_reduce import LIB, _shape_args, pack_weights  # noqa: E402
+from fullfuse.fused.convt_pool_reduce import LIB, pack_weights, problem  # noqa: E402
 from fullfuse.launch import SIGNATURES  # noqa: E402
 import cutlass_ops.builder  # noqa: E402
 from fullfuse.spec import ConvTPoolReduceSpec  # noqa: E402
@@ -64,13 +64,25 @@ def make_spec(x, K, T, s, p, op, win, act, red, has_bias):
     return ConvTPoolReduceSpec(3, x.shape[1], K, T, s, p, op, (1, 1, 1), has_bias, win, act, red, keepdim=False)
 
 
+_workspaces = {}
+
+
+def workspace(lib, prob):
+    """The problem's zeroed workspace (the kernel leaves it zeroed), made once per library and problem."""
+    key = (id(lib), prob)
+    if key not in _workspaces:
+        n = lib.ff_fused_convt_pool_reduce_workspace_bytes(prob.address)
+        _workspaces[key] = torch.zeros(max(n, 1), dtype=torch.uint8, device="cuda")
+    return _workspaces[key].data_ptr()
+
+
 def run(lib, x, wp, b, out, spec, mode):
-    args = _shape_args(spec, x, mode)                            # the product path's argument tuple
-    why = lib.ff_fused_convt_pool_reduce_unsupported(*args)
+    prob = problem(spec, x, mode)                                # the product path's problem array
+    why = lib.ff_fused_convt_pool_reduce_unsupported(prob.address)
     if why:
         return why.decode()
     rc = lib.ff_fused_convt_pool_reduce(x.data_ptr(), wp.data_ptr(), b.data_ptr() if b is not None else None,
-                                        out.data_ptr(), *args, torch.cuda.current_stream().cuda_stream)
+                                        out.data_ptr(), prob.address, workspace(lib, prob), torch.cuda.current_stream().cuda_stream)
     return None if rc == 0 else f"launch error {rc}"
 
 

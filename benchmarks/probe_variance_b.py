@@ -7,7 +7,7 @@ import ctypes
 import torch
 
 import fullfuse
-from fullfuse import launch
+from fullfuse import launch, workspace
 from fullfuse.fused import convt_pool_reduce as fb
 from fullfuse.measure import time_cuda
 from fullfuse.seed_models import seed_model
@@ -30,11 +30,12 @@ print("kernel only (ms, median of 20):")
 for name, fmt in layouts.items():
     xs = [fmt(base.clone()) for _ in range(2)]
     out = torch.empty(16, 10, 10, 10, device="cuda")
-    args = fb._shape_args(spec, xs[0], "tf32")
+    args = fb.problem(spec, xs[0], "tf32")
+    ws = workspace.get(xs[0].device, fb.LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (args,))
     for xi, x in enumerate(xs):
         row = []
         for wp in packed:
-            call = lambda: raw_fn(x.data_ptr(), wp.data_ptr(), conv.bias.data_ptr(), out.data_ptr(), *args, ctypes.c_void_p(stream))
+            call = lambda: raw_fn(x.data_ptr(), wp.data_ptr(), conv.bias.data_ptr(), out.data_ptr(), args.address, None if ws is None else ws.data_ptr(), ctypes.c_void_p(stream))
             row.append(f"{time_cuda(call, repeats=20)['median_ms']:.3f}/{time_cuda(call, repeats=20, flush_l2=False)['median_ms']:.3f}")
         print(f"  {name:13} input copy {xi} x weight copies 0-3 (flushed/not): {'  '.join(row)}", flush=True)
 print("FusedModel call (ms, median of 20; flushed / not flushed), repeated:")

@@ -9,7 +9,7 @@ import time
 import torch
 
 import fullfuse
-from fullfuse import launch
+from fullfuse import launch, workspace
 from fullfuse.fused import convt_pool_reduce as fb
 from fullfuse.seed_models import seed_model
 
@@ -36,13 +36,14 @@ def host_us(fn):
 
 packed = fb.pack_weights(conv.weight.detach(), spec.stride)
 out = torch.empty(x.shape[0], *spec.pooled_spatial(tuple(x.shape[2:])), device="cuda")
-args = fb._shape_args(spec, x, "tf32")
+args = fb.problem(spec, x, "tf32")
+ws = workspace.get(x.device, fb.LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (args,))
 raw_fn = launch.function(fb.LIB, "ff_fused_convt_pool_reduce")
 stream = torch.cuda.current_stream().cuda_stream
-raw = lambda: raw_fn(x.data_ptr(), packed.data_ptr(), conv.bias.data_ptr(), out.data_ptr(), *args, ctypes.c_void_p(stream))
+raw = lambda: raw_fn(x.data_ptr(), packed.data_ptr(), conv.bias.data_ptr(), out.data_ptr(), args.address, None if ws is None else ws.data_ptr(), ctypes.c_void_p(stream))
 print(f"host us per call: FusedModel {host_us(lambda: fused(x)):.1f}, "
       f"ops.convt_pool_reduce {host_us(lambda: fullfuse.ops.convt_pool_reduce(x, conv.weight, conv.bias, 2, 2, 0, 1, 6)):.1f}, "
-      f"launch.launch {host_us(lambda: launch.launch(fb.LIB, 'ff_fused_convt_pool_reduce', x, packed, conv.bias, out, *args, device=x.device)):.1f}, "
+      f"launch.launch {host_us(lambda: launch.launch(fb.LIB, 'ff_fused_convt_pool_reduce', x, packed, conv.bias, out, args, ws, device=x.device)):.1f}, "
       f"raw ctypes {host_us(raw):.1f}")
 with torch.no_grad():
     prof = cProfile.Profile()

@@ -85,7 +85,10 @@ struct FBParams {
   int nd, nh;                    // input tile rows (d x h)
   int pwb, nwc;                  // Pw windows per block, w-chunks
   int wh, nhb;                   // Ph windows per block, h-blocks
-  long long nfull;               // blocks of wh window rows; every later block covers one window row (tail split)
+  long long nfull;               // blocks of whole items (wh window rows); every later block is a piece of the tail:
+  int tail_nhalf, tail_g;        // tail item -> tail_nhalf (1 or wh) window-row parts x tail_g class groups
+  unsigned* ws;                  // tail_g > 1: [tail part][wh][pwb][64] window maxima (zero between launches), then
+  int* ws_cnt;                   // [tail part] piece counters (zero between launches)
   int plane_bytes, tile_bytes, tile_alloc, max_steps;   // FB_X3: the x_lo tile starts at tile_bytes + FB_TILE_SLACK
   float inv_k;
 };
@@ -211,20 +214,26 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
-  __shared__ int s_total, s_off, s_split;
+  __shared__ int s_total, s_off, s_split, s_last;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
   const int wg = tid >> 7;
 
   // ---- block -> (image, window row d, window rows h, w-chunk) and its input tile origin ----
-  // blocks past nfull split the last wave's items in two (one window row each, its classes shared out between the
-  // warpgroups, see below), so the tail wave is half as long
+  // blocks past nfull split the last wave's items into pieces: tail_nhalf window-row parts (one window row each when
+  // 2) x tail_g class groups (each piece computes the classes of its group; the pieces of a part combine their window
+  // maxima in global memory and the last one reduces), so the tail wave is that much shorter
   long long b = blockIdx.x;
-  int half = -1;
+  int half = -1, cgroup = 0;
+  long long part = -1;   // tail part (the workspace slot of its window maxima), -1: a whole item
   if (b >= p.nfull) {
-    half = (int)((b - p.nfull) & 1);
-    b = p.nfull + (b - p.nfull) / 2;
+    const long long r = b - p.nfull;
+    const int per = p.tail_nhalf * p.tail_g, q = (int)(r % per);
+    b = p.nfull + r / per;
+    part = r / p.tail_g;
+    cgroup = q % p.tail_g;
+    if (p.tail_nhalf > 1) half = q / p.tail_g;
   }
   const int wc = (int)(b % p.nwc); b /= p.nwc;
   int Ph = (int)(b % p.nhb) * p.wh; b /= p.nhb;
@@ -356,15 +365,35 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   if (tid == 0) {
     int t = 0;
     for (int c = 0; c < p.ncls; ++c) { cinfo[c * FB_CINFO + 9] = t; t += cinfo[c * FB_CINFO + 8]; }
+    if (p.tail_g > 1 && part >= 0) {   // this piece's class group: between the class boundaries nearest g / G and
+      // (g + 1) / G of the steps; the other classes get no steps
+      auto bound = [&](int k) {
+        int best = 0;
+        long long bestd = -1;
+        for (int c = 0; c <= p.ncls; ++c) {
+          const long long st = c < p.ncls ? cinfo[c * FB_CINFO + 9] : t;
+          const long long d = llabs(st * p.tail_g - (long long)k * t);
+          if (bestd < 0 || d < bestd) { bestd = d; best = c; }
+        }
+        return best;
+      };
+      const int c_lo = bound(cgroup), c_hi = cgroup + 1 == p.tail_g ? p.ncls : bound(cgroup + 1);
+      t = 0;
+      for (int c = 0; c < p.ncls; ++c) {
+        if (c < c_lo || c >= c_hi) cinfo[c * FB_CINFO + 8] = 0;
+        cinfo[c * FB_CINFO + 9] = t;
+        t += cinfo[c * FB_CINFO + 8];
+      }
+    }
     s_total = t;
     int off = 0;   // the class boundary nearest half the steps
     bool small = true;   // every class's tiles fit one warpgroup (<= 3)
     for (int c = 0; c < p.ncls; ++c) {
       if (abs(2 * cinfo[c * FB_CINFO + 9] - t) < abs(2 * off - t)) off = cinfo[c * FB_CINFO + 9];
-      small = small && cinfo[c * FB_CINFO + 6] <= 3;
+      small = small && (cinfo[c * FB_CINFO + 8] == 0 || cinfo[c * FB_CINFO + 6] <= 3);
     }
     s_off = off;
-    s_split = half >= 0 && small;
+    s_split = NWG == 2 && nwh == 1 && small;
   }
   __syncthreads();
   for (int i = tid; i < s_total; i += NTHR) {
@@ -590,6 +619,24 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     }
   }
   __syncthreads();
+  if (p.tail_g > 1 && part >= 0) {   // a piece of a tail part: its window maxima into the part's, the last piece goes on
+    const int nent = p.wh * p.pwb * 64;
+    unsigned* gm = p.ws + part * nent;
+    for (int i = tid; i < nent; i += NTHR)
+      if (winmax[i]) atomicMax(gm + i, winmax[i]);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(p.ws_cnt + part, 1) == p.tail_g - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int i = tid; i < nent; i += NTHR) {   // the part's maxima, and the workspace back to zero for the next launch
+      winmax[i] = __ldcg(gm + i);
+      gm[i] = 0u;
+    }
+    if (tid == 0) p.ws_cnt[part] = 0;
+    __syncthreads();
+  }
   // Classes with no tap in some dim (residue >= kernel size, e.g. kernel < stride) have conv value 0 (+ bias): they
   // are not computed above, so a window that holds one of their positions takes max(.., 0) here.
   auto holds_tapless = [&](int a, int o0, int len) {
@@ -653,6 +700,8 @@ struct FBPlan {
   size_t smem;
   long long blocks;
   int ks, dtype;   // dtype: the kernel variant (FB_X3 for fp32 input at precision ieee)
+  long long ws_parts;   // workspace: [ws_parts][wh][pwb][64] window maxima, then [ws_parts] counters
+  size_t ws_bytes;      //   (zeroed once by the caller, left zeroed by every launch)
 };
 
 // Input columns a block of windows [pw0, pw0 + npw) needs: q_w from the first window's lowest class to the last
@@ -774,9 +823,16 @@ FBPlan fb_plan(int dtype, int precision, int channels_last, long long N, int C, 
   const long long items = N * p.P[0] * p.nhb * p.nwc;
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const long long tail = sms > 0 ? items % sms : 0;   // one block per SM: the last wave holds `tail` items
-  p.nfull = (fb_nwg(kv) == 2 && p.wh > 1 && tail > 0 && 2 * tail <= sms) ? items - tail : items;
-  pl.blocks = p.nfull + 2 * (items - p.nfull);
+  // one block per SM: the last wave holds `tail` items; split them into window rows (when that fits the SMs), then
+  // into class groups (at most ncls / 2 of them: two warpgroups take a class each) as far as the SMs go
+  const long long tail = sms > 0 ? items % sms : 0;
+  p.tail_nhalf = (tail > 0 && p.wh > 1 && p.wh * tail <= sms) ? p.wh : 1;
+  const long long gmax = fb_nwg(kv) == 2 ? ncls / 2 : ncls;   // two warpgroups: a class each (one: a class)
+  p.tail_g = tail > 0 ? (int)std::max(1LL, std::min((long long)sms / (tail * p.tail_nhalf), gmax)) : 1;
+  p.nfull = (p.tail_nhalf > 1 || p.tail_g > 1) ? items - tail : items;
+  pl.blocks = p.nfull + (items - p.nfull) * p.tail_nhalf * p.tail_g;
+  pl.ws_parts = p.tail_g > 1 ? (items - p.nfull) * p.tail_nhalf : 0;   // tail parts whose pieces combine in global memory
+  pl.ws_bytes = (size_t)pl.ws_parts * ((size_t)p.wh * p.pwb * 64 + 1) * 4;
   if (pl.blocks > 0x7fffffffLL) { pl.why = "fused convT-pool-reduce: too many blocks"; return pl; }
   return pl;
 }
@@ -808,44 +864,57 @@ int fb_dispatch_ks(int ks, F&& f) {
   }
 }
 
+
+// The problem as one int64 array (one ctypes argument instead of 26: host time per call):
+//   dtype, precision, channels_last, N, C, D, H, W, K, then per dim (d, h, w): kernel T, stride s, padding,
+//   output_padding, pooling window; then activation, channel reduction.
+constexpr int FB_PROBLEM_LEN = 26;
+FBPlan fb_plan_of(const long long* q) {
+  int T[3], s[3], pad[3], outpad[3], win[3];
+  for (int a = 0; a < 3; ++a) {
+    T[a] = (int)q[9 + a]; s[a] = (int)q[12 + a]; pad[a] = (int)q[15 + a]; outpad[a] = (int)q[18 + a]; win[a] = (int)q[21 + a];
+  }
+  return fb_plan((int)q[0], (int)q[1], (int)q[2], q[3], (int)q[4], (int)q[5], (int)q[6], (int)q[7], (int)q[8], T, s, pad,
+                 outpad, win, (int)q[24], (int)q[25]);
+}
+
 }  // namespace
 
 extern "C" {
 
-// Geometry arguments, all per dim (d, h, w): kernel T, stride s, padding p, output_padding op, pooling window win.
-#define FB_GEOM_PARAMS int Td, int Th, int Tw, int sd, int sh, int sw, int pd, int ph, int pw, int opd, int oph, int opw, \
-                       int wd, int wh, int ww
-#define FB_GEOM_ARRAYS const int T[3] = {Td, Th, Tw}, s[3] = {sd, sh, sw}, pad[3] = {pd, ph, pw}, outpad[3] = {opd, oph, opw}, \
-                       win[3] = {wd, wh, ww}
+const char* ff_fused_convt_pool_reduce_unsupported(const long long* problem) { return fb_plan_of(problem).why; }
 
-const char* ff_fused_convt_pool_reduce_unsupported(int dtype, int precision, int channels_last, long long N, int C, int D, int H, int W,
-                                                   int K, FB_GEOM_PARAMS, int act, int red) {
-  FB_GEOM_ARRAYS;
-  return fb_plan(dtype, precision, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red).why;
+// Bytes of the workspace the launcher needs for this problem (0: none): zeroed once by the caller; every launch
+// leaves it zeroed, so one buffer serves every later launch of the problem in stream order.
+size_t ff_fused_convt_pool_reduce_workspace_bytes(const long long* problem) {
+  const FBPlan pl = fb_plan_of(problem);
+  return pl.why ? 0 : pl.ws_bytes;
 }
 
-int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, void* out, int dtype,
-                               int precision, int channels_last, long long N, int C, int D, int H, int W, int K, FB_GEOM_PARAMS, int act,
-                               int red, cudaStream_t stream) {
-  FB_GEOM_ARRAYS;
-  // the plan of the previous call is reused when every argument but the pointers repeats (host time per call: the
-  // plan asks the device for its attributes), and a kernel's shared-memory limit is raised only when it grows
-  const int key[26] = {dtype, precision, channels_last, (int)N, (int)(N >> 32), C, D, H, W, K, T[0], T[1], T[2], s[0], s[1], s[2],
-                       pad[0], pad[1], pad[2], outpad[0], outpad[1], outpad[2], win[0], win[1], win[2], act * 4 + red};
+int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, void* out, const long long* problem,
+                               void* workspace, cudaStream_t stream) {
+  // the plan of the previous call is reused when the problem repeats (host time per call: the plan asks the device
+  // for its attributes), and a kernel's shared-memory limit is raised only when it grows
   int dev = 0;
   cudaGetDevice(&dev);
-  static thread_local int last_key[26], last_dev = -1;
+  static thread_local long long last_key[FB_PROBLEM_LEN];
+  static thread_local int last_dev = -1;
   static thread_local FBPlan last_plan;
-  if (dev != last_dev || std::memcmp(key, last_key, sizeof key) != 0) {
-    last_plan = fb_plan(dtype, precision, channels_last, N, C, D, H, W, K, T, s, pad, outpad, win, act, red);
-    std::memcpy(last_key, key, sizeof key);
+  if (dev != last_dev || std::memcmp(problem, last_key, sizeof last_key) != 0) {
+    last_plan = fb_plan_of(problem);
+    std::memcpy(last_key, problem, sizeof last_key);
     last_dev = dev;
   }
   FBPlan pl = last_plan;
   if (pl.why) return (int)cudaErrorNotSupported;
+  const int channels_last = pl.prm.channels_last, W = pl.prm.W, act = pl.prm.act;
   if (channels_last && reinterpret_cast<uintptr_t>(x) % 16) return (int)cudaErrorMisalignedAddress;   // 16-byte copies
   pl.prm.x = x; pl.prm.wp = packed_w; pl.prm.bias = bias; pl.prm.out = out;
-  pl.prm.ncdhw_vec = !channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
+  pl.prm.ws = static_cast<unsigned*>(workspace);
+  pl.prm.ws_cnt = reinterpret_cast<int*>(pl.prm.ws + (size_t)pl.ws_parts * pl.prm.wh * pl.prm.pwb * 64);
+  pl.prm.ncdhw_vec = !channels_last && W % (pl.dtype == FF_BF16 || pl.dtype == FF_F16 ? 8 : 4) == 0 &&
+                     reinterpret_cast<uintptr_t>(x) % 16 == 0;
   auto launch = [&](auto kern) {
     int* set = fb_smem_limit(reinterpret_cast<const void*>(kern), dev);   // the limit set so far (or nullptr)
     if (!set || (int)pl.smem > *set) {

@@ -72,6 +72,8 @@ def cases(family: str, quick: bool = False) -> List[Case]:
             # groups per class; an odd number of window rows in h (a block with one window row)
             _b("C24 wide W: w-chunks", (2, 24, 5, 6, 40), 33, 3, 2, 1, 1, window=2),
             _b("C16 stride 1, window 6, max", (1, 16, 9, 10, 11), 64, 3, 1, 1, window=6, reduction="max"),
+            # more blocks than SMs: whole blocks, then tail pieces that combine their window maxima across blocks
+            _b("C8 N10: whole blocks + tail pieces", (10, 8, 16, 16, 16), 16, 5, 2, 2, window=6),
             _b("C4 odd window rows, silu", (2, 4, 6, 7, 9), 3, (2, 3, 4), (2, 1, 3), (0, 1, 2), (1, 0, 2),
                window=(3, 2, 2), act="silu", reduction="mean"),
         ]

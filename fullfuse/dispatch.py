@@ -86,32 +86,42 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
     return "fallback", "requested"
 
 
-_choices: Dict[tuple, Tuple[str, str]] = {}
+# call signature -> (spec, (path, reason), run(x, weight, bias)): the choice and everything that depends only on
+# the signature are worked out once, so the host work per call stays small next to the kernels
+_calls: Dict[tuple, tuple] = {}
 
 
-def _choose_cached(spec, requested, x, weight, bias, mode, deterministic) -> Tuple[str, str]:
-    """choose(), remembered per input signature: the host work per call stays small next to the kernels."""
-    channels_last = torch.channels_last if x.dim() == 4 else torch.channels_last_3d if x.dim() == 5 else None
-    key = (spec, requested, x.device, x.dtype, tuple(x.shape), x.is_contiguous(),
-           channels_last is not None and x.is_contiguous(memory_format=channels_last), x.data_ptr() % 16 == 0,
-           weight.device, weight.dtype,
-           None if bias is None else (bias.device, bias.dtype), mode, deterministic)
-    if key not in _choices:
-        if len(_choices) > 4096:
-            _choices.clear()
-        _choices[key] = choose(spec, requested, x, weight, bias, mode, deterministic)   # raises: not cached
-    return _choices[key]
+def _signature(spec, path, mode, deterministic, x, weight, bias) -> tuple:
+    """What the choice and the prepared call depend on (shape and strides cover the layout; the address's
+    16-byte alignment picks the loaders).  id(spec): the entry keeps its spec alive, so the id stays unique."""
+    return (id(spec), path, mode, deterministic, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16,
+            weight.dtype, weight.device, None if bias is None else (bias.dtype, bias.device))
+
+
+def _runner(spec, chosen: str, x, mode: str, deterministic: bool):
+    if chosen == "torch":
+        def run_torch(x, weight, bias):
+            with precision_mod.cudnn_conv_precision(mode):
+                return torch_path.run(spec, x, weight, bias)
+        return run_torch
+    if chosen == "fused":
+        module = _fused_module(spec)
+        if hasattr(module, "prepare"):
+            return module.prepare(spec, x, mode, deterministic)
+    else:
+        module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
+    return lambda x, weight, bias: module.run(spec, x, weight, bias, mode, deterministic)
 
 
 def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
-    check_path(path)
     mode = precision_mod.resolve(precision, x.dtype)
-    chosen, reason = _choose_cached(spec, path, x, weight, bias, mode, deterministic)
-    last_decision[spec] = (chosen, reason)
-    if chosen == "torch":
-        with precision_mod.cudnn_conv_precision(mode):
-            return torch_path.run(spec, x, weight, bias)
-    if chosen == "fused":
-        return _fused_module(spec).run(spec, x, weight, bias, mode, deterministic)
-    module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
-    return module.run(spec, x, weight, bias, mode, deterministic)
+    key = _signature(spec, path, mode, deterministic, x, weight, bias)
+    entry = _calls.get(key)
+    if entry is None:
+        check_path(path)
+        decision = choose(spec, path, x, weight, bias, mode, deterministic)   # raises: nothing cached
+        if len(_calls) > 4096:
+            _calls.clear()
+        entry = _calls[key] = (spec, decision, _runner(spec, decision[0], x, mode, deterministic))
+    last_decision[spec] = entry[1]
+    return entry[2](x, weight, bias)

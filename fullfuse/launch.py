@@ -20,7 +20,6 @@ _P = c_void_p
 _L = c_longlong
 _I = c_int
 _FUSED_A_SHAPE = [_I, _I, _L, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I]
-_FUSED_B_SHAPE = [_I, _I, _I, _L, *[_I] * 5, *[_I] * 15, _I, _I]
 
 # library -> exported function -> (restype, argtypes).  Kernel launchers (int return, called through launch())
 # take the cudaStream_t as one more, last argument, not listed here.
@@ -38,8 +37,9 @@ SIGNATURES: Dict[str, Dict[str, Tuple[Any, list]]] = {
         "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P]),
     },
     "fused_convt_pool_reduce": {                # csrc/fused_convt_pool_reduce.cu
-        "ff_fused_convt_pool_reduce_unsupported": (c_char_p, _FUSED_B_SHAPE),
-        "ff_fused_convt_pool_reduce": (c_int, [_P, _P, _P, _P, *_FUSED_B_SHAPE]),
+        "ff_fused_convt_pool_reduce_unsupported": (c_char_p, [_P]),             # the problem (a Problem)
+        "ff_fused_convt_pool_reduce_workspace_bytes": (c_size_t, [_P]),
+        "ff_fused_convt_pool_reduce": (c_int, [_P, _P, _P, _P, _P, _P]),        # x, w, bias, out, problem, workspace
     },
 }
 
@@ -67,9 +67,32 @@ def function(lib: str, name: str):
     return _functions[key]
 
 
+class Problem:
+    """A kernel's problem description (integers) handed to C as one int64 array: one ctypes argument instead of
+    dozens (ctypes converts each argument on every call; host time per call).  Hashable by its values."""
+    __slots__ = ("values", "_array", "address", "_hash")
+
+    def __init__(self, values):
+        self.values = tuple(int(v) for v in values)
+        self._array = (c_longlong * len(self.values))(*self.values)
+        self.address = ctypes.addressof(self._array)
+        self._hash = hash(self.values)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return isinstance(other, Problem) and other.values == self.values
+
+    def __repr__(self):
+        return f"Problem{self.values}"
+
+
 def _arg(value):
     if isinstance(value, torch.Tensor):
         return value.data_ptr()
+    if isinstance(value, Problem):
+        return value.address
     return value
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .. import launch
+from .. import launch, workspace
 from ..codes import ACTIVATIONS, PRECISIONS, REDUCTIONS, dtype_code
 from ..spec import ConvTPoolReduceSpec
 from ..weights import float32_bias, relayout
@@ -34,10 +34,13 @@ def _channels_last(x: torch.Tensor) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
 
 
-def _shape_args(spec, x, mode):
+def problem(spec, x, mode) -> launch.Problem:
+    """The C API's problem array (csrc/fused_convt_pool_reduce.cu, FB_PROBLEM_LEN): dtype, precision, layout, shape,
+    geometry per dim, activation, reduction."""
     n, c, d, h, w = x.shape
-    return (dtype_code(x.dtype), PRECISIONS.get(mode, 0), int(_channels_last(x)), n, c, d, h, w, spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding,
-            *spec.output_padding, *spec.window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction])
+    return launch.Problem((dtype_code(x.dtype), PRECISIONS.get(mode, 0), int(_channels_last(x)), n, c, d, h, w,
+                           spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding, *spec.output_padding,
+                           *spec.window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction]))
 
 
 def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
@@ -48,7 +51,7 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     if _channels_last(x) and x.data_ptr() % 16:
         return "channels_last_3d input not 16-byte aligned (the fused kernel copies 16-byte channel groups)"
     try:
-        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", *_shape_args(spec, x, mode))
+        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", problem(spec, x, mode))
     except Exception as exc:  # no nvcc and no cached build, or a build failure
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     return None if why is None else why.decode()
@@ -96,14 +99,26 @@ def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float3
     return packed if dtype != torch.float32 or mode == "exact" else _tf32(packed)
 
 
-def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
-    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d)):
-        x = x.contiguous()                       # NCDHW and channels_last_3d are read natively, anything else copied
-    packed = relayout(weight, ("fused_b_pack", tuple(spec.stride), x.dtype, mode),
-                      lambda w: pack_weights(w, spec.stride, x.dtype, mode))
-    n = x.shape[0]
+def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
+    """The call for inputs like ``x`` (dtype, shape, strides, device, alignment), everything that depends only on
+    those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
+    copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d))
+    prob = problem(spec, x.contiguous() if copy else x, mode)   # NCDHW / channels_last_3d read natively, else copied
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
-    out = launch.new_output(n, *pooled, device=x.device, dtype=x.dtype)   # the model's dtype, written by the kernel
-    launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, *_shape_args(spec, x, mode),
-                  device=x.device)
-    return out.unsqueeze(1) if spec.keepdim else out
+    shape, dtype, device, keepdim = (x.shape[0], *pooled), x.dtype, x.device, spec.keepdim
+    tag = ("fused_b_pack", tuple(spec.stride), dtype, mode)
+    make = lambda w: pack_weights(w, spec.stride, dtype, mode)  # noqa: E731
+    ws_fn = "ff_fused_convt_pool_reduce_workspace_bytes"
+
+    def run(x, weight, bias):
+        if copy:
+            x = x.contiguous()
+        out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
+        launch.launch(LIB, "ff_fused_convt_pool_reduce", x, relayout(weight, tag, make), float32_bias(bias), out, prob,
+                      workspace.get(device, LIB, ws_fn, (prob,)), device=device)
+        return out.unsqueeze(1) if keepdim else out
+    return run
+
+
+def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
+    return prepare(spec, x, mode, deterministic)(x, weight, bias)
