@@ -10,7 +10,7 @@ import contextlib
 import ctypes
 import os
 from ctypes import c_char_p, c_int, c_longlong, c_size_t, c_void_p
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -108,11 +108,28 @@ def call(lib: str, name: str, *args):
     return function(lib, name)(*[_arg(a) for a in args])
 
 
-def launch(lib: str, name: str, *args, device: torch.device):
-    """Launch a kernel on the current stream of ``device`` and check its return code."""
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA builds of torch: one C call each
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def current_device_index() -> int:
+    return _get_device() if _get_device is not None else torch.cuda.current_device()
+
+
+def current_stream(device: torch.device) -> int:
+    """The cudaStream_t of ``device``'s current stream (host time: torch's own C getter where it has one)."""
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else current_device_index())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def launch(lib: str, name: str, *args, device: torch.device, stream: Optional[int] = None):
+    """Launch a kernel on the current stream of ``device`` (or the given cudaStream_t, which must be that) and check
+    its return code."""
     fn = function(lib, name)
-    stream = torch.cuda.current_stream(device).cuda_stream
-    current = device.index is None or device.index == torch.cuda.current_device()   # no device switch (host time)
+    if stream is None:
+        stream = current_stream(device)
+    current = device.index is None or device.index == current_device_index()   # no device switch (host time)
     with contextlib.nullcontext() if current else torch.cuda.device(device):
         code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
     if code != 0:

@@ -22,9 +22,11 @@ class FusedRegion(nn.Module):
         self.deterministic = deterministic
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
-        if self.conv is not None:
-            weight, bias = self.conv.weight, self.conv.bias
-        return ops.run_spec(self.plan.spec, x, weight, bias, self.plan.requested, self.precision, self.deterministic)
+        conv = self._modules["conv"]   # (dict lookups, not Module.__getattr__: host time per call; still live)
+        if conv is not None:
+            weight, bias = conv._parameters["weight"], conv._parameters.get("bias")
+        plan = self.plan
+        return ops.run_spec(plan.spec, x, weight, bias, plan.requested, self.precision, self.deterministic)
 
     def extra_repr(self) -> str:
         return f"{self.plan.description} -> {self.plan.path}, precision={self.precision}"

@@ -25,14 +25,15 @@ def nbytes(lib: str, bytes_fn: str, args: tuple) -> int:
     return launch.call(lib, bytes_fn, *args)
 
 
-def get(device: torch.device, lib: str, bytes_fn: str, args: tuple) -> Optional[torch.Tensor]:
-    """The zeroed workspace of this problem on the current stream, or None when the kernel needs none."""
+def get(device: torch.device, lib: str, bytes_fn: str, args: tuple, stream: Optional[int] = None) -> Optional[torch.Tensor]:
+    """The zeroed workspace of this problem on the current stream (``stream``: its cudaStream_t, if the caller has it
+    already), or None when the kernel needs none."""
     size = nbytes(lib, bytes_fn, args)
     if not size:
         return None
-    if torch.cuda.is_current_stream_capturing():
+    if torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(size, dtype=torch.uint8, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream, lib, args)
+    key = (device.index, launch.current_stream(device) if stream is None else stream, lib, args)
     buf = _buffers.get(key)
     if buf is None:
         buf = _buffers[key] = torch.zeros(size, dtype=torch.uint8, device=device)

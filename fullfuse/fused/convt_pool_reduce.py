@@ -114,8 +114,9 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if copy:
             x = x.contiguous()
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
+        stream = launch.current_stream(device)
         launch.launch(LIB, "ff_fused_convt_pool_reduce", x, relayout(weight, tag, make), float32_bias(bias), out, prob,
-                      workspace.get(device, LIB, ws_fn, (prob,)), device=device)
+                      workspace.get(device, LIB, ws_fn, (prob,), stream), device=device, stream=stream)
         return out.unsqueeze(1) if keepdim else out
     return run
 
