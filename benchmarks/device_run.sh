@@ -10,7 +10,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="/tmp/site:$PWD"
 ff() { python3 -m fullfuse.cli "$@"; }
-pack() { (cd "$OUT/r" && tar czf "$OUT/results.tgz" .); }   # results so far, re-packed after each step of a final stage
+pack() { (cd "$OUT/r" && tar czf "$OUT/results-$stage.tgz" .); }   # a final stage's results so far, one archive per stage
 ff info 2>&1 | tee "$OUT/info.txt"
 [ "${FF_BUILD:-1}" = 1 ] && ff build 2>&1 | tail -5   # FF_BUILD=0: use only what was carried (no device compile time)
 rc=0

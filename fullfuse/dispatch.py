@@ -105,11 +105,8 @@ def _runner(spec, chosen: str, x, mode: str, deterministic: bool):
                 return torch_path.run(spec, x, weight, bias)
         return run_torch
     if chosen == "fused":
-        module = _fused_module(spec)
-        if hasattr(module, "prepare"):
-            return module.prepare(spec, x, mode, deterministic)
-    else:
-        module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
+        return _fused_module(spec).prepare(spec, x, mode, deterministic)
+    module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
     return lambda x, weight, bias: module.run(spec, x, weight, bias, mode, deterministic)
 
 

@@ -52,14 +52,24 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     return None if why is None else why.decode()
 
 
-def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
-    x, channels_last = _layout(x)
+def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
+    """The call for inputs like ``x`` (dtype, shape, strides, device), everything that depends only on those worked
+    out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
+    copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last))
+    channels_last = 0 if copy else _layout(x)[1]
     args = _shape_args(spec, x, channels_last, mode, deterministic)
-    n, k = x.shape[0], spec.out_channels
+    n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
     # the atomic mean accumulates into out; every other mode writes each element once
     atomic = spec.pool == "mean" and not deterministic
-    out = torch.zeros(n, k, dtype=torch.float32, device=x.device) if atomic else launch.new_output(n, k, device=x.device)
-    launch.launch(LIB, "ff_fused_conv_act_pool", x, as_memory_format(weight, torch.contiguous_format), float32_bias(bias), out, *args,
-                  workspace.get(x.device, LIB, "ff_fused_conv_act_pool_workspace_bytes", args), device=x.device)
-    out = out.to(x.dtype)
-    return out.view(n, k, 1, 1) if spec.keepdim else out
+    shape = (n, k, 1, 1) if spec.keepdim else (n, k)
+    ws_fn = "ff_fused_conv_act_pool_workspace_bytes"
+
+    def run(x, weight, bias):
+        if copy:
+            x = x.contiguous()
+        out = torch.zeros(n, k, dtype=torch.float32, device=device) if atomic else launch.new_output(n, k, device=device)
+        stream = launch.current_stream(device)
+        launch.launch(LIB, "ff_fused_conv_act_pool", x, as_memory_format(weight, torch.contiguous_format), float32_bias(bias),
+                      out, *args, workspace.get(device, LIB, ws_fn, args, stream), device=device, stream=stream)
+        return out.to(dtype).view(shape)
+    return run

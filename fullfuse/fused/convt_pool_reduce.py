@@ -119,7 +119,3 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
                       workspace.get(device, LIB, ws_fn, (prob,), stream), device=device, stream=stream)
         return out.unsqueeze(1) if keepdim else out
     return run
-
-
-def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool) -> torch.Tensor:
-    return prepare(spec, x, mode, deterministic)(x, weight, bias)
