@@ -46,11 +46,8 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_WGDEPTH
 #define FB_WGDEPTH 1            // steps of wgmmas left in flight when a warpgroup moves on to the next step
 #endif
-#ifndef FB_WH32
-#define FB_WH32 1               // window rows per block for fp32 input (TF32): one row's 100 KB tile leaves room for
-#endif                          // deep weight prefetch; the two warpgroups then take different classes
 #ifndef FB_NBUF32
-#define FB_NBUF32 6             // weight buffers per warpgroup, fp32 input: FB_NBUF32 - 1 - FB_WGDEPTH steps of prefetch
+#define FB_NBUF32 3             // weight buffers per warpgroup, fp32 input: FB_NBUF32 - 1 - FB_WGDEPTH steps of prefetch
 #endif
 #ifndef FB_NBUF16
 #define FB_NBUF16 4             // the same for bf16 / fp16 input
@@ -778,8 +775,7 @@ FBPlan fb_plan(int dtype, int precision, int channels_last, long long N, int C, 
   if (!p.pwb) { pl.why = "fused convT-pool-reduce: one pooling window's input columns exceed the 32-column tile"; return pl; }
   p.nwc = (p.P[2] + p.pwb - 1) / p.pwb;
   // window rows per block in h: FB_WH when its tile fits in shared memory, else 1
-  static_assert(FB_WH32 >= 1 && FB_WH32 <= FB_WH, "FB_WH32 out of range");
-  for (int wh = std::min(kv == FF_F32 ? FB_WH32 : FB_WH, p.P[1]); wh >= 1; --wh) {
+  for (int wh = std::min(FB_WH, p.P[1]); wh >= 1; --wh) {
     p.wh = wh;
     p.nhb = (p.P[1] + wh - 1) / wh;
     // tile rows: input rows q - m over the block's windows (wd = 1 in d, wh in h); the span and the step count
