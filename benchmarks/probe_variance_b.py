@@ -3,6 +3,8 @@
 input at different addresses, with and without the L2 flush; then the FusedModel call (the bench's end-to-end
 figure) repeated, each layout, with and without the flush.  Medians of 20 CUDA-event timings (fullfuse.measure)."""
 import ctypes
+import gc
+import statistics
 
 import torch
 
@@ -24,7 +26,7 @@ layouts = {"NCDHW": lambda t: t.contiguous(), "channels_last": lambda t: t.conti
 packed = [fb.pack_weights(conv.weight.detach(), spec.stride)]
 keep = []
 for _ in range(3):   # further copies of the weights at other addresses (a spacer between them)
-    keep.append(torch.empty(1 << 20 + len(keep), device="cuda", dtype=torch.uint8))
+    keep.append(torch.empty(1 << (20 + len(keep)), device="cuda", dtype=torch.uint8))
     packed.append(packed[0].clone())
 print("kernel only (ms, median of 20):")
 for name, fmt in layouts.items():
@@ -47,44 +49,19 @@ with torch.no_grad():
             nf = time_cuda(lambda: fused(x), repeats=20, flush_l2=False)["median_ms"]
             print(f"  rep {rep} {name:13} {f:.3f} / {nf:.3f}", flush=True)
 
-# per run: the host time of the call itself (perf_counter around fused(x)) beside its CUDA-event time, to tell host
-# delays (a call whose host part outlasts the flush leaves the GPU idle inside the timed region) from GPU ones
-import gc  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-
-def per_run(fn, runs=20):
-    host, gpu = [], []
-    for _ in range(runs):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        end.record()
-        end.synchronize()
-        host.append((t1 - t0) * 1e6)
-        gpu.append(start.elapsed_time(end))
-    return host, gpu
-
-
+# per run: the host time of the call itself beside its CUDA-event time (time_cuda per_run), to tell host delays (a
+# call whose host part outlasts the flush leaves the GPU idle inside the timed region) from GPU ones
 print("per run, FusedModel call, flushed: median GPU ms | median / max host us of the call | runs with GPU > 1.05 x min: their host us")
 with torch.no_grad():
     for rep in range(4):
         for gc_on in (True, False):
             for name, fmt in layouts.items():
                 x = fmt(base)
-                for _ in range(50):
-                    fused(x)
-                torch.cuda.synchronize()
                 if not gc_on:
                     gc.disable()
-                host, gpu = per_run(lambda: fused(x))
+                t = time_cuda(lambda: fused(x), repeats=20, per_run=True)
                 gc.enable()
+                host, gpu = t["host_us"], t["runs_ms"]
                 slow = [f"{h:.0f}" for h, g in zip(host, gpu) if g > 1.05 * min(gpu)]
-                print(f"  rep {rep} gc {'on ' if gc_on else 'off'} {name:13} {statistics.median(gpu):.3f} ms | "
+                print(f"  rep {rep} gc {'on ' if gc_on else 'off'} {name:13} {t['median_ms']:.3f} ms | "
                       f"{statistics.median(host):.0f} / {max(host):.0f} us | slow: {len(slow)} {' '.join(slow)}", flush=True)

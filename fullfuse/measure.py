@@ -28,8 +28,10 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
     return {"relerr": diff.norm().item() / (norm if norm > 0 else 1.0), "maxabs": diff.abs().max().item() if diff.numel() else 0.0}
 
 
-def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True) -> Dict[str, float]:
-    """Median and min in ms of ``fn`` timed with CUDA events, after warm-up, flushing the L2 before each run."""
+def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True,
+              per_run: bool = False) -> Dict[str, object]:
+    """Median and min in ms of ``fn`` timed with CUDA events, after warm-up, flushing the L2 before each run.
+    per_run: also every run's time ("runs_ms") and the host time of its call of ``fn`` ("host_us")."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
     # warm-up: at least `warmup` calls and WARMUP_S seconds of them (an idle GPU starts at a low clock: measured
     # 345 MHz before a run on the H200, and the first variant of a table came out slower than the rest)
@@ -40,17 +42,24 @@ def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flus
         if calls % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    times = []
+    times, host_us = [], []
     for _ in range(repeats):
         if flush is not None:
             flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        if per_run:
+            t_call = time.perf_counter()
         fn()
+        if per_run:
+            host_us.append((time.perf_counter() - t_call) * 1e6)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "runs": repeats}
+    result = {"median_ms": statistics.median(times), "min_ms": min(times), "runs": repeats}
+    if per_run:
+        result.update(runs_ms=times, host_us=host_us)
+    return result
 
 
 def peak_extra_memory(fn: Callable[[], object]) -> int:
