@@ -52,9 +52,6 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_NBUF16
 #define FB_NBUF16 4             // the same for bf16 / fp16 input
 #endif
-#ifndef FB_PAIR
-#define FB_PAIR 1               // two tiles of consecutive tile rows as one m64n192 wgmma where a warpgroup has such a pair
-#endif
 #ifndef FB_NBUFX3
 #define FB_NBUFX3 3             // the same for the "ieee" variant (one warpgroup)
 #endif
@@ -76,7 +73,7 @@ static_assert(FB_NBUF32 - 1 - FB_WGDEPTH >= 1 && FB_NBUF16 - 1 - FB_WGDEPTH >= 1
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 4-channel plane
-constexpr int FB_TILE_SLACK = (2 * FB_ROWS * FB_COLS) * 16 + 512;   // a 6-row wgmma may read this far past the last row
+constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile may read this far past the last row
 
 struct FBParams {
   const void* x; const void* wp; const float* bias; void* out;   // x, wp, out: fp32, or bf16 / fp16 (DT)
@@ -152,42 +149,6 @@ __device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t d
   if constexpr (DT == FF_F32) fb_wgmma_tf32(d, da, db, scale_d);
   else if constexpr (DT == FF_BF16) fb_wgmma_bf16(d, da, db, scale_d);
   else fb_wgmma_f16(d, da, db, scale_d);
-}
-// The same with N = 192: two n96 tiles whose rows are consecutive in the input tile (tile groups (q_d, 3g) and
-// (q_d, 3g + 3)) as one wgmma: the weight slice is read once for both, and one HGMMA issue instead of two.
-#define FB_WGMMA_N192(NAME, SHAPE_TYPES, TAIL)                                                                   \
-  __device__ __forceinline__ void NAME(float (&d0)[48], float (&d1)[48], uint64_t da, uint64_t db, int scale_d) { \
-    asm volatile(                                                                                                 \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                                                            \
-        "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                                         \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"                                   \
-        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                                   \
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,"                                   \
-        "%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"                                   \
-        "}, %96, %97, p, " TAIL ";\n}\n"                                                                    \
-        : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]),\
-        "+f"(d0[8]), "+f"(d0[9]), "+f"(d0[10]), "+f"(d0[11]), "+f"(d0[12]), "+f"(d0[13]), "+f"(d0[14]), "+f"(d0[15]),\
-        "+f"(d0[16]), "+f"(d0[17]), "+f"(d0[18]), "+f"(d0[19]), "+f"(d0[20]), "+f"(d0[21]), "+f"(d0[22]), "+f"(d0[23]),\
-        "+f"(d0[24]), "+f"(d0[25]), "+f"(d0[26]), "+f"(d0[27]), "+f"(d0[28]), "+f"(d0[29]), "+f"(d0[30]), "+f"(d0[31]),\
-        "+f"(d0[32]), "+f"(d0[33]), "+f"(d0[34]), "+f"(d0[35]), "+f"(d0[36]), "+f"(d0[37]), "+f"(d0[38]), "+f"(d0[39]),\
-        "+f"(d0[40]), "+f"(d0[41]), "+f"(d0[42]), "+f"(d0[43]), "+f"(d0[44]), "+f"(d0[45]), "+f"(d0[46]), "+f"(d0[47]),\
-        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]),\
-        "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15]),\
-        "+f"(d1[16]), "+f"(d1[17]), "+f"(d1[18]), "+f"(d1[19]), "+f"(d1[20]), "+f"(d1[21]), "+f"(d1[22]), "+f"(d1[23]),\
-        "+f"(d1[24]), "+f"(d1[25]), "+f"(d1[26]), "+f"(d1[27]), "+f"(d1[28]), "+f"(d1[29]), "+f"(d1[30]), "+f"(d1[31]),\
-        "+f"(d1[32]), "+f"(d1[33]), "+f"(d1[34]), "+f"(d1[35]), "+f"(d1[36]), "+f"(d1[37]), "+f"(d1[38]), "+f"(d1[39]),\
-        "+f"(d1[40]), "+f"(d1[41]), "+f"(d1[42]), "+f"(d1[43]), "+f"(d1[44]), "+f"(d1[45]), "+f"(d1[46]), "+f"(d1[47])                                                                           \
-        : "l"(da), "l"(db), "r"(scale_d));                                                                       \
-  }
-FB_WGMMA_N192(fb_wgmma192_tf32, "m64n192k8.f32.tf32.tf32", "1, 1")
-FB_WGMMA_N192(fb_wgmma192_bf16, "m64n192k16.f32.bf16.bf16", "1, 1, 0, 0")
-FB_WGMMA_N192(fb_wgmma192_f16, "m64n192k16.f32.f16.f16", "1, 1, 0, 0")
-#undef FB_WGMMA_N192
-template <int DT>
-__device__ __forceinline__ void fb_wgmma192(float (&d0)[48], float (&d1)[48], uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (DT == FF_F32) fb_wgmma192_tf32(d0, d1, da, db, scale_d);
-  else if constexpr (DT == FF_BF16) fb_wgmma192_bf16(d0, d1, da, db, scale_d);
-  else fb_wgmma192_f16(d0, d1, da, db, scale_d);
 }
 #endif
 
@@ -541,16 +502,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
     const int t_first = grp * NT + (split ? 0 : 3 * wg);   // this warpgroup's tiles: t_first .. t_first + 2
     const bool wg_busy = t_first < ci[6];
-    // tiles t, t + 1 of one q_d in consecutive h-groups are 6 consecutive tile rows: one n192 wgmma (FB_PAIR) into
-    // accumulator slots 0, 1; slot j holds tile t_first + (j + rot) % 3 (rot 1 when the pair is the last two tiles)
-    auto pairs = [&](int t) { return FB_PAIR && !X3 && t + 1 < ci[6] && t % nhg + 1 < nhg; };
-    const bool pair0 = pairs(t_first), pair1 = !pair0 && pairs(t_first + 1);
-    const int rot = pair1 ? 1 : 0;
     uint32_t bdesc[3];
 #pragma unroll
     for (int j = 0; j < 3; ++j) {   // tiles past the class's last are duplicates of the group's first (dropped later)
-      const int tj = t_first + (j + rot) % 3;
-      const int t = tj < ci[6] ? tj : grp * NT;
+      const int t = t_first + j < ci[6] ? t_first + j : grp * NT;
       const int qd = ci[0] + t / nhg, qh = ci[2] + FB_ROWS * (t % nhg);
       const uint32_t addr = tile_s + ((qd - id_lo) * p.nh + (qh - ih_lo)) * FB_ROW_BYTES + (ci[4] - iw_lo) * 16;
       bdesc[j] = (addr >> 4) | (plane16 << 16);                      // LBO: next 4-channel plane
@@ -561,15 +516,14 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     // without them (two straight-line copies: a branch around the wgmmas inside the loop makes ptxas serialise them,
     // C7520).  A step without a second tap (odd tap count) multiplies zero weights by the tile's zero slack (read
     // with LBO 0), so Inf / NaN in the input cannot leak into it.
-    auto step = [&](int st, auto mode) {
-      constexpr int MODE = decltype(mode)::value;   // 0: no wgmmas; 1, 2: see kstep below
+    auto step = [&](int st, auto mma) {
       const int4 e = entry(st);
       asm volatile("cp.async.wait_group %0;" :: "n"(PF - 1) : "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");   // this warpgroup: step st's slices landed,
                                                                       // its warps are past step st - 1's wait_group
       load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
-      if constexpr (MODE != 0) {
+      if constexpr (decltype(mma)::value) {
         const uint32_t a_lo = ((wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
         const int accumulate = st > st_begin;
         const bool none1 = e.z < 0;
@@ -599,32 +553,19 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
               fb_wgmma_bf16(acc[j], da, (uint64_t)(bdesc[j] + lo16 + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi, 1);
           }
         } else {
-        // the 3 slots' wgmmas for one k step: MODE 1 three n96; MODE 2 slots 0 + 1 as one n192, then slot 2
-        // (b: the k step's B descriptors of the 3 slots)
-        auto kstep = [&](uint64_t da, const uint64_t (&b)[3], int sc) {
-          if constexpr (MODE == 2) {
-            fb_wgmma192<DT>(acc[0], acc[1], da, b[0], sc);
-            fb_wgmma<DT>(acc[2], da, b[2], sc);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 3; ++j) fb_wgmma<DT>(acc[j], da, b[j], sc);
-          }
-        };
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {   // tap 0
           const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
-          uint64_t b[3];
 #pragma unroll
-          for (int j = 0; j < 3; ++j) b[j] = (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi;
-          kstep(da, b, (accumulate || ks > 0) ? 1 : 0);
+          for (int j = 0; j < 3; ++j)
+            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
+                         (accumulate || ks > 0) ? 1 : 0);
         }
 #pragma unroll
         for (int ks = 0; ks < (TPS == 2 ? KS : 0); ++ks) {   // tap 1
           const uint64_t da = (uint64_t)(a_lo + (SLICE_BYTES >> 4) + ks * (2048 >> 4)) | desc_hi;
-          uint64_t b[3];
 #pragma unroll
-          for (int j = 0; j < 3; ++j) b[j] = (uint64_t)(b1[j] + ks * kstep1) | desc_hi;
-          kstep(da, b, 1);
+          for (int j = 0; j < 3; ++j) fb_wgmma<DT>(acc[j], da, (uint64_t)(b1[j] + ks * kstep1) | desc_hi, 1);
         }
         }
 #endif
@@ -632,12 +573,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
       }
     };
-    if (!wg_busy)
-      for (; st < st_end; ++st) step(st, ff_int<0>{});
-    else if (FB_PAIR == 2 || pair0 || pair1)   // FB_PAIR 2: always (timing experiment only: wrong where no pair)
-      for (; st < st_end; ++st) step(st, ff_int<2>{});
-    else if (FB_PAIR != 2)
-      for (; st < st_end; ++st) step(st, ff_int<1>{});
+    if (wg_busy)
+      for (; st < st_end; ++st) step(st, std::true_type{});
+    else
+      for (; st < st_end; ++st) step(st, std::false_type{});
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 3; ++j)
@@ -653,7 +592,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int rh = p.cls_r[c][1];
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
-      const int t = t_first + (j + rot) % 3;   // slot j's tile
+      const int t = t_first + j;
       if (t >= ci[6]) continue;
       const int qh = ci[2] + FB_ROWS * (t % nhg);
       auto hwin = [&](int r) { return (p.s[1] * (qh + r) + rh - p.p[1] - oh0) / p.win[1]; };
@@ -912,7 +851,7 @@ int* fb_smem_limit(const void* fn, int dev) {
 }
 
 // k steps -> template parameter (1, 2, 4, and 8 when MAXKS allows it: fp32 only)
-// FB_DEV_KS (development builds only, e.g. probe variants): instantiate that k-step count alone, no activation
+// FB_DEV_KS (development builds only, e.g. probe variants: seconds to compile): that k-step count alone, no activation
 template <int MAXKS, class F>
 int fb_dispatch_ks(int ks, F&& f) {
 #ifdef FB_DEV_KS
