@@ -52,6 +52,9 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_NBUF16
 #define FB_NBUF16 4             // the same for bf16 / fp16 input
 #endif
+#ifndef FB_LOAD_AFTER
+#define FB_LOAD_AFTER 0         // 1: a step issues its prefetch after its wgmmas instead of before them
+#endif
 #ifndef FB_NBUFX3
 #define FB_NBUFX3 3             // the same for the "ieee" variant (one warpgroup)
 #endif
@@ -519,10 +522,12 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     auto step = [&](int st, auto mma) {
       const int4 e = entry(st);
       asm volatile("cp.async.wait_group %0;" :: "n"(PF - 1) : "memory");
+#ifndef FB_NO_STEP_FENCE   // timing experiments only
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
       asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");   // this warpgroup: step st's slices landed,
                                                                       // its warps are past step st - 1's wait_group
-      load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
+      if (!FB_LOAD_AFTER) load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
       if constexpr (decltype(mma)::value) {
         const uint32_t a_lo = ((wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
         const int accumulate = st > st_begin;
@@ -570,8 +575,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         }
 #endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
       }
+      if (FB_LOAD_AFTER) load_step(st + PF);   // the prefetch after this step's wgmmas are issued (knob)
+      if constexpr (decltype(mma)::value)
+        asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
     };
     if (wg_busy)
       for (; st < st_end; ++st) step(st, std::true_type{});
