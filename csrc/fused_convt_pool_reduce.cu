@@ -67,7 +67,10 @@ constexpr int FB_X3 = 3;        // kernel variant (not an input dtype code): fp3
 // and descriptor setup serve twice the HGMMAs), 1 for fp32 (two warpgroups' buffers of 2 x 8 KB taps do not fit
 // beside the 160 KB tile).
 // dt below: the kernel variant, FF_F32 / FF_BF16 / FF_F16 or FB_X3.
-__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 || dt == FB_X3 ? 1 : 2; }
+#ifndef FB_TPS32
+#define FB_TPS32 1              // taps per step for fp32 input (2: the plan then falls back to one window row per block)
+#endif
+__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 ? FB_TPS32 : dt == FB_X3 ? 1 : 2; }
 // FB_HALF32: fp32 steps of half a tap (the tap's first or second half of its k steps), so that the same buffer bytes
 // hold twice the steps and the copies get more steps of lead
 __host__ __device__ constexpr int fb_kh(int dt, int ks) { return FB_HALF32 && dt == FF_F32 && ks >= 2 ? 2 : 1; }
