@@ -503,9 +503,6 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
-#ifndef FA_PIPE_ROWS
-#define FA_PIPE_ROWS 2          // rows per software-pipelined run of the PIPE kernel (3 or 4: ptxas serialises, C7518)
-#endif
 constexpr int WG_MAXOPS = 10;
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async); NCHW4 = NCHW, W % 4 == 0 (16-byte cp.async of 4
 // columns of one channel, transposed in place per thread); ELEM = anything else (4-byte cp.async); REG = 16-bit
@@ -529,7 +526,6 @@ struct WGParams {
   // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
   unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
   int op_rd[WG_MAXOPS], slot16;
-  int pipe;                            // host: launch the PIPE kernel (set by wg_plan)
   float* ws_part; unsigned* ws_max; int* ws_cnt;
 };
 
@@ -568,7 +564,6 @@ FA_WGMMA_SS(wgh_f16, "m64n128k16.f32.f16.f16", "1, 1, 0, 0")
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 #endif
 
 __device__ __forceinline__ void cp_wait_n(int n) {   // cp.async.wait_group needs an immediate
@@ -666,9 +661,7 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
-// PIPE: the accumulators stay untouched after the commit (the warpgroup goes on to another tile's epilogue while
-// these wgmmas run; any instruction that reads them before the wait makes ptxas serialise the wgmmas, C7514).
-template <int DT, bool SPLIT, int NOPS, bool PIPE = false>
+template <int DT, bool SPLIT, int NOPS>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, int rs, int half) {
 #ifdef FA_HAVE_WGMMA
 #pragma unroll
@@ -695,10 +688,8 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
     }
   }
   wg_commit();
-  if constexpr (!PIPE) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-  }
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
 #endif
 }
 
@@ -887,10 +878,8 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j % p.RB) * p.slot_bytes), n, hbase + j, wbase);
 }
 
-// MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255).  PIPE (2 blocks per SM,
-// two accumulator sets): the wgmmas of one half-row run while the warpgroup applies the epilogue to the other half,
-// instead of one half's MMAs, wait, epilogue in turn (see the PIPE loop below).
-template <int DT, bool SPLIT, int LM, int NOPS, int MINB, bool PIPE = false>
+// MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
+template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
@@ -942,7 +931,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
   long long cur_n = n_first;
-  float acc[PIPE ? 2 : 1][64];
+  float acc[64];
 
   auto flush = [&](long long n) {
     float v[2];
@@ -1004,75 +993,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   };
 
   long long l = L0;
-  if constexpr (PIPE) {
-    // Software pipeline over the half-rows of a piece, two accumulator sets: the wgmmas of the next half-row are
-    // issued before the epilogue of the current one, so the GELU and the MMAs overlap inside one warpgroup.  Runs of
-    // FA_PIPE_ROWS rows (then single rows): no wgmma is in flight across a loop back-edge (ptxas then serialises
-    // every wgmma, C7514), so 2U - 1 of a run's 2U epilogues overlap MMAs.  The host takes PIPE only where every
-    // segment has two halves (qv > 128) and the 10-op straight-line issue.  Ring: row t + 1's group of loads is
-    // issued while row t's wgmmas still read the ring, so p.D is one row less than the ring would allow (host).
-    while (l < L1) {
-      const long long n = l / p.lines_img;
-      const int rem = (int)(l - n * p.lines_img);
-      const int seg = rem / p.P, pa = rem - seg * p.P;
-      const int np = (int)min((long long)(p.P - pa), L1 - l);
-      if (n != cur_n) { flush(cur_n); cur_n = n; }
-      const int q0 = seg * WG_NT, qv = min(WG_NT, p.Q - q0);
-      const int hbase = pa * p.sh - p.ph, wbase = q0 - p.pw;
-      __syncthreads();                                           // previous piece's wgmmas done in every warp
-      if (LM != WG_LM_REG) {
-        for (int t = 0; t < p.D; ++t) {
-          wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase);
-          asm volatile("cp.async.commit_group;" ::: "memory");
-        }
-      } else {
-        wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase);
-      }
-      auto ready = [&](int t) {   // row t's input rows landed, rounded, visible to the wgmmas; next group's loads issued
-        if (LM != WG_LM_REG) {
-          cp_wait_n(p.D - 1);
-          if (DT == FF_F32) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase);
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        if (LM != WG_LM_REG) {
-          wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase);
-          asm volatile("cp.async.commit_group;" ::: "memory");
-        }
-      };
-      int t = 0, rs = 0;                                         // row, ring slot of its input row t*sh
-      auto next_rs = [&](int r) { r += p.sh; return r - ((r >= p.RB) ? p.RB : 0); };
-      // U rows from row t: their 2U half-tiles in turn, the next one's wgmmas issued before this one's epilogue
-      auto rows = [&](auto u) {
-        constexpr int U = decltype(u)::value;
-        ready(t);
-        wg_issue<DT, SPLIT, NOPS, true>(p, acc[0], sbase16, rs, 0);
-#pragma unroll
-        for (int k = 0; k < 2 * U; ++k) {
-          if (k + 1 < 2 * U) {
-            if ((k + 1) % 2 == 0) {
-              rs = next_rs(rs);
-              ready(t + (k + 1) / 2);
-            }
-            wg_issue<DT, SPLIT, NOPS, true>(p, acc[(k + 1) % 2], sbase16, rs, (k + 1) % 2);
-            if (LM == WG_LM_REG && k % 2 == 0)   // the next row's input (register loads), overlapped
-              wg_group<DT, SPLIT, LM, 0>(p, ring, t + k / 2 + 1, np, n, hbase, wbase);
-            wg_wait1();
-          } else {
-            wg_wait0();
-          }
-          wg_epi_any(p, acc[k % 2], red, qv - (k % 2) * (WG_NT / 2), tig);
-        }
-        rs = next_rs(rs);
-        t += U;
-      };
-      while (t + FA_PIPE_ROWS <= np) rows(ff_int<FA_PIPE_ROWS>{});
-      while (t < np) rows(ff_int<1>{});
-      if (LM != WG_LM_REG) asm volatile("cp.async.wait_all;" ::: "memory");
-      l += np;
-    }
-  }
-  while (!PIPE && l < L1) {
+  while (l < L1) {
     const long long n = l / p.lines_img;
     const int rem = (int)(l - n * p.lines_img);
     const int seg = rem / p.P, pa = rem - seg * p.P;
@@ -1106,10 +1027,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         if (half == 1 && qv <= WG_NT / 2) break;
-        wg_issue<DT, SPLIT, NOPS>(p, acc[0], sbase16, rs, half);
+        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
         if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
         wg_wait0();
-        wg_epi_any(p, acc[0], red, qv - half * (WG_NT / 2), tig);
+        wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1135,14 +1056,12 @@ struct Plan {
 // Tuning knobs, read once per process. They never affect correctness (every setting passes the same checks); they can
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
 // FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
-// 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
-// FF_FUSED_A_PIPE = 0 turns the pipelined wgmma kernel off (where it applies it runs 2 blocks per SM, whatever BPS says).
-struct Knobs { int impl, rb, bps, nchw4, wg16, pipe; };
+// 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2).
+struct Knobs { int impl, rb, bps, nchw4, wg16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
-    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_PIPE", 1)};
+    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1293,27 +1212,15 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
   const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
-  // the pipelined kernel (PIPE in fa_wgmma_kernel): TF32 / 16-bit, 3x3 over <= 8 channels (the straight-line 10 ops),
-  // two halves in every 256-column segment; 2 blocks per SM (two accumulator sets: 255 registers)
-  const int q_last = p.Q % WG_NT;
-  p.pipe = !split && knobs().pipe && (long long)R * S * p.CG + 1 == WG_MAXOPS && (q_last == 0 || q_last > WG_NT / 2);
+  const int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
+  const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
   const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
-  constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
-  int bps = 0;
-  for (int attempt = 0; attempt < 2; ++attempt) {     // PIPE, else (or when its ring does not fit) the plain kernel
-    bps = p.pipe ? 2 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
-    const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
-    rb = need;
-    if (rb * slot + ONES > budget || rb > 64) return w;
-    while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES <= budget) ++rb;
-    // rows in flight: D groups ahead of the row being multiplied; PIPE with cp.async loads one less (the group of row
-    // t + 1 + D is issued while row t's wgmmas still read the ring)
-    p.D = (int)((rb - 1 - (long long)(R - 1) * dh) / sh) - (p.pipe && dtype == FF_F32 ? 1 : 0);
-    if (p.D >= 1 || !p.pipe) break;
-    p.pipe = 0;
-  }
+  constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
+  if (rb * slot + ONES > budget || rb > 64) return w;
+  while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES <= budget) ++rb;
   p.RB = (int)rb;
+  p.D = (int)((rb - 1 - (long long)(R - 1) * dh) / sh);
   if (p.D > 8) p.D = 8;
   if (p.D < 1) return w;
   p.slot_bytes = (int)slot;
@@ -1378,7 +1285,6 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   auto kern = prm.nops != WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
-              : prm.pipe            ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, 2, !SPLIT>
               : knobs().bps < 4     ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB_FEW>
                                     : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -52,12 +52,6 @@ constexpr int FB_WH = 2;        // window rows (in h) per block, at most
 #ifndef FB_NBUF16
 #define FB_NBUF16 4             // the same for bf16 / fp16 input
 #endif
-#ifndef FB_LOAD_AFTER
-#define FB_LOAD_AFTER 0         // 1: a step issues its prefetch after its wgmmas instead of before them
-#endif
-#ifndef FB_HALF32
-#define FB_HALF32 0
-#endif
 #ifndef FB_NBUFX3
 #define FB_NBUFX3 3             // the same for the "ieee" variant (one warpgroup)
 #endif
@@ -67,13 +61,7 @@ constexpr int FB_X3 = 3;        // kernel variant (not an input dtype code): fp3
 // and descriptor setup serve twice the HGMMAs), 1 for fp32 (two warpgroups' buffers of 2 x 8 KB taps do not fit
 // beside the 160 KB tile).
 // dt below: the kernel variant, FF_F32 / FF_BF16 / FF_F16 or FB_X3.
-#ifndef FB_TPS32
-#define FB_TPS32 1              // taps per step for fp32 input (2: the plan then falls back to one window row per block)
-#endif
-__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 ? FB_TPS32 : dt == FB_X3 ? 1 : 2; }
-// FB_HALF32: fp32 steps of half a tap (the tap's first or second half of its k steps), so that the same buffer bytes
-// hold twice the steps and the copies get more steps of lead
-__host__ __device__ constexpr int fb_kh(int dt, int ks) { return FB_HALF32 && dt == FF_F32 && ks >= 2 ? 2 : 1; }
+__host__ __device__ constexpr int fb_tps(int dt) { return dt == FF_F32 || dt == FB_X3 ? 1 : 2; }
 __host__ __device__ constexpr int fb_nbuf(int dt) { return dt == FF_F32 ? FB_NBUF32 : dt == FB_X3 ? FB_NBUFX3 : FB_NBUF16; }
 __host__ __device__ constexpr int fb_nwg(int dt) { return dt == FB_X3 ? 1 : 2; }   // warpgroups per block
 __host__ __device__ constexpr int fb_nt(int dt) { return 3 * fb_nwg(dt); }           // tiles per tile group
@@ -219,8 +207,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   constexpr int KS16 = X3 ? fb_ks16(KS) : 0;        // FB_X3: bf16 k steps over the x_lo tile
   constexpr int SLICE_BYTES = fb_slice_bytes(DT, KS);   // one tap's weights: [2 KS planes][64][CPL], 2 KB per k step
   constexpr int TPS = fb_tps(DT), NBUF = fb_nbuf(DT), PF = NBUF - 1 - FB_WGDEPTH;
-  constexpr int KH = fb_kh(DT, KS), KSP = KS / KH;  // parts per tap (FB_HALF32), k steps per step
-  constexpr int STEP_BYTES = TPS * SLICE_BYTES / KH;   // one step's weights
+  constexpr int STEP_BYTES = TPS * SLICE_BYTES;     // one step's weights
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* tile = smem;
   unsigned* winmax = reinterpret_cast<unsigned*>(smem + p.tile_alloc + NWG * NBUF * STEP_BYTES);   // [wh][pwb][64]
@@ -371,7 +358,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const int tiles = (nqd > 0 && nqh > 0 && nqw > 0 && taps > 0) ? nqd * ((nqh + FB_ROWS - 1) / FB_ROWS) : 0;
     int* ci = cinfo + c * FB_CINFO;
     ci[0] = qd0; ci[1] = nqd; ci[2] = qh0; ci[3] = nqh; ci[4] = qw0; ci[5] = nqw; ci[6] = tiles;
-    ci[7] = (taps + TPS - 1) / TPS * KH;                           // steps per tile group: TPS taps (or 1 / KH) each
+    ci[7] = (taps + TPS - 1) / TPS;                                // steps per tile group: TPS taps each
     ci[8] = (tiles + NT - 1) / NT * ci[7];                     // steps of this class
   }
   __syncthreads();
@@ -414,14 +401,14 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     while (c + 1 < p.ncls && cinfo[(c + 1) * FB_CINFO + 9] <= i) ++c;
     const int* ci = cinfo + c * FB_CINFO;
     const int local = i - ci[9], nst = ci[7];
-    const int grp = local / nst, tap = (local - grp * nst) / KH * TPS, kh = (local - grp * nst) % KH;
+    const int grp = local / nst, tap = (local - grp * nst) * TPS;
     const int Mh = p.cls_M[c][1], Mw = p.cls_M[c][2], taps = p.cls_M[c][0] * Mh * Mw;
     auto delta = [&](int t) {   // tap t's B start shift in 16-byte units; -1: past the class's last tap (none)
       if (t >= taps) return -1;
       const int md = t / (Mh * Mw), mh = (t / Mw) % Mh, mw = t % Mw;
       return ((md * p.nh + mh) * FB_ROW_BYTES + mw * 16) >> 4;
     };
-    steps[i] = make_int4(p.cls_slice[c] + tap, delta(tap), TPS == 2 ? delta(tap + 1) : -1, c | grp << 8 | kh << 24);
+    steps[i] = make_int4(p.cls_slice[c] + tap, delta(tap), TPS == 2 ? delta(tap + 1) : -1, c | grp << 8);
   }
   for (int i = tid; i < p.ncls * FB_COLS; i += NTHR) {   // tile column -> the block's w-window (-1: not an output)
     const int c = i / FB_COLS, col = i % FB_COLS;
@@ -486,7 +473,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   auto load_step = [&](int st) {
     if (st < nseq) {
       const int4 e = entry(st);
-      const char* src = static_cast<const char*>(p.wp) + (size_t)e.x * SLICE_BYTES + (size_t)(e.w >> 24) * STEP_BYTES;
+      const char* src = static_cast<const char*>(p.wp) + (size_t)e.x * SLICE_BYTES;
       const uint32_t dst = wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES;
 #pragma unroll
       for (int i = tid & 127; i < STEP_BYTES / 16; i += 128) {
@@ -510,7 +497,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   for (int st = 0; st < nseq;) {
     // ---- one tile group: its class's taps, TPS weight slices per step, PF steps in flight ----
     const int4 e0 = entry(st);
-    const int c = e0.w & 255, grp = (e0.w >> 8) & 0xFFFF;
+    const int c = e0.w & 255, grp = e0.w >> 8;
     const int* ci = cinfo + c * FB_CINFO;
     const int nhg = (ci[3] + FB_ROWS - 1) / FB_ROWS;
     const int t_first = grp * NT + (split ? 0 : 3 * wg);   // this warpgroup's tiles: t_first .. t_first + 2
@@ -532,12 +519,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     auto step = [&](int st, auto mma) {
       const int4 e = entry(st);
       asm volatile("cp.async.wait_group %0;" :: "n"(PF - 1) : "memory");
-#ifndef FB_NO_STEP_FENCE   // timing experiments only
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
       asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");   // this warpgroup: step st's slices landed,
                                                                       // its warps are past step st - 1's wait_group
-      if (!FB_LOAD_AFTER) load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
+      load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
       if constexpr (decltype(mma)::value) {
         const uint32_t a_lo = ((wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
         const int accumulate = st > st_begin;
@@ -568,13 +553,12 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
               fb_wgmma_bf16(acc[j], da, (uint64_t)(bdesc[j] + lo16 + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi, 1);
           }
         } else {
-        const uint32_t b0 = (uint32_t)(e.w >> 24) * KSP * 2 * plane16 - (uint32_t)e.y;   // this part's first k step
 #pragma unroll
-        for (int ks = 0; ks < KSP; ++ks) {   // tap 0 (its part kh of KH)
+        for (int ks = 0; ks < KS; ++ks) {   // tap 0
           const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
 #pragma unroll
           for (int j = 0; j < 3; ++j)
-            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 + b0) | desc_hi,
+            fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
                          (accumulate || ks > 0) ? 1 : 0);
         }
 #pragma unroll
@@ -586,10 +570,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         }
 #endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      }
-      if (FB_LOAD_AFTER) load_step(st + PF);   // the prefetch after this step's wgmmas are issued (knob)
-      if constexpr (decltype(mma)::value)
         asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
+      }
     };
     if (wg_busy)
       for (; st < st_end; ++st) step(st, std::true_type{});
@@ -821,7 +803,7 @@ FBPlan fb_plan(int dtype, int precision, int channels_last, long long N, int C, 
           const int taps = p.cls_M[c][0] * p.cls_M[c][1] * p.cls_M[c][2];
           if (nq[0] <= 0 || nq[1] <= 0 || taps == 0) continue;
           const int tiles = nq[0] * ((nq[1] + FB_ROWS - 1) / FB_ROWS);
-          total += (tiles + fb_nt(kv) - 1) / fb_nt(kv) * ((taps + fb_tps(kv) - 1) / fb_tps(kv)) * fb_kh(kv, pl.ks);
+          total += (tiles + fb_nt(kv) - 1) / fb_nt(kv) * ((taps + fb_tps(kv) - 1) / fb_tps(kv));
         }
         p.max_steps = std::max(p.max_steps, total);
       }
@@ -829,7 +811,7 @@ FBPlan fb_plan(int dtype, int precision, int channels_last, long long N, int C, 
     p.tile_bytes = 2 * pl.ks * p.plane_bytes;
     p.tile_alloc = p.tile_bytes + FB_TILE_SLACK;
     if (kv == FB_X3) p.tile_alloc += 2 * fb_ks16(pl.ks) * p.plane_bytes + FB_TILE_SLACK;   // + the x_lo tile (bf16)
-    pl.smem = (size_t)p.tile_alloc + (size_t)fb_nwg(kv) * fb_nbuf(kv) * fb_tps(kv) * fb_slice_bytes(kv, pl.ks) / fb_kh(kv, pl.ks) +
+    pl.smem = (size_t)p.tile_alloc + (size_t)fb_nwg(kv) * fb_nbuf(kv) * fb_tps(kv) * fb_slice_bytes(kv, pl.ks) +
               (size_t)wh * p.pwb * 64 * 4 +
               (size_t)p.max_steps * 16 + (size_t)ncls * FB_CINFO * 4 + (size_t)ncls * FB_COLS;
     if (pl.smem <= 227 * 1024) break;
