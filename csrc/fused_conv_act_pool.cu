@@ -504,8 +504,9 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 10;
-// input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async); NCHW4 = NCHW, W % 4 == 0 (16-byte cp.async of 4
-// columns of one channel, transposed in place per thread); ELEM = anything else (4-byte cp.async); REG = 16-bit
+// input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
+// into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
+// transposed in place per thread); ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
 enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3 };
 // Each 4-channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack.
 constexpr int WG_PAD = 4;
@@ -1056,12 +1057,14 @@ struct Plan {
 // Tuning knobs, read once per process. They never affect correctness (every setting passes the same checks); they can
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
 // FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
-// 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2).
-struct Knobs { int impl, rb, bps, nchw4, wg16; };
+// 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
+// FF_FUSED_A_VEC16 = 0 reads channels_last 16-bit input with register loads (REG) instead of 16-byte copies (VEC).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
-    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1)};
+    Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
+            get("FF_FUSED_A_VEC16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1294,8 +1297,11 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
 }
 
 int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  if (dtype == FF_BF16) return wg_launch_t<FF_BF16, false, WG_LM_REG>(prm, smem, stream);
-  if (dtype == FF_F16) return wg_launch_t<FF_F16, false, WG_LM_REG>(prm, smem, stream);
+  const bool vec16 = lm == WG_LM_VEC && knobs().vec16;
+  if (dtype == FF_BF16)
+    return vec16 ? wg_launch_t<FF_BF16, false, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_BF16, false, WG_LM_REG>(prm, smem, stream);
+  if (dtype == FF_F16)
+    return vec16 ? wg_launch_t<FF_F16, false, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_F16, false, WG_LM_REG>(prm, smem, stream);
   if (precision == FF_PREC_IEEE)
     return lm == WG_LM_VEC ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream)
            : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, true, WG_LM_NCHW4>(prm, smem, stream)
