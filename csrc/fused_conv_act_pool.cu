@@ -506,10 +506,12 @@ constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 10;
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
-// transposed in place per thread); ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
-enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3 };
-// Each 4-channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack.
-constexpr int WG_PAD = 4;
+// transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
+// ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
+enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4 };
+// Each channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack (the
+// NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
+constexpr int WG_PAD = 8;
 constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 
 struct WGParams {
@@ -803,6 +805,39 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         }
       }
     }
+  } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group cg, 8-column group j)
+    // As NCHW4: the 8 channels x 8 columns land as 8 chunks of one channel each in the 128 bytes that will hold the
+    // 8 columns x 8 channels ([col][8 ch] entries of the slot), and the same thread transposes them in place.
+    const int wq = (wbase >= 0) ? (wbase & ~7) : -((7 - wbase) & ~7);   // floor(wbase / 8) * 8
+    const int delta = wq - wbase;                                         // -7 .. 0 positions
+    for (int task = tid; task < p.CG * p.nq; task += 128) {
+      const int cg = fdiv(task, p.mNQ, p.sNQ), j = task - cg * p.nq;
+      const uint32_t blk = slot + (uint32_t)(cg * p.plane_bytes + (WG_PAD + delta + 8 * j) * 16);
+      if (MODE == 0) {
+        const int w0 = wq + 8 * j;
+        const bool wok = hok && w0 >= 0 && w0 < p.W;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int c = cg * 8 + e;
+          const bool ok = wok && c < p.C;
+          const unsigned short* src = reinterpret_cast<const unsigned short*>(p.x);
+          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
+          cp_async16(blk + e * 16, src, ok);
+        }
+      } else {
+        uint32_t v[8][4];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {   // column i: channels 2k, 2k + 1 from chunks 2k, 2k + 1
+          uint32_t b[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) b[k] = __byte_perm(v[2 * k][i >> 1], v[2 * k + 1][i >> 1], (i & 1) ? 0x7632 : 0x5410);
+          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+        }
+      }
+    }
   } else if (LM == WG_LM_ELEM) {                       // fp32, any layout: 4-byte cp.async, warp = 4 ch x 8 columns
     const int warp = tid >> 5, lane = tid & 31, e = lane & 3, colLo = lane >> 2;
     const int HP = p.CG * 2;
@@ -1015,7 +1050,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     for (int t = 0; t < np; ++t) {
       if (LM != WG_LM_REG) {
         cp_wait_n(p.D - 1);
-        if (DT == FF_F32) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase);
+        if (DT == FF_F32 || LM == WG_LM_NCHW8) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase);
       }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
@@ -1058,7 +1093,7 @@ struct Plan {
 // change the summation order, so deterministic mode is bitwise reproducible for a fixed setting: FF_FUSED_A_IMPL = 0 auto (wgmma on sm_90 where supported), 1 mma.sync path only;
 // FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
-// FF_FUSED_A_VEC16 = 0 reads channels_last 16-bit input with register loads (REG) instead of 16-byte copies (VEC).
+// FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
 struct Knobs { int impl, rb, bps, nchw4, wg16, vec16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -1210,7 +1245,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   p.TWa = (int)twa;
   const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 quads overhang)
   p.plane_bytes = (int)plane;
-  p.nq = (p.TWa + 3) / 4 + 1;
+  p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the zero plane
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
@@ -1297,11 +1332,16 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
 }
 
 int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  const bool vec16 = lm == WG_LM_VEC && knobs().vec16;
+  // 16-bit: channels_last (VEC) and NCHW with W % 8 == 0 (NCHW8) through 16-byte copies, else register loads
+  const int lm16 = !knobs().vec16 ? WG_LM_REG : lm == WG_LM_VEC ? WG_LM_VEC : lm == WG_LM_NCHW4 ? WG_LM_NCHW8 : WG_LM_REG;
   if (dtype == FF_BF16)
-    return vec16 ? wg_launch_t<FF_BF16, false, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_BF16, false, WG_LM_REG>(prm, smem, stream);
+    return lm16 == WG_LM_VEC     ? wg_launch_t<FF_BF16, false, WG_LM_VEC>(prm, smem, stream)
+           : lm16 == WG_LM_NCHW8 ? wg_launch_t<FF_BF16, false, WG_LM_NCHW8>(prm, smem, stream)
+                                 : wg_launch_t<FF_BF16, false, WG_LM_REG>(prm, smem, stream);
   if (dtype == FF_F16)
-    return vec16 ? wg_launch_t<FF_F16, false, WG_LM_VEC>(prm, smem, stream) : wg_launch_t<FF_F16, false, WG_LM_REG>(prm, smem, stream);
+    return lm16 == WG_LM_VEC     ? wg_launch_t<FF_F16, false, WG_LM_VEC>(prm, smem, stream)
+           : lm16 == WG_LM_NCHW8 ? wg_launch_t<FF_F16, false, WG_LM_NCHW8>(prm, smem, stream)
+                                 : wg_launch_t<FF_F16, false, WG_LM_REG>(prm, smem, stream);
   if (precision == FF_PREC_IEEE)
     return lm == WG_LM_VEC ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream)
            : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, true, WG_LM_NCHW4>(prm, smem, stream)
@@ -1350,7 +1390,8 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       const bool aligned = ((uintptr_t)x & 15) == 0;
       const int lm = (channels_last && C % 8 == 0 && aligned) ? WG_LM_VEC
-                     : (!channels_last && W % 4 == 0 && aligned && knobs().nchw4) ? WG_LM_NCHW4 : WG_LM_ELEM;
+                     : (!channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && aligned && knobs().nchw4) ? WG_LM_NCHW4
+                                                                                                        : WG_LM_ELEM;
       return wg_launch(dtype, precision, lm, q, wp.smem, stream);
     }
   }
