@@ -491,19 +491,21 @@ fused_conv_act_pool_kernel(const FAParams p) {
 // ==============================================================================================================
 // sm_90a path: wgmma SS (A = weights, B = pixels, both from shared memory through descriptors, no swizzle).
 //   GEMM M = 64 output channels, N = 128 consecutive output pixels (half of a 256-pixel row segment, stride 1), K = one
-//   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 whose second 8 columns have zero
-//   weights and read the slot's zero plane). The input rows live in a ring of RB shared-memory slots, one input row
+//   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 over two taps (r, s), (r, s + 1) of
+//   one channel group — the second tap's pixels are the first's shifted by dw columns, so LBO = dw positions — or one
+//   tap whose second 8 columns have zero weights and read the slot's zero plane). The input rows live in a ring of RB shared-memory slots, one input row
 //   of one 256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
 //   LBO = plane; 16-bit: [cg][col][8 ch] + one zero plane), so the im2col matrix of tap (r, s) is simply the slot of input row
 //   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
 //   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split.
 //   Rows stream through the ring with cp.async D rows ahead (16-bit: register loads overlapped with the wgmmas). The
-//   10 ops of a 3x3 filter over <= 8 channels are issued as straight-line code with precomputed descriptors, so the
+//   10 ops (16-bit: 7) of a 3x3 filter over <= 8 channels are issued as straight-line code with precomputed descriptors, so the
 //   HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 10;
+constexpr int WG_PAIR16_OPS = 7;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops + bias
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
@@ -1094,12 +1096,13 @@ struct Plan {
 // FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
 // FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16; };
+// FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_VEC16", 1)};
+            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1272,14 +1275,20 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
     p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE;
     p.op_d[j] = p.op_mask[j] = p.op_hi[j] = 0u; p.op_rd[j] = 0;
   }
+  // 16-bit, one channel group: the two 8-column K chunks of a k16 op are taps (r, s) and (r, s + 1) — the second
+  // tap's pixels are the first's shifted by dw columns, i.e. LBO = dw positions — so a row of S taps takes ceil(S / 2)
+  // ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the zero plane)
+  const int step_s = (dtype != FF_F32 && p.CG == 1 && knobs().pair16) ? 2 : 1;
   for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s)
+    for (int s = 0; s < S; s += step_s)
       for (int cg = 0; cg < p.CG; ++cg) {
-        // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk's plane (fp32: the
-        // second 4-channel plane; 16-bit: the slot's zero plane, read by the 8 zero-weight columns of k16)
+        // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk (fp32: the second
+        // 4-channel plane; 16-bit: the next tap's pixels, or the slot's zero plane, read by 8 zero-weight columns)
         const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + (long long)s * dw) * 16;
-        const long long lbo = dtype == FF_F32 ? plane : (p.CG - cg) * plane;
+        const bool pair = step_s == 2 && s + 1 < S;
+        const long long lbo = dtype == FF_F32 ? plane : pair ? (long long)dw * 16 : (p.CG - cg) * plane;
         p.op_u0[nops] = (r * S + s) * p.CG + cg;
+        if (pair) p.op_u1[nops] = (r * S + s + 1) * p.CG + cg;
         p.op_d[nops] = (unsigned)((p.ring_off + off) >> 4) | ((unsigned)(lbo >> 4) << 16);
         p.op_mask[nops] = 0xFFFFFFFFu; p.op_hi[nops] = 128 >> 4; p.op_rd[nops] = r * dh;
         ++nops;
@@ -1322,9 +1331,12 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // (default 3), the 168-register build of the 3x3 kernel; 16-bit only the 168-register build.
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
-  auto kern = prm.nops != WG_MAXOPS ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
-              : knobs().bps < 4     ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB_FEW>
-                                    : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>;
+  // 16-bit 3x3 over <= 8 channels with two taps per op: 7 ops, straight-line as well
+  constexpr int NOPS16 = DT == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS;
+  auto kern = prm.nops == WG_MAXOPS ? (knobs().bps < 4 ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB_FEW>
+                                                       : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>)
+              : prm.nops == NOPS16  ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS16, MINB_FEW>
+                                    : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
