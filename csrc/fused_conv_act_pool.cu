@@ -725,6 +725,40 @@ __device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32
   }
 }
 
+// NCHW4 / NCHW8 loaders, one input row: tasks of (plane pl of G channels, G-column group), G = 16 / element size.
+// MODE 0 issues a task's G 16-byte copies (chunk e = G columns of channel pl * G + e, zeros outside the input) into
+// its G x 16-byte block of the ring slot; MODE 1 reads the landed chunks and hands them to transpose(blk, pl, v),
+// which writes the block back as G columns x G channels.  Groups start at multiples of G, so the first one may begin
+// up to G - 1 positions before the row (slot slack).
+template <int G, int MODE, class F>
+__device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, F&& transpose) {
+  const int wq = (wbase >= 0) ? (wbase & ~(G - 1)) : -((G - 1 - wbase) & ~(G - 1));   // floor(wbase / G) * G
+  const int delta = wq - wbase;                                                         // -(G - 1) .. 0 positions
+  const bool hok = (h >= 0 && h < p.H);
+  for (int task = threadIdx.x; task < p.CG * (8 / G) * p.nq; task += 128) {
+    const int pl = fdiv(task, p.mNQ, p.sNQ), j = task - pl * p.nq;
+    const uint32_t blk = slot + (uint32_t)(pl * p.plane_bytes + (WG_PAD + delta + G * j) * 16);
+    if (MODE == 0) {
+      const int w0 = wq + G * j;
+      const bool wok = hok && w0 >= 0 && w0 < p.W;
+#pragma unroll
+      for (int e = 0; e < G; ++e) {
+        const int c = pl * G + e;
+        const bool ok = wok && c < p.C;
+        const char* src = reinterpret_cast<const char*>(p.x);
+        if (ok) src += (((n * p.C + c) * p.H + h) * (long long)p.W + w0) * (16 / G);
+        cp_async16(blk + e * 16, src, ok);
+      }
+    } else {
+      uint32_t v[G][4];
+#pragma unroll
+      for (int e = 0; e < G; ++e)
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
+      transpose(blk, pl, v);
+    }
+  }
+}
+
 // One input row (relative row j of the current piece) into its ring slot. MODE 0: issue (cp.async or register
 // loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; ieee: also the small part).
 template <int DT, bool SPLIT, int LM, int MODE>
@@ -762,84 +796,40 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         }
       }
     }
-  } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
+  } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad)
     // The 4 channels x 4 columns of a task land as 4 chunks of one channel each in the 64 bytes that will hold the
     // 4 columns x 4 channels afterwards, so the same thread transposes them in place (no other thread touches them).
-    const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
-    const int delta = wq - wbase;                                         // -3 .. 0 positions
-    const int HP = p.CG * 2;
-    for (int task = tid; task < HP * p.nq; task += 128) {
-      const int hp = fdiv(task, p.mNQ, p.sNQ), j = task - hp * p.nq;
-      const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + delta + 4 * j) * 16);
-      if (MODE == 0) {
-        const int w0 = wq + 4 * j;
-        const bool wok = hok && w0 >= 0 && w0 < p.W;
+    wg_nchw_row<4, MODE>(p, slot, n, h, wbase, [&](uint32_t blk, int hp, const uint32_t (&v)[4][4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t b[4];
+        float x[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = hp * 4 + e;
-          const bool ok = wok && c < p.C;
-          const float* src = reinterpret_cast<const float*>(p.x);
-          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
-          cp_async16(blk + e * 16, src, ok);
+          x[e] = __uint_as_float(v[e][i]);
+          b[e] = f2tf32(x[e]);
         }
-      } else {
-        uint32_t v[4][4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          uint32_t b[4];
-          float x[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            x[e] = __uint_as_float(v[e][i]);
-            b[e] = f2tf32(x[e]);
-          }
-          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
-          if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
-            uint32_t xb[2], xl[2];
-            wg_small_pairs(x, b, xb, xl);
-            const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
-            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
-            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
-          }
+        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+        if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
+          uint32_t xb[2], xl[2];
+          wg_small_pairs(x, b, xb, xl);
+          const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
+          asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
+          asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
         }
       }
-    }
-  } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group cg, 8-column group j)
-    // As NCHW4: the 8 channels x 8 columns land as 8 chunks of one channel each in the 128 bytes that will hold the
-    // 8 columns x 8 channels ([col][8 ch] entries of the slot), and the same thread transposes them in place.
-    const int wq = (wbase >= 0) ? (wbase & ~7) : -((7 - wbase) & ~7);   // floor(wbase / 8) * 8
-    const int delta = wq - wbase;                                         // -7 .. 0 positions
-    for (int task = tid; task < p.CG * p.nq; task += 128) {
-      const int cg = fdiv(task, p.mNQ, p.sNQ), j = task - cg * p.nq;
-      const uint32_t blk = slot + (uint32_t)(cg * p.plane_bytes + (WG_PAD + delta + 8 * j) * 16);
-      if (MODE == 0) {
-        const int w0 = wq + 8 * j;
-        const bool wok = hok && w0 >= 0 && w0 < p.W;
+    });
+  } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group, 8 columns)
+    // As NCHW4, with 8 channels x 8 columns per task and the [col][8 ch] entries of the 16-bit slot.
+    wg_nchw_row<8, MODE>(p, slot, n, h, wbase, [&](uint32_t blk, int, const uint32_t (&v)[8][4]) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int c = cg * 8 + e;
-          const bool ok = wok && c < p.C;
-          const unsigned short* src = reinterpret_cast<const unsigned short*>(p.x);
-          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
-          cp_async16(blk + e * 16, src, ok);
-        }
-      } else {
-        uint32_t v[8][4];
+      for (int i = 0; i < 8; ++i) {   // column i: channels 2k, 2k + 1 from chunks 2k, 2k + 1
+        uint32_t b[4];
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {   // column i: channels 2k, 2k + 1 from chunks 2k, 2k + 1
-          uint32_t b[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) b[k] = __byte_perm(v[2 * k][i >> 1], v[2 * k + 1][i >> 1], (i & 1) ? 0x7632 : 0x5410);
-          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
-        }
+        for (int k = 0; k < 4; ++k) b[k] = __byte_perm(v[2 * k][i >> 1], v[2 * k + 1][i >> 1], (i & 1) ? 0x7632 : 0x5410);
+        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
       }
-    }
+    });
   } else if (LM == WG_LM_ELEM) {                       // fp32, any layout: 4-byte cp.async, warp = 4 ch x 8 columns
     const int warp = tid >> 5, lane = tid & 31, e = lane & 3, colLo = lane >> 2;
     const int HP = p.CG * 2;
