@@ -725,7 +725,8 @@ __device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32
   }
 }
 
-// NCHW4 / NCHW8 loaders, one input row: tasks of (plane pl of G channels, G-column group), G = 16 / element size.
+// NCHW8 loader (16-bit; fp32's NCHW4 below is the same with G = 4 and written out: its ieee build measured 5 % slower
+// through this helper), one input row: tasks of (plane pl of G channels, G-column group), G = 16 / element size.
 // MODE 0 issues a task's G 16-byte copies (chunk e = G columns of channel pl * G + e, zeros outside the input) into
 // its G x 16-byte block of the ring slot; MODE 1 reads the landed chunks and hands them to transpose(blk, pl, v),
 // which writes the block back as G columns x G channels.  Groups start at multiples of G, so the first one may begin
@@ -796,29 +797,51 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         }
       }
     }
-  } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad)
+  } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
     // The 4 channels x 4 columns of a task land as 4 chunks of one channel each in the 64 bytes that will hold the
     // 4 columns x 4 channels afterwards, so the same thread transposes them in place (no other thread touches them).
-    wg_nchw_row<4, MODE>(p, slot, n, h, wbase, [&](uint32_t blk, int hp, const uint32_t (&v)[4][4]) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint32_t b[4];
-        float x[4];
+    const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
+    const int delta = wq - wbase;                                         // -3 .. 0 positions
+    const int HP = p.CG * 2;
+    for (int task = tid; task < HP * p.nq; task += 128) {
+      const int hp = fdiv(task, p.mNQ, p.sNQ), j = task - hp * p.nq;
+      const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + delta + 4 * j) * 16);
+      if (MODE == 0) {
+        const int w0 = wq + 4 * j;
+        const bool wok = hok && w0 >= 0 && w0 < p.W;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          x[e] = __uint_as_float(v[e][i]);
-          b[e] = f2tf32(x[e]);
+          const int c = hp * 4 + e;
+          const bool ok = wok && c < p.C;
+          const float* src = reinterpret_cast<const float*>(p.x);
+          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
+          cp_async16(blk + e * 16, src, ok);
         }
-        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
-        if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
-          uint32_t xb[2], xl[2];
-          wg_small_pairs(x, b, xb, xl);
-          const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
-          asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
-          asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
+      } else {
+        uint32_t v[4][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          uint32_t b[4];
+          float x[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            x[e] = __uint_as_float(v[e][i]);
+            b[e] = f2tf32(x[e]);
+          }
+          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+          if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
+            uint32_t xb[2], xl[2];
+            wg_small_pairs(x, b, xb, xl);
+            const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
+            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
+            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
+          }
         }
       }
-    });
+    }
   } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group, 8 columns)
     // As NCHW4, with 8 channels x 8 columns per task and the [col][8 ch] entries of the 16-bit slot.
     wg_nchw_row<8, MODE>(p, slot, n, h, wbase, [&](uint32_t blk, int, const uint32_t (&v)[8][4]) {
