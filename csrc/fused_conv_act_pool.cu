@@ -531,7 +531,6 @@ struct WGParams {
   // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
   unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
   int op_rd[WG_MAXOPS], slot16;
-  int n64;                             // host: launch the 64-pixel-tile kernel (FF_FUSED_A_N64, 4 blocks per SM)
   float* ws_part; unsigned* ws_max; int* ws_cnt;
 };
 
@@ -567,25 +566,6 @@ FA_WGMMA_SS(wgh_tf32, "m64n128k8.f32.tf32.tf32", "1, 1")
 FA_WGMMA_SS(wgh_bf16, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0")
 FA_WGMMA_SS(wgh_f16, "m64n128k16.f32.f16.f16", "1, 1, 0, 0")
 #undef FA_WGMMA_SS
-// m64n64 (32 accumulator registers; the FF_FUSED_A_N64 kernel)
-#define FA_WGMMA_SS32(NAME, SHAPE_TYPES, TAIL)                                                        \
-  __device__ __forceinline__ void NAME(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {       \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                    \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, " TAIL \
-                 ";\n}\n"                                                                          \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),  \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                 \
-                 : "l"(da), "l"(db), "r"(scale_d));                                                 \
-  }
-FA_WGMMA_SS32(wgh_tf32, "m64n64k8.f32.tf32.tf32", "1, 1")
-FA_WGMMA_SS32(wgh_bf16, "m64n64k16.f32.bf16.bf16", "1, 1, 0, 0")
-FA_WGMMA_SS32(wgh_f16, "m64n64k16.f32.f16.f16", "1, 1, 0, 0")
-#undef FA_WGMMA_SS32
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -640,10 +620,10 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
 // padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test.
-template <int ACT, int POOL, int NV>
-__device__ __forceinline__ void wg_epi(const float (&acc)[NV], float (&red)[2][2], int qv, int tig) {
+template <int ACT, int POOL>
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
 #pragma unroll
-  for (int i = 0; i < NV / 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     float y[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = ff_activate<ACT>(acc[4 * i + e]);
@@ -665,8 +645,8 @@ __device__ __forceinline__ void wg_epi(const float (&acc)[NV], float (&red)[2][2
   }
 }
 
-template <int POOL, int NV>
-__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[NV], float (&red)[2][2], int qv, int tig) {
+template <int POOL>
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
   switch (act) {
     case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig); break;
     case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig); break;
@@ -676,10 +656,9 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[NV],
   }
 }
 
-template <int NV>
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[NV], float (&red)[2][2], int qv, int tig) {
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig) {
 #pragma unroll
-  for (int i = 0; i < NV; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig);
   else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig);
 }
@@ -687,18 +666,18 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[NV], 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
-template <int DT, bool SPLIT, int NOPS, int NV>
-__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[NV], uint32_t sbase16, int rs, int tile) {
+template <int DT, bool SPLIT, int NOPS>
+__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, int rs, int half) {
 #ifdef FA_HAVE_WGMMA
 #pragma unroll
-  for (int i = 0; i < NV; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   wg_fence();
 #pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
     int sl = rs + p.op_rd[j];
     sl -= (sl >= p.RB) ? p.RB : 0;
-    const uint32_t lo = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + tile * 2 * NV) & p.op_mask[j]);   // 2 NV pixels a tile
+    const uint32_t lo = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
     const uint64_t desc = (uint64_t)lo | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
@@ -715,7 +694,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[NV], ui
   }
   wg_commit();
 #pragma unroll
-  for (int i = 0; i < NV; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
 #endif
 }
 
@@ -951,8 +930,7 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
 }
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
-// NT = pixels per wgmma tile: 128 (64 accumulator registers), or 64 (32: the FF_FUSED_A_N64 kernel, 4 blocks per SM).
-template <int DT, bool SPLIT, int LM, int NOPS, int MINB, int NT = WG_NT / 2>
+template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1004,7 +982,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
   long long cur_n = n_first;
-  float acc[NT / 2];
+  float acc[64];
 
   auto flush = [&](long long n) {
     float v[2];
@@ -1098,12 +1076,12 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
-      for (int tile = 0; tile < WG_NT / NT; ++tile) {
-        if (tile * NT >= qv) break;
-        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, tile);
-        if (LM == WG_LM_REG && tile == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
+      for (int half = 0; half < 2; ++half) {
+        if (half == 1 && qv <= WG_NT / 2) break;
+        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
+        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
         wg_wait0();
-        wg_epi_any(p, acc, red, qv - tile * NT, tig);
+        wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1132,13 +1110,12 @@ struct Plan {
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
 // FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
 // FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
-// FF_FUSED_A_N64 = 1 (experiment): 64-pixel wgmma tiles (32 accumulator registers) at 4 blocks per SM, TF32 / 16-bit.
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, n64; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_N64", 0)};
+            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1289,8 +1266,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
   const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
-  p.n64 = !split && knobs().n64;
-  const int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : p.n64 ? 4 : knobs().bps;
+  const int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
   const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
   const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
@@ -1374,10 +1350,6 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
                                                        : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>)
               : prm.nops == NOPS16  ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS16, MINB_FEW>
                                     : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>;
-  if constexpr (!SPLIT) {   // FF_FUSED_A_N64: the straight-line op counts on 64-pixel tiles
-    constexpr int NOPS_SL = DT == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS;
-    if (prm.n64 && prm.nops == NOPS_SL) kern = fa_wgmma_kernel<DT, SPLIT, LM, NOPS_SL, 4, WG_NT / 4>;
-  }
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
