@@ -498,7 +498,8 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   LBO = plane; 16-bit: [cg][col][8 ch] + one zero plane), so the im2col matrix of tap (r, s) is simply the slot of input row
 //   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
 //   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split.
-//   Rows stream through the ring with cp.async D rows ahead (16-bit: register loads overlapped with the wgmmas). The
+//   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads
+//   overlapped with the wgmmas). The
 //   10 ops (16-bit: 7) of a 3x3 filter over <= 8 channels are issued as straight-line code with precomputed descriptors, so the
 //   HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
@@ -1259,7 +1260,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
-  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 quads overhang)
+  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 / NCHW8 groups overhang)
   p.plane_bytes = (int)plane;
   p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the zero plane

@@ -53,8 +53,8 @@ def cases(family: str, quick: bool = False) -> List[Case]:
             _a("padding (1,2), W % 4 == 0", (2, 8, 20, 44), 32, 3, 1, (1, 2)),
             _a("C3 padding 3, W % 4 == 0", (1, 3, 10, 16), 8, 3, 1, 3),
             _a("conv3d", (2, 4, 9, 10, 11), 16, 3, 1, 1),
-            # the pipelined sm_90 kernel (two 128-column halves in every 256-column segment): one row per block (row
-            # stride 2), then several rows per block with two segments
+            # the sm_90 wgmma path over two 256-column segments per row (W 400; W % 8 == 0 also takes the 16-bit
+            # NCHW 16-byte loader): one row per block (row stride 2), then several rows per block
             _a("3x3 C8, W 400, row stride 2", (3, 8, 13, 400), 40, 3, (2, 1), 1),
             _a("3x3 C6, 300x400, max", (1, 6, 300, 400), 16, 3, pool="max"),
         ]

@@ -93,7 +93,7 @@ def test_packed_16bit_slices(dtype):
 
 
 def test_packed_ieee_slices():
-    """fp32 at precision ieee: per tap [tf32(w)] [tf32(w - tf32(w))] [bf16(w)]; hi + lo is w to 2^-22."""
+    """fp32 at precision ieee: per tap [tf32(w)] [tf32(w - tf32(w))] [bf16(w)]; hi + lo is w to 2^-21 of max |w|."""
     gen = torch.Generator().manual_seed(2)
     c_in, k_out, stride = 12, 5, (2, 2, 2)
     w = torch.randn(c_in, k_out, 3, 3, 3, generator=gen)
