@@ -5,6 +5,7 @@
 //   ff_activate<FF_ACT_GELU_ERF>   relu(x) - u*2^P5(u), u = |x| (fast_gelu.md): abs err <= 3.1e-7*max(1,|x|) vs exact
 //                                  erf GELU; specials as PyTorch: -inf -> NaN, -0 -> -0, +inf -> +inf, NaN -> NaN,
 //                                  x < ~-11 -> -0.
+//   ff_gelu_erf_noclamp            ff_gelu_erf bit for bit, except +inf -> NaN; 3 issue slots fewer (see there).
 //   ff_activate<FF_ACT_GELU_TANH>  0.5*x*(1 + tanhf(sqrt(2/pi)*(x + 0.044715*x^3))) in PyTorch's operation order,
 //                                  libdevice tanhf (2 ulp); -inf -> NaN (-inf*0) like PyTorch.
 //   ff_activate<FF_ACT_SILU>       x*sigmoid(x) as n/(1+t), t = expf(-|x|) (2 ulp), rcp + residual step: <= ~4 ulp
@@ -42,6 +43,23 @@ __device__ __forceinline__ float ff_gelu_erf(float x) {
   // compare + select: -inf -> -inf*0 = NaN, -0 -> -0, underflow -> -0 (as PyTorch); NaN: u = NaN, so m = NaN.
   const float m = fminf(x, -u);
   return fmaf(m, q, fmaxf(x, -0.0f));
+}
+
+// ff_gelu_erf without the clamp of u: bitwise the same for every x except +inf, where it gives NaN (|x| * 0) instead of
+// +inf; -inf and NaN give NaN as there.  (For finite |x| > 16 the fp32 Horner value is <= -399 all the way to FLT_MAX
+// and -inf at inf, checked over every float in [16, 4096] and a log sweep above, so ex2 flushes q to 0 as at the
+// clamp.)  5 FFMA taking |x| as an operand modifier + MUFU + FMNMX + FFMA: 3 issue slots fewer than ff_gelu_erf.  For
+// hot loops that check their result for NaN and redo that rare case with ff_gelu_erf.
+__device__ __forceinline__ float ff_gelu_erf_noclamp(float x) {
+  const float u = fabsf(x);
+  float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);
+  r = fmaf(r, u, -0x1.abd318p-5f);
+  r = fmaf(r, u, -0x1.d6a0a2p-2f);
+  r = fmaf(r, u, -0x1.26a4a0p+0f);
+  r = fmaf(r, u, -0x1.000120p+0f);
+  float q;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
+  return fmaf(-u, q, fmaxf(x, -0.0f));
 }
 
 template <int ACT>

@@ -520,7 +520,7 @@ constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
-  int P, Q, act, pool, det, nhwc;
+  int P, Q, act, pool, det, nhwc, gelu_fast;
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, ring_off, a_small_off;   // smem: [A ops][ring][ones]
@@ -620,14 +620,15 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
-// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test.
-template <int ACT, int POOL>
-__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test.  NOCLAMP: GELU
+// (erf) through ff_gelu_erf_noclamp (see wg_epi).
+template <int ACT, int POOL, bool NOCLAMP>
+__device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     float y[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) y[e] = ff_activate<ACT>(acc[4 * i + e]);
+    for (int e = 0; e < 4; ++e) y[e] = NOCLAMP ? ff_gelu_erf_noclamp(acc[4 * i + e]) : ff_activate<ACT>(acc[4 * i + e]);
     if (8 * i + 8 <= qv) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -646,22 +647,31 @@ __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2
   }
 }
 
+// GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
+// conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
+// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.
+template <int ACT, int POOL>
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
+  if (ACT == FF_ACT_GELU_ERF && fast) wg_epi_pass<ACT, POOL, true>(acc, red, qv, tig);
+  else wg_epi_pass<ACT, POOL, false>(acc, red, qv, tig);
+}
+
 template <int POOL>
-__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
   switch (act) {
-    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig); break;
-    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig); break;
-    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig); break;
-    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig); break;
-    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig); break;
+    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig, fast); break;
+    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig, fast); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig, fast); break;
+    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig, fast); break;
+    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig, fast); break;
   }
 }
 
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig);
-  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig);
+  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast);
+  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast);
 }
 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
@@ -726,6 +736,22 @@ __device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32
   }
 }
 
+// Running bound of the magnitudes this thread has staged (input, weights, bias).  With every input and weight
+// |v| <= 2^50 (and |bias| <= 2^50) a conv output is a sum of at most 160 products, < 2^108: finite, which is what the
+// clamp-free GELU needs (wg_epi).  Inf / NaN fail the test (NaN sticks in the max).  fp32 values and all weights go
+// through add (one FMNMX each), 16-bit input through add2 on raw bit pairs (fp16 is always bounded, only Inf / NaN fail).
+struct WGInBound {
+  float f = 0.0f;       // max |v| of fp32 values
+  uint32_t h = 0u;      // per-half max of 16-bit magnitude bits
+  __device__ __forceinline__ void add(float v) { f = ff_max_nan(f, fabsf(v)); }
+  __device__ __forceinline__ void add2(uint32_t w) { h = __vmaxu2(h, w & 0x7fff7fffu); }
+  template <int DT>
+  __device__ __forceinline__ bool ok() const {
+    const uint32_t m = max(h & 0xffffu, h >> 16);
+    return f <= 0x1p50f && (DT == FF_BF16 ? m <= 0x5880u : DT == FF_F16 ? m < 0x7c00u : true);   // bf16 2^50; fp16 finite
+  }
+};
+
 // NCHW8 loader (16-bit; fp32's NCHW4 below is the same with G = 4 and written out: its ieee build measured 5 % slower
 // through this helper), one input row: tasks of (plane pl of G channels, G-column group), G = 16 / element size.
 // MODE 0 issues a task's G 16-byte copies (chunk e = G columns of channel pl * G + e, zeros outside the input) into
@@ -764,7 +790,7 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
 // One input row (relative row j of the current piece) into its ring slot. MODE 0: issue (cp.async or register
 // loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; ieee: also the small part).
 template <int DT, bool SPLIT, int LM, int MODE>
-__device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase) {
+__device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, WGInBound& bound) {
   const int tid = threadIdx.x;
   const bool hok = (h >= 0 && h < p.H);
   if (LM == WG_LM_VEC) {
@@ -786,6 +812,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(dst));
         uint4 b = make_uint4(f2tf32(__uint_as_float(v.x)), f2tf32(__uint_as_float(v.y)), f2tf32(__uint_as_float(v.z)),
                              f2tf32(__uint_as_float(v.w)));
+        bound.add(__uint_as_float(v.x)); bound.add(__uint_as_float(v.y));
+        bound.add(__uint_as_float(v.z)); bound.add(__uint_as_float(v.w));
         asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
         if (SPLIT) {   // this thread's 4 channels = half of the group's 16-byte bf16 entries
           const float x[4] = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)};
@@ -796,6 +824,10 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
           asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
         }
+      } else {   // 16-bit: the copies land as they are; MODE 1 only bounds them
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(dst));
+        bound.add2(v.x); bound.add2(v.y); bound.add2(v.z); bound.add2(v.w);
       }
     }
   } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
@@ -831,6 +863,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           for (int e = 0; e < 4; ++e) {
             x[e] = __uint_as_float(v[e][i]);
             b[e] = f2tf32(x[e]);
+            bound.add(x[e]);
           }
           asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
           if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
@@ -851,6 +884,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         uint32_t b[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) b[k] = __byte_perm(v[2 * k][i >> 1], v[2 * k + 1][i >> 1], (i & 1) ? 0x7632 : 0x5410);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) bound.add2(b[k]);
         asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
       }
     });
@@ -872,6 +907,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         float v;
         asm volatile("ld.shared.f32 %0,[%1];" : "=f"(v) : "r"(dst));
         const uint32_t b = f2tf32(v);
+        bound.add(v);
         asm volatile("st.shared.u32 [%0],%1;" :: "r"(dst), "r"(b) : "memory");
         if (SPLIT) {   // channel 4 (hp & 1) + e of the group's bf16 entries
           const bool fin = isfinite(__uint_as_float(b));
@@ -905,7 +941,10 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           }
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[k][e] = hv[2 * e] | (hv[2 * e + 1] << 16);
+        for (int e = 0; e < 4; ++e) {
+          v[k][e] = hv[2 * e] | (hv[2 * e + 1] << 16);
+          bound.add2(v[k][e]);
+        }
       }
 #pragma unroll
       for (int k = 0; k < U; ++k) {
@@ -922,12 +961,13 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 
 // rows (relative to the piece) that output row t needs first: (hi(t-1), hi(t)], hi(t) = t*sh + (R-1)*dh
 template <int DT, bool SPLIT, int LM, int MODE>
-__device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase, int wbase) {
+__device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase, int wbase,
+                                         WGInBound& bound) {
   if (t >= np) return;
   const int span = (p.R - 1) * p.dh;
   const int jlo = (t == 0) ? 0 : (t - 1) * p.sh + span + 1, jhi = t * p.sh + span;
   for (int j = jlo; j <= jhi; ++j)
-    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j % p.RB) * p.slot_bytes), n, hbase + j, wbase);
+    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j % p.RB) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
@@ -954,12 +994,16 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     }
   }
 
+  // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
+  const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
+  WGInBound bound;
   // ---- weights (+ bias op) -> shared memory, K-major core matrices: op j at j*2 KB, [k chunk][64 ch][16 B] ----
   {
     constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
     for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += 128) {
       const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
       const float v = wg_opA<DT>(p, j, m, k, true);
+      bound.add(v);
       const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
       if (DT == FF_F32) {
         const uint32_t b = f2tf32(v);
@@ -1056,22 +1100,23 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     __syncthreads();                                             // previous piece's wgmmas done in every warp
     if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D; ++t) {
-        wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase);
+        wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
     } else {
-      wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase);
+      wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
       if (LM != WG_LM_REG) {
         cp_wait_n(p.D - 1);
-        if (DT == FF_F32 || LM == WG_LM_NCHW8) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase);
+        if (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase, bound);
       }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();
+      const bool in_ok = __syncthreads_and(bound.ok<DT>()) != 0;   // the rows of output row t are in (and bounded?)
+      const bool fast = gelu_fast && in_ok;
       if (LM != WG_LM_REG) {
-        wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase);
+        wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
@@ -1080,9 +1125,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       for (int half = 0; half < 2; ++half) {
         if (half == 1 && qv <= WG_NT / 2) break;
         wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
-        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase);   // overlaps
+        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase, bound);   // overlaps
         wg_wait0();
-        wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig);
+        wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1111,12 +1156,13 @@ struct Plan {
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
 // FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
 // FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16; };
+// FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form + NaN redo.
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1)};
+            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1357,24 +1403,30 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   return (int)cudaGetLastError();
 }
 
+// One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).
+template <int DT, bool SPLIT>
+int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
+  constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
+  if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(prm, smem, stream);
+  if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(prm, smem, stream);
+  return wg_launch_t<DT, SPLIT, LM_ANY>(prm, smem, stream);
+}
+
 int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  // 16-bit: channels_last (VEC) and NCHW with W % 8 == 0 (NCHW8) through 16-byte copies, else register loads
-  const int lm16 = !knobs().vec16 ? WG_LM_REG : lm == WG_LM_VEC ? WG_LM_VEC : lm == WG_LM_NCHW4 ? WG_LM_NCHW8 : WG_LM_REG;
-  if (dtype == FF_BF16)
-    return lm16 == WG_LM_VEC     ? wg_launch_t<FF_BF16, false, WG_LM_VEC>(prm, smem, stream)
-           : lm16 == WG_LM_NCHW8 ? wg_launch_t<FF_BF16, false, WG_LM_NCHW8>(prm, smem, stream)
-                                 : wg_launch_t<FF_BF16, false, WG_LM_REG>(prm, smem, stream);
-  if (dtype == FF_F16)
-    return lm16 == WG_LM_VEC     ? wg_launch_t<FF_F16, false, WG_LM_VEC>(prm, smem, stream)
-           : lm16 == WG_LM_NCHW8 ? wg_launch_t<FF_F16, false, WG_LM_NCHW8>(prm, smem, stream)
-                                 : wg_launch_t<FF_F16, false, WG_LM_REG>(prm, smem, stream);
-  if (precision == FF_PREC_IEEE)
-    return lm == WG_LM_VEC ? wg_launch_t<FF_F32, true, WG_LM_VEC>(prm, smem, stream)
-           : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, true, WG_LM_NCHW4>(prm, smem, stream)
-                               : wg_launch_t<FF_F32, true, WG_LM_ELEM>(prm, smem, stream);
-  return lm == WG_LM_VEC ? wg_launch_t<FF_F32, false, WG_LM_VEC>(prm, smem, stream)
-         : lm == WG_LM_NCHW4 ? wg_launch_t<FF_F32, false, WG_LM_NCHW4>(prm, smem, stream)
-                             : wg_launch_t<FF_F32, false, WG_LM_ELEM>(prm, smem, stream);
+  if (dtype == FF_BF16) return wg_launch_dt<FF_BF16, false>(lm, prm, smem, stream);
+  if (dtype == FF_F16) return wg_launch_dt<FF_F16, false>(lm, prm, smem, stream);
+  return precision == FF_PREC_IEEE ? wg_launch_dt<FF_F32, true>(lm, prm, smem, stream)
+                                   : wg_launch_dt<FF_F32, false>(lm, prm, smem, stream);
+}
+
+// Input loader: channels_last with C % 8 == 0 -> VEC; NCHW with W % 4 (fp32) / 8 (16-bit) == 0 -> NCHW4 / NCHW8;
+// else ELEM (fp32) / REG (16-bit).  The 16-byte loaders need a 16-byte-aligned input; knobs switch them off.
+int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
+  const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
+  if (channels_last && C % 8 == 0 && aligned && (f32 || knobs().vec16)) return WG_LM_VEC;
+  if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
+    return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
+  return f32 ? WG_LM_ELEM : WG_LM_REG;
 }
 }  // namespace
 
@@ -1414,11 +1466,8 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_cnt = wp.ws_bytes ? (int*)ws : nullptr;
       q.ws_part = (wp.ws_bytes && pool == FF_POOL_MEAN) ? (float*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
-      const bool aligned = ((uintptr_t)x & 15) == 0;
-      const int lm = (channels_last && C % 8 == 0 && aligned) ? WG_LM_VEC
-                     : (!channels_last && W % (dtype == FF_F32 ? 4 : 8) == 0 && aligned && knobs().nchw4) ? WG_LM_NCHW4
-                                                                                                        : WG_LM_ELEM;
-      return wg_launch(dtype, precision, lm, q, wp.smem, stream);
+      q.gelu_fast = knobs().noclamp;
+      return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), q, wp.smem, stream);
     }
   }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;

@@ -220,6 +220,72 @@ def test_fast_gelu_dense_sweep_and_specials():
     assert torch.allclose(got[finite], want[finite]) and torch.equal(got[torch.isinf(want)], want[torch.isinf(want)])
 
 
+def _tf32(t):   # drop the low 13 mantissa bits: exact in a TF32 MMA
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fused_a_gelu_dense_sweep(pool, channels_last):
+    """The fused A kernel's own GELU (the clamp-free form it takes while inputs and weights are bounded, wg_epi in
+    csrc/fused_conv_act_pool.cu): a 1x1 conv of weight 1 over TF32-exact inputs is the identity, one value per image,
+    |err| <= 1e-6 * max(1, |x|) against float64 over a dense sweep plus large finite values up to the bound."""
+    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    fused = fullfuse.fused_model(nn.Sequential(conv, nn.GELU(), pool_layer).eval(), path="fused", precision="tf32")
+    big = torch.tensor([16.0, 16.5, 20.0, 1e6, 1e15], device="cuda")
+    x = torch.cat([torch.linspace(-12.0, 12.0, 1 << 18, device="cuda"), big, -big])
+    x = _tf32(x).view(-1, 1, 1, 1).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    with torch.no_grad():
+        got = fused(x).view(-1).double()
+    x64 = x.view(-1).double()
+    ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
+    worst = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
+    assert worst <= 1e-6, worst
+    assert fused.plans[0].last_path == "fused"
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_a_gelu_specials(dtype, channels_last, pool):
+    """Inf / NaN / huge values among finite ones through the fused A kernel (every input loader: C 8 and W 304 take the
+    16-byte ones), in images of 3 rows x 304 columns (two column segments, tiles before and after the special):
+    such inputs fail the kernel's bound, so those blocks take the exact GELU; +inf gives +inf, -inf and NaN give NaN,
+    finite images match torch.  The conv reads channel 0 with weight 1, so its output is that channel."""
+    conv = nn.Conv2d(8, 1, 1, bias=False).cuda()
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[0, 0] = 1.0
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(conv, nn.GELU(), pool_layer).eval().to(dtype)
+    fused = fullfuse.fused_model(model, path="fused", precision="tf32" if dtype == torch.float32 else "auto")
+    g = torch.Generator("cuda").manual_seed(SEED)
+    img = _tf32(torch.randn(7, 8, 3, 304, device="cuda", generator=g))
+    img[0, 0, 1, 200] = float("inf")                                   # +inf after finite tiles, finite tiles after it
+    img[1, 0, 2, 10] = float("-inf")
+    img[2, 0, 0, 299] = float("nan")
+    img[3, 0, 1, 5] = 3e38 if dtype != torch.float16 else 6e4
+    img[4, 0, 0, 0], img[4, 0, 2, 290] = float("inf"), float("-inf")
+    img[5, 0, 1, 7] = 2e15 if dtype != torch.float16 else 6e4          # over the bound, finite
+    img = img.to(dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    with torch.no_grad():
+        got = fused(img).view(-1).double()
+    assert fused.plans[0].last_path == "fused"
+    act = F.gelu(img[:, 0].double())
+    want = (act.mean((1, 2)) if pool == "mean" else act.amax((1, 2))).view(-1)
+    if dtype != torch.float32:
+        want = want.to(dtype).double()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
+    inf = torch.isinf(want)
+    assert inf[0] and torch.equal(got[inf], want[inf]), (got, want)
+    fin = torch.isfinite(want)
+    rtol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(got[fin], want[fin], rtol=rtol, atol=rtol), (got, want)
+
+
 def test_torch_compile_fullgraph_on_gpu():
     model = SeedA().cuda().eval()
     compiled = torch.compile(fullfuse.fused_model(model), fullgraph=True)
