@@ -520,11 +520,11 @@ constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
-  int P, Q, act, pool, det, nhwc, gelu_fast;
+  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
-  int slot_bytes, small_off, ones_off, ring_off, a_small_off;   // smem: [A ops][ring][ones]
-  unsigned long long mCG, mTWa, mHP, mNQ; int sCG, sTWa, sHP, sNQ;
+  int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
+  unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
   long long L, lines_img; int G, J;
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
@@ -620,16 +620,16 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
-// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test.  NOCLAMP: GELU
-// (erf) through ff_gelu_erf_noclamp (see wg_epi).
-template <int ACT, int POOL, bool NOCLAMP>
+// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
+// has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
+template <int ACT, int POOL, bool NOCLAMP, bool FULL>
 __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     float y[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = NOCLAMP ? ff_gelu_erf_noclamp(acc[4 * i + e]) : ff_activate<ACT>(acc[4 * i + e]);
-    if (8 * i + 8 <= qv) {
+    if (FULL || 8 * i + 8 <= qv) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float& rr = red[e >> 1][e & 1];
@@ -649,36 +649,57 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 
 // GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
-// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.
+// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: a whole 128-pixel tile (knob
+// FF_FUSED_A_FULLTILE), then the fast form runs without the per-column-block mask tests (~1 instruction per value).
 template <int ACT, int POOL>
-__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
-  if (ACT == FF_ACT_GELU_ERF && fast) wg_epi_pass<ACT, POOL, true>(acc, red, qv, tig);
-  else wg_epi_pass<ACT, POOL, false>(acc, red, qv, tig);
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
+  if (ACT == FF_ACT_GELU_ERF && fast) {
+    if (full) wg_epi_pass<ACT, POOL, true, true>(acc, red, qv, tig);
+    else wg_epi_pass<ACT, POOL, true, false>(acc, red, qv, tig);
+  } else {
+    wg_epi_pass<ACT, POOL, false, false>(acc, red, qv, tig);
+  }
 }
 
 template <int POOL>
-__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
+                                                bool full) {
   switch (act) {
-    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig, fast); break;
-    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig, fast); break;
-    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig, fast); break;
-    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig, fast); break;
-    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig, fast); break;
+    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig, fast, full); break;
+    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig, fast, full); break;
   }
 }
 
 __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast);
-  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast);
+  const bool full = p.fulltile && qv >= WG_NT / 2;
+  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
+  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
+}
+
+// The B descriptor table (low words): op j for output-row ring slot rs and half h reads ring slot (rs + op_rd[j]) % RB
+// at column h * 128 (the bias op's ones block: op_mask 0, always the same address).
+__device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
+  for (int i = threadIdx.x; i < p.RB * 2 * WG_MAXOPS; i += blockDim.x) {
+    const int j = i % WG_MAXOPS, half = (i / WG_MAXOPS) & 1, rs = i / (2 * WG_MAXOPS);
+    int sl = rs + p.op_rd[j];
+    sl -= (sl >= p.RB) ? p.RB : 0;
+    dtab[i] = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
+  }
 }
 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
+// B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_MAXOPS + j] (wg_dtab_fill): one shared load
+// per op instead of ~10 instructions of ring-slot arithmetic.
 template <int DT, bool SPLIT, int NOPS>
-__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, int rs, int half) {
+__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
+                                         int half) {
 #ifdef FA_HAVE_WGMMA
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
@@ -686,10 +707,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
 #pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
-    int sl = rs + p.op_rd[j];
-    sl -= (sl >= p.RB) ? p.RB : 0;
-    const uint32_t lo = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
-    const uint64_t desc = (uint64_t)lo | ((uint64_t)p.op_hi[j] << 32);
+    const uint64_t desc = (uint64_t)dtab[(rs * 2 + half) * WG_MAXOPS + j] | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if (DT == FF_BF16) {
@@ -967,7 +985,7 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
   const int span = (p.R - 1) * p.dh;
   const int jlo = (t == 0) ? 0 : (t - 1) * p.sh + span + 1, jhi = t * p.sh + span;
   for (int j = jlo; j <= jhi; ++j)
-    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j % p.RB) * p.slot_bytes), n, hbase + j, wbase, bound);
+    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
@@ -979,6 +997,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   __shared__ int last_s;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
+  uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
+  wg_dtab_fill(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   if (tid < 8) {   // ones block: 8 rows x 16 B (SBO = LBO = 0), A = (b_hi, b_lo, 0...)
     uint4 o;
     if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
@@ -1124,7 +1144,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         if (half == 1 && qv <= WG_NT / 2) break;
-        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, rs, half);
+        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase, bound);   // overlaps
         wg_wait0();
         wg_epi_any(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
@@ -1156,13 +1176,14 @@ struct Plan {
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
 // FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
 // FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
-// FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form + NaN redo.
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp; };
+// FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
+// FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole tiles too.
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1)};
+            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1318,8 +1339,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
-  if (rb * slot + ONES > budget || rb > 64) return w;
-  while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES <= budget) ++rb;
+  auto dtab_bytes = [](long long slots) { return slots * 2 * WG_MAXOPS * 4; };   // B descriptor table (wg_dtab_fill)
+  if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) return w;
+  while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) <= budget) ++rb;
   p.RB = (int)rb;
   p.D = (int)((rb - 1 - (long long)(R - 1) * dh) / sh);
   if (p.D > 8) p.D = 8;
@@ -1328,7 +1350,8 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   p.a_small_off = WG_MAXOPS * 2048;
   p.ring_off = (int)abytes;
   p.ones_off = (int)(abytes + rb * slot);
-  w.smem = (size_t)(abytes + rb * slot + ONES);
+  p.dtab_off = (int)(abytes + rb * slot + ONES);
+  w.smem = (size_t)(abytes + rb * slot + ONES + dtab_bytes(rb));
   // ops
   int nops = 0;
   for (int j = 0; j < WG_MAXOPS; ++j) {
@@ -1367,6 +1390,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   magic(p.TWa, p.mTWa, p.sTWa);
   magic(p.CG * 2, p.mHP, p.sHP);
   magic(p.nq, p.mNQ, p.sNQ);
+  magic(p.RB, p.mRB, p.sRB);
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
   long long G = (long long)bps * di.nsm;
@@ -1467,6 +1491,7 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_part = (wp.ws_bytes && pool == FF_POOL_MEAN) ? (float*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.gelu_fast = knobs().noclamp;
+      q.fulltile = knobs().fulltile;
       return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), q, wp.smem, stream);
     }
   }
