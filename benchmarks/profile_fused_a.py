@@ -1,6 +1,7 @@
 """Seed problem A through the product path, for profiling: `python3 benchmarks/profile_fused_a.py ncu` runs the fused
-kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time` times the product call per launch
-(CUDA events, L2 flushed) against the same call replayed from a CUDA graph, which splits host time from GPU time."""
+kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time [tf32|ieee]` times the product call per
+launch (CUDA events, L2 flushed) against the same call replayed from a CUDA graph, which splits host time from GPU
+time."""
 from __future__ import annotations
 
 import sys
@@ -21,8 +22,11 @@ def seed_inputs(channels_last: bool):
     return x, w, b
 
 
+PRECISION = sys.argv[2] if len(sys.argv) > 2 else "tf32"
+
+
 def call(x, w, b):
-    return conv_act_pool(x, w, b, path="fused", precision="tf32")
+    return conv_act_pool(x, w, b, path="fused", precision=PRECISION)
 
 
 def main(mode: str):
@@ -43,7 +47,7 @@ def main(mode: str):
         torch.cuda.current_stream().wait_stream(s)
         for name, fn in (("eager call", lambda: call(x, w, b)), ("graph replay", graph.replay)):
             t = time_cuda(fn, repeats=40)
-            print(f"{'NHWC' if cl else 'NCHW'} {name:12s}: median {t['median_ms']:.4f} ms  min {t['min_ms']:.4f}", flush=True)
+            print(f"{PRECISION} {'NHWC' if cl else 'NCHW'} {name:12s}: median {t['median_ms']:.4f} ms  min {t['min_ms']:.4f}", flush=True)
 
 
 if __name__ == "__main__":
