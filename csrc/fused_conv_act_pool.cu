@@ -530,7 +530,7 @@ constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
-  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, splitn;
+  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
@@ -577,28 +577,9 @@ FA_WGMMA_SS(wgh_tf32, "m64n128k8.f32.tf32.tf32", "1, 1")
 FA_WGMMA_SS(wgh_bf16, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0")
 FA_WGMMA_SS(wgh_f16, "m64n128k16.f32.f16.f16", "1, 1, 0, 0")
 #undef FA_WGMMA_SS
-// The same as m64n64 (32 accumulator registers): the split-tile loop (SPLITN, see the kernel).
-#define FA_WGMMA_SS32(NAME, SHAPE_TYPES, TAIL)                                                                   \
-  __device__ __forceinline__ void NAME(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
-                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " "                                                \
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                      \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, " TAIL ";\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),       \
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),     \
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),     \
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                         \
-                 : "l"(da), "l"(db), "r"(scale_d));                                                             \
-  }
-FA_WGMMA_SS32(wgh_tf32, "m64n64k8.f32.tf32.tf32", "1, 1")
-FA_WGMMA_SS32(wgh_bf16, "m64n64k16.f32.bf16.bf16", "1, 1, 0, 0")
-FA_WGMMA_SS32(wgh_f16, "m64n64k16.f32.f16.f16", "1, 1, 0, 0")
-#undef FA_WGMMA_SS32
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 #endif
 
 __device__ __forceinline__ void cp_wait_n(int n) {   // cp.async.wait_group needs an immediate
@@ -648,13 +629,13 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
-// Epilogue of one 64 x 2NV tile (NV = 64: 128 pixels, 32: 64): thread holds channels m0, m0 + 8 at pixels 8i + 2tig
-// + {0,1}; pixels >= qv are padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the
-// mask test; FULL (qv >= 2NV) has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
-template <int ACT, int POOL, bool NOCLAMP, bool FULL, int NV>
-__device__ __forceinline__ void wg_epi_pass(const float (&acc)[NV], float (&red)[2][2], int qv, int tig) {
+// Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
+// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
+// has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
+template <int ACT, int POOL, bool NOCLAMP, bool FULL>
+__device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
 #pragma unroll
-  for (int i = 0; i < NV / 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     float y[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = NOCLAMP ? ff_gelu_erf_noclamp(acc[4 * i + e]) : ff_activate<ACT>(acc[4 * i + e]);
@@ -680,68 +661,66 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[NV], float (&red)
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
 // ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: a whole 128-pixel tile (knob
 // FF_FUSED_A_FULLTILE), then the fast form runs without the per-column-block mask tests (~1 instruction per value).
-template <int ACT, int POOL, int NV>
-__device__ __forceinline__ void wg_epi(const float (&acc)[NV], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
+template <int ACT, int POOL>
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
   if (ACT == FF_ACT_GELU_ERF && fast) {
-    if (full) wg_epi_pass<ACT, POOL, true, true, NV>(acc, red, qv, tig);
-    else wg_epi_pass<ACT, POOL, true, false, NV>(acc, red, qv, tig);
+    if (full) wg_epi_pass<ACT, POOL, true, true>(acc, red, qv, tig);
+    else wg_epi_pass<ACT, POOL, true, false>(acc, red, qv, tig);
   } else {
-    wg_epi_pass<ACT, POOL, false, false, NV>(acc, red, qv, tig);
+    wg_epi_pass<ACT, POOL, false, false>(acc, red, qv, tig);
   }
 }
 
-template <int POOL, int NV>
-__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[NV], float (&red)[2][2], int qv, int tig, bool fast,
+template <int POOL>
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
                                                 bool full) {
   switch (act) {
-    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL, NV>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL, NV>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL, NV>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL, NV>(acc, red, qv, tig, fast, full); break;
-    default: wg_epi<FF_ACT_SILU, POOL, NV>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig, fast, full); break;
+    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig, fast, full); break;
   }
 }
 
-template <int DT, int NV>
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[NV], float (&red)[2][2], int qv, int tig, bool fast) {
+template <int DT>
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
 #pragma unroll
-  for (int i = 0; i < NV; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
   // fp32 kernels do not carry that code
-  const bool full = DT != FF_F32 && p.fulltile && qv >= 2 * NV;
-  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN, NV>(p.act, acc, red, qv, tig, fast, full);
-  else wg_epi_dispatch<FF_POOL_MAX, NV>(p.act, acc, red, qv, tig, fast, full);
+  const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
+  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
+  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
 }
 
-// The B descriptor table (low words): op j for output-row ring slot rs and quarter q (64 pixels) reads ring slot
-// (rs + op_rd[j]) % RB at column q * 64 (the bias op's ones block: op_mask 0, always the same address).  A 128-pixel
-// half h starts at quarter 2h.
+// The B descriptor table (low words): op j for output-row ring slot rs and half h reads ring slot (rs + op_rd[j]) % RB
+// at column h * 128 (the bias op's ones block: op_mask 0, always the same address).
 __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
-  for (int i = threadIdx.x; i < p.RB * 4 * WG_MAXOPS; i += blockDim.x) {
-    const int j = i % WG_MAXOPS, q = (i / WG_MAXOPS) & 3, rs = i / (4 * WG_MAXOPS);
+  for (int i = threadIdx.x; i < p.RB * 2 * WG_MAXOPS; i += blockDim.x) {
+    const int j = i % WG_MAXOPS, half = (i / WG_MAXOPS) & 1, rs = i / (2 * WG_MAXOPS);
     int sl = rs + p.op_rd[j];
     sl -= (sl >= p.RB) ? p.RB : 0;
-    dtab[i] = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + q * (WG_NT / 4)) & p.op_mask[j]);
+    dtab[i] = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
   }
 }
 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
-// B descriptors' low words come from the table dtab[(rs * 4 + quarter) * WG_MAXOPS + j] (wg_dtab_fill): one shared
-// load per op instead of ~10 instructions of ring-slot arithmetic.  NV = 64: m64n128 ops from quarter q (= 2 x half);
-// NV = 32: m64n64 ops of quarter q.
-template <int DT, bool SPLIT, int NOPS, int NV>
-__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[NV], uint32_t sbase16, const uint32_t* dtab, int rs,
-                                         int q) {
+// B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_MAXOPS + j] (wg_dtab_fill): one shared load
+// per op instead of ~10 instructions of ring-slot arithmetic.
+template <int DT, bool SPLIT, int NOPS>
+__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
+                                         int half) {
 #ifdef FA_HAVE_WGMMA
 #pragma unroll
-  for (int i = 0; i < NV; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   wg_fence();
 #pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
-    const uint64_t desc = (uint64_t)dtab[(rs * 4 + q) * WG_MAXOPS + j] | ((uint64_t)p.op_hi[j] << 32);
+    const uint64_t desc = (uint64_t)dtab[(rs * 2 + half) * WG_MAXOPS + j] | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if (DT == FF_BF16) {
@@ -757,7 +736,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[NV], ui
   }
   wg_commit();
 #pragma unroll
-  for (int i = 0; i < NV; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
 #endif
 }
 
@@ -1050,7 +1029,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
-  const bool splitn = p.splitn != 0;
   WGInBound bound;
   // ---- weights (+ bias op) -> shared memory, K-major core matrices: op j at j*2 KB, [k chunk][64 ch][16 B] ----
   {
@@ -1176,31 +1154,13 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       }
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
-      if (splitn) {
-        // SPLITN: each half as two 64-pixel tiles (the same 64 registers): the second tile's wgmmas run while the
-        // first tile's epilogue does (wait_group 1), inside one iteration (nothing in flight at the back-edge)
-        float (&acc_a)[32] = *reinterpret_cast<float (*)[32]>(acc);
-        float (&acc_b)[32] = *reinterpret_cast<float (*)[32]>(acc + 32);
 #pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-          if (half == 1 && qv <= WG_NT / 2) break;
-          wg_issue<DT, SPLIT, NOPS, 32>(p, acc_a, sbase16, dtab, rs, 2 * half);
-          wg_issue<DT, SPLIT, NOPS, 32>(p, acc_b, sbase16, dtab, rs, 2 * half + 1);
-          if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase, bound);   // overlaps
-          wg_wait1();
-          wg_epi_any<DT, 32>(p, acc_a, red, qv - half * (WG_NT / 2), tig, fast);
-          wg_wait0();
-          wg_epi_any<DT, 32>(p, acc_b, red, qv - half * (WG_NT / 2) - WG_NT / 4, tig, fast);
-        }
-      } else {
-#pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-          if (half == 1 && qv <= WG_NT / 2) break;
-          wg_issue<DT, SPLIT, NOPS, 64>(p, acc, sbase16, dtab, rs, 2 * half);
-          if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase, bound);   // overlaps
-          wg_wait0();
-          wg_epi_any<DT, 64>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
-        }
+      for (int half = 0; half < 2; ++half) {
+        if (half == 1 && qv <= WG_NT / 2) break;
+        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
+        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase, bound);   // overlaps
+        wg_wait0();
+        wg_epi_any<DT>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1231,15 +1191,12 @@ struct Plan {
 // FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
-// FF_FUSED_A_SPLITN = 0 runs each 128-pixel half as one m64n128 tile instead of two m64n64 tiles whose second one's
-// wgmmas overlap the first one's epilogue.
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, splitn; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
-            get("FF_FUSED_A_SPLITN", 1)};
+            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     return r;
@@ -1395,7 +1352,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
-  auto dtab_bytes = [](long long slots) { return slots * 4 * WG_MAXOPS * 4; };   // B descriptor table (wg_dtab_fill)
+  auto dtab_bytes = [](long long slots) { return slots * 2 * WG_MAXOPS * 4; };   // B descriptor table (wg_dtab_fill)
   if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) return w;
   while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) <= budget) ++rb;
   p.RB = (int)rb;
@@ -1548,7 +1505,6 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
-      q.splitn = knobs().splitn;
       return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), q, wp.smem, stream);
     }
   }
