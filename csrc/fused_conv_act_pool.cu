@@ -1139,26 +1139,32 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     } else {
       wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase, bound);
     }
+    // post-copy pass (MODE 1: tf32 rounding, NCHW transposes, the input bound) of row group t + 1 and the copies of
+    // group t + D run while row t's wgmmas do: only the barrier stays between rows
+    const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
+    if (LM != WG_LM_REG) {
+      cp_wait_n(p.D - 1);
+      if (mode1) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
+    }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
-      if (LM != WG_LM_REG) {
-        cp_wait_n(p.D - 1);
-        if (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast) wg_group<DT, SPLIT, LM, 1>(p, ring, t, np, n, hbase, wbase, bound);
-      }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       const bool in_ok = __syncthreads_and(bound.ok<DT>()) != 0;   // the rows of output row t are in (and bounded?)
       const bool fast = gelu_fast && in_ok;
-      if (LM != WG_LM_REG) {
-        wg_group<DT, SPLIT, LM, 0>(p, ring, t + p.D, np, n, hbase, wbase, bound);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-      }
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
+      const int nhalf = qv > WG_NT / 2 ? 2 : 1;
 #pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
-        if (half == 1 && qv <= WG_NT / 2) break;
+      for (int half = 0; half < nhalf; ++half) {
         wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-        if (LM == WG_LM_REG && half == 0) wg_group<DT, SPLIT, LM, 0>(p, ring, t + 1, np, n, hbase, wbase, bound);   // overlaps
+        if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
+          wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
+          if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        if (LM != WG_LM_REG && half == nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
+          cp_wait_n(p.D - 1);
+          if (mode1) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
+        }
         wg_wait0();
         wg_epi_any<DT>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
       }
