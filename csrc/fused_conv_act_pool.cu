@@ -508,10 +508,11 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   LBO = plane; 16-bit: [cg][col][8 ch] + one zero plane), so the im2col matrix of tap (r, s) is simply the slot of input row
 //   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
 //   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split.
-//   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads
-//   overlapped with the wgmmas). The
-//   10 ops (16-bit: 7) of a 3x3 filter over <= 8 channels are issued as straight-line code with precomputed descriptors, so the
-//   HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
+//   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads);
+//   the copies of a row group and the post-copy pass of the next one (tf32 rounding, NCHW transposes, the input
+//   bound) run while the current row's wgmmas do, so only a barrier stands between rows. The
+//   10 ops (16-bit: 7) of a 3x3 filter over <= 8 channels are issued as straight-line code with descriptors from a
+//   shared-memory table, so the HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
