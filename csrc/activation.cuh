@@ -29,16 +29,23 @@ __device__ __forceinline__ float ff_max_nan(float a, float b) {
   return r;
 }
 
-__device__ __forceinline__ float ff_gelu_erf(float x) {
-  float u;  // u = min(|x|, 16), NaN kept; the clamp keeps the polynomial finite
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(u) : "f"(fabsf(x)), "f"(16.0f));
-  float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);  // r ~ log2(Phi(-u)), Horner
+// Phi(-u) for u >= 0 (or NaN): 2^r with r ~ log2(Phi(-u)) a degree-5 Horner polynomial (fast_gelu.md), one MUFU.EX2
+// (flushes to 0 below 2^-126).  Shared by both GELU forms below.
+__device__ __forceinline__ float ff_phi_neg(float u) {
+  float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);
   r = fmaf(r, u, -0x1.abd318p-5f);
   r = fmaf(r, u, -0x1.d6a0a2p-2f);
   r = fmaf(r, u, -0x1.26a4a0p+0f);
   r = fmaf(r, u, -0x1.000120p+0f);
-  float q;  // q = Phi(-u), one MUFU.EX2 (flushes to 0 below 2^-126)
+  float q;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
+  return q;
+}
+
+__device__ __forceinline__ float ff_gelu_erf(float x) {
+  float u;  // u = min(|x|, 16), NaN kept; the clamp keeps the polynomial finite
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(u) : "f"(fabsf(x)), "f"(16.0f));
+  const float q = ff_phi_neg(u);
   // m = min(x, -u) is -u for x > 0 (x - u*q) and x for x <= 0 (x*Phi(x) + (-0) = x*q - 0), one FMNMX instead of a
   // compare + select: -inf -> -inf*0 = NaN, -0 -> -0, underflow -> -0 (as PyTorch); NaN: u = NaN, so m = NaN.
   const float m = fminf(x, -u);
@@ -49,17 +56,10 @@ __device__ __forceinline__ float ff_gelu_erf(float x) {
 // +inf; -inf and NaN give NaN as there.  (For finite |x| > 16 the fp32 Horner value is <= -399 all the way to FLT_MAX
 // and -inf at inf, checked over every float in [16, 4096] and a log sweep above, so ex2 flushes q to 0 as at the
 // clamp.)  5 FFMA taking |x| as an operand modifier + MUFU + FMNMX + FFMA: 3 issue slots fewer than ff_gelu_erf.  For
-// hot loops that check their result for NaN and redo that rare case with ff_gelu_erf.
+// hot loops whose inputs are known finite (fused_conv_act_pool.cu takes it while a block's inputs are bounded).
 __device__ __forceinline__ float ff_gelu_erf_noclamp(float x) {
   const float u = fabsf(x);
-  float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);
-  r = fmaf(r, u, -0x1.abd318p-5f);
-  r = fmaf(r, u, -0x1.d6a0a2p-2f);
-  r = fmaf(r, u, -0x1.26a4a0p+0f);
-  r = fmaf(r, u, -0x1.000120p+0f);
-  float q;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
-  return fmaf(-u, q, fmaxf(x, -0.0f));
+  return fmaf(-u, ff_phi_neg(u), fmaxf(x, -0.0f));
 }
 
 template <int ACT>
