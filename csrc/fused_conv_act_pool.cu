@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <algorithm>
 #include "codes.h"
 #include "activation.cuh"
 
@@ -527,6 +528,7 @@ enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW
 // NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
 constexpr int WG_PAD = 8;
 constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
+constexpr int WS_MAX_RB = 24;      // ring slots of the warp-specialised kernel (fa_ws_kernel), at most
 
 struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
@@ -1181,6 +1183,283 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #endif
 }
 
+// ==============================================================================================================
+// sm_90a, warp-specialised (FF_FUSED_A_WS, default): the same ring, descriptors, ops and epilogue as fa_wgmma_kernel,
+// but one persistent block per SM of three warpgroups, so that loads, MMAs and epilogue of different items overlap
+// inside the block instead of across three blocks that each run them in sequence:
+//   WG0 = producer: streams the input rows of the block's lines through the ring (cp.async LAG rows ahead, then the
+//     post-copy pass) and hands each slot over with a "full" mbarrier (128 arrivals); before refilling a slot it waits
+//     on the slot's "empty" mbarrier, which completes when every item that reads the row has finished its wgmmas.
+//   WG1 / WG2 = consumers: items (half-rows of 128 pixels, 64 x 128 accumulators) go to them alternately; a pair of
+//     named barriers orders their wgmma issue (WG1's item i, WG2's item i + 1, WG1's item i + 2, ...) so the tensor
+//     cores run one consumer's MMAs while the other runs its epilogue (the FA3 ping-pong).
+// Reduces, like fa_wgmma_kernel, over the output pixels of each image per channel: each consumer thread keeps its
+// channels' running sums / maxima in registers; at an image boundary both consumers meet at a named barrier, their
+// partials are combined in shared memory and leave the chip as one partial per block (fa_ws_flush).
+// Needs every input row to be read by at least one output row (stride <= (R - 1) * dilation + 1; else the v3 kernel):
+// the producer pre-arrives on a slot's empty barrier for the readers a row does not have, and a row with none would
+// complete that phase before all producer threads had waited on the previous one.
+constexpr int WS_THREADS = 384;
+enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
+
+__device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" :: "r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_n(uint32_t a, unsigned n) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}" :: "r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, unsigned parity) {
+  asm volatile("{\n.reg .pred P1;\nWS_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               "@!P1 bra WS_WAIT;\n}" :: "r"(a), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+
+// The lines [L0, L1) of block b, walked piece by piece (a piece = consecutive output rows of one image and segment);
+// producer and consumers walk the same pieces, the input rows of a piece get consecutive ring sequence numbers.
+struct WSPiece {
+  long long n; int np, qv, hbase, wbase, nrows, nhalf;
+  __device__ __forceinline__ WSPiece(const WGParams& p, long long l, long long L1) {
+    n = l / p.lines_img;
+    const int rem = (int)(l - n * p.lines_img);
+    const int seg = rem / p.P, pa = rem - seg * p.P;
+    np = (int)min((long long)(p.P - pa), L1 - l);
+    const int q0 = seg * WG_NT;
+    qv = min(WG_NT, p.Q - q0);
+    hbase = pa * p.sh - p.ph;
+    wbase = q0 - p.pw;
+    nrows = (np - 1) * p.sh + (p.R - 1) * p.dh + 1;
+    nhalf = qv > WG_NT / 2 ? 2 : 1;
+  }
+};
+
+// Per-image partials of the two consumers -> one per block, then as fa_wgmma_kernel's flush (atomics, or the
+// deterministic per-block partials summed by the last block of the image).  Called by both consumer warpgroups.
+template <int POOL>
+__device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2], float* part, int* last_s, long long n,
+                                            long long n_first, int c, int ctid, int m0, int tig) {
+  const float red_init = (POOL == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float a = (POOL == FF_POOL_MEAN) ? red[h][0] + red[h][1] : ff_max_nan(red[h][0], red[h][1]);
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      const float b = __shfl_xor_sync(0xffffffffu, a, o);
+      a = (POOL == FF_POOL_MEAN) ? a + b : ff_max_nan(a, b);
+    }
+    if (tig == 0) part[c * 64 + m0 + 8 * h] = a;
+    red[h][0] = red[h][1] = red_init;
+  }
+  bar_sync(WS_BAR_CONS, 256);
+  if (c == 0) {
+    if (ctid < 64 && ctid < p.K) {
+      const int k = ctid;
+      const float v = (POOL == FF_POOL_MEAN) ? part[k] + part[64 + k] : ff_max_nan(part[k], part[64 + k]);
+      if (POOL == FF_POOL_MEAN) {
+        if (!p.det) atomicAdd(p.out + n * p.K + k, v * p.inv_pq);
+        else p.ws_part[((long long)blockIdx.x * p.J + (n - n_first)) * 64 + k] = v;
+      } else {
+        atomicMax(p.ws_max + n * p.K + k, enc_max(v));
+      }
+    }
+    if (POOL != FF_POOL_MEAN || p.det) {
+      __threadfence();
+      bar_sync(WS_BAR_C0, 128);
+      const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
+      const long long blo = ((la + 1) * p.G + p.L - 1) / p.L - 1, bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
+      if (ctid == 0) *last_s = (atomicAdd(p.ws_cnt + n, 1) == (int)(bhi - blo));
+      bar_sync(WS_BAR_C0, 128);
+      if (*last_s) {
+        __threadfence();
+        for (int k = ctid; k < p.K; k += 128) {
+          if (POOL == FF_POOL_MEAN) {
+            float s = 0.0f;
+            for (long long b = blo; b <= bhi; ++b) {
+              const long long nf = (b * p.L / p.G) / p.lines_img;
+              s += __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k);
+            }
+            p.out[n * p.K + k] = s * p.inv_pq;
+          } else {
+            unsigned* a = p.ws_max + n * p.K + k;
+            p.out[n * p.K + k] = dec_max(__ldcg(a));
+            *a = 0u;
+          }
+        }
+        if (ctid == 0) p.ws_cnt[n] = 0;
+      }
+    }
+  }
+  bar_sync(WS_BAR_CONS, 256);   // part[] free again
+}
+
+template <int DT, bool SPLIT, int LM, int NOPS>
+__global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_constant__ WGParams p) {
+#ifdef FA_HAVE_WGMMA
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bars[2 * WS_MAX_RB];   // full[RB], empty[RB]
+  __shared__ float part[128];
+  __shared__ int flag_s, last_s;
+  const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
+  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
+  const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(bars), empty0 = full0 + 8u * WS_MAX_RB;
+  uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int span = (p.R - 1) * p.dh;
+  // readers of an input row, counted in item-warps (items x 4 warps): at most (span / sh + 1) rows x 2 halves
+  const int maxr = (span / p.sh + 1) * 2 * 4;
+
+  // ---- setup, all 384 threads: B descriptor table, ones block, zero planes, weights (+ bias op), barriers ----
+  wg_dtab_fill(p, dtab, sbase16);
+  if (tid < 8) {
+    uint4 o;
+    if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
+    else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
+    else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
+  }
+  if (DT != FF_F32) {
+    const int per = p.plane_bytes / 16;
+    for (int i = tid; i < p.RB * per; i += WS_THREADS) {
+      const int r = i / per, q = i - r * per;
+      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  WGInBound bound;
+  {
+    constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
+    for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += WS_THREADS) {
+      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
+      const float v = wg_opA<DT>(p, j, m, k, true);
+      bound.add(v);
+      const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
+      if (DT == FF_F32) {
+        const uint32_t b = f2tf32(v);
+        *reinterpret_cast<uint32_t*>(smem + off) = b;
+        if (SPLIT) {
+          __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
+          sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
+          sa[512] = __float2bfloat16_rn(v);
+        }
+      } else if (DT == FF_BF16) {
+        *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
+      } else {
+        *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
+      }
+    }
+  }
+  if (tid == 0) {
+    for (int s = 0; s < p.RB; ++s) {
+      mbar_init(full0 + 8u * s, 128);
+      mbar_init(empty0 + 8u * s, (unsigned)maxr);
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  const int wbad = __syncthreads_or(!bound.ok<DT>());
+  if (tid == 0) flag_s = wbad;
+  __syncthreads();
+
+  const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
+  const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
+
+  if (wg == 0) {
+    // ================= producer =================
+    const int LAG = (LM == WG_LM_REG) ? 0 : p.D;
+    const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
+    bool flagged = false;
+    int s_in = 0;                                 // ring sequence number of the piece's first input row
+    for (long long l = L0; l < L1;) {
+      const WSPiece pc(p, l, L1);
+      int slot = s_in - p.RB * fdiv(s_in, p.mRB, p.sRB);
+      int slot_done = slot;                       // slot of row jj = j - LAG
+      for (int j = 0; j < pc.nrows + LAG; ++j) {
+        if (j < pc.nrows) {
+          const int s = s_in + j;
+          if (s >= p.RB) mbar_wait(empty0 + 8u * slot, (unsigned)((fdiv(s, p.mRB, p.sRB) - 1) & 1));
+          if (tid == 0) {   // readers this row does not have: output rows t with t*sh <= j <= t*sh + span, x halves x 4
+            const int tlo = j > span ? (j - span + p.sh - 1) / p.sh : 0, thi = min(pc.np - 1, j / p.sh);
+            const int adj = maxr - (thi - tlo + 1) * pc.nhalf * 4;
+            if (adj > 0) mbar_arrive_n(empty0 + 8u * slot, (unsigned)adj);
+          }
+          wg_row<DT, SPLIT, LM, 0>(p, ring + (uint32_t)(slot * p.slot_bytes), pc.n, pc.hbase + j, pc.wbase, bound);
+          slot = (slot + 1 == p.RB) ? 0 : slot + 1;
+        }
+        if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
+        const int jj = j - LAG;
+        if (jj >= 0) {
+          if (LM != WG_LM_REG) {
+            cp_wait_n(LAG);
+            if (mode1) wg_row<DT, SPLIT, LM, 1>(p, ring + (uint32_t)(slot_done * p.slot_bytes), pc.n, pc.hbase + jj, pc.wbase, bound);
+          }
+          if (!flagged && !bound.ok<DT>()) { flagged = true; *reinterpret_cast<volatile int*>(&flag_s) = 1; }
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          mbar_arrive(full0 + 8u * slot_done);
+          slot_done = (slot_done + 1 == p.RB) ? 0 : slot_done + 1;
+        }
+      }
+      s_in += pc.nrows;
+      l += pc.np;
+    }
+  } else {
+    // ================= consumers =================
+    const int c = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+    const int m0 = 16 * warp + g;
+    const long long n_first = L0 / p.lines_img;
+    const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
+    float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
+    float acc[64];
+    long long cur_n = n_first;
+    int s_in = 0, item = 0;
+    if (c == 1) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
+    auto flush = [&](long long n) {
+      if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
+      else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
+    };
+    for (long long l = L0; l < L1;) {
+      const WSPiece pc(p, l, L1);
+      if (pc.n != cur_n) { flush(cur_n); cur_n = pc.n; }
+      for (int t = 0; t < pc.np; ++t) {
+        for (int half = 0; half < pc.nhalf; ++half, ++item) {
+          if ((item & 1) != c) continue;
+          const int in0 = s_in + t * p.sh, ph0 = fdiv(in0, p.mRB, p.sRB), rs = in0 - p.RB * ph0;
+          {
+            int sl = rs, ph = ph0;
+            for (int r = 0; r <= span; ++r) {
+              mbar_wait(full0 + 8u * sl, (unsigned)(ph & 1));
+              if (++sl == p.RB) { sl = 0; ++ph; }
+            }
+          }
+          const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
+          bar_sync(WS_BAR_TURN + c, 256);
+          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
+          bar_arrive(WS_BAR_TURN + (c ^ 1), 256);
+          wg_wait0();
+          if (lane == 0) {
+            int sl = rs;
+            for (int r = 0; r <= span; ++r) {
+              mbar_arrive(empty0 + 8u * sl);
+              sl = (sl + 1 == p.RB) ? 0 : sl + 1;
+            }
+          }
+          wg_epi_any<DT>(p, acc, red, pc.qv - half * (WG_NT / 2), tig, fast);
+        }
+      }
+      s_in += pc.nrows;
+      l += pc.np;
+    }
+    // balance the turn barriers: consumer 1 pre-arrived once on consumer 0's, each item arrives on the other's
+    if ((item & 1) == 0 && c == 0) bar_sync(WS_BAR_TURN + 0, 256);
+    if ((item & 1) == 1 && c == 1) bar_sync(WS_BAR_TURN + 1, 256);
+    flush(cur_n);
+  }
+#else
+  __trap();
+#endif
+}
+
 // --------------------------------------------------------------------------------------------------------------
 // Host side
 namespace {
@@ -1198,14 +1477,19 @@ struct Plan {
 // FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile; };
+// FF_FUSED_A_WS = 0 runs the 3-blocks-per-SM wgmma kernel instead of the warp-specialised one (fa_ws_kernel);
+// FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7, default 4).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
-            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1)};
+            get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
+            get("FF_FUSED_A_WS", 1), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
+    if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
+    if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
     return r;
   }();
   return k;
@@ -1323,7 +1607,7 @@ int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_
 
 // ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
 struct WGPlan {
-  bool ok;
+  bool ok, ws;   // ws: the warp-specialised kernel (fa_ws_kernel), one block per SM
   WGParams prm;
   size_t smem, ws_cnt_bytes, ws_bytes;
 };
@@ -1354,17 +1638,34 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
   const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
-  const int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
-  const long long budget = 232448LL / bps - 1024 - 64 - abytes;   // 227 KB per SM, 1 KB reserved per block
-  const long long need = (long long)sh + (long long)(R - 1) * dh + 1;
+  // 16-bit, one channel group: two taps per k16 op (see the ops below)
+  const int step_s = (dtype != FF_F32 && p.CG == 1 && knobs().pair16) ? 2 : 1;
+  const long long span = (long long)(R - 1) * dh;
+  // the warp-specialised kernel: straight-line ops only (10 fp32, 7 16-bit), every input row read by some output row,
+  // ring sequence numbers of a block's rows < 2^30
+  const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + 1;
+  const long long lines_per_block = (N * p.nseg * p.P + di.nsm - 1) / di.nsm;
+  const bool ws = knobs().ws && nops_pred == (dtype == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS) && sh <= span + 1 &&
+                  lines_per_block * (sh + span + 1) < (1LL << 30);
+  w.ws = ws;
+  const int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
+  // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
+  const long long budget = 232448LL / bps - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 128 * 4 + 16 : 0);
+  const long long need = (long long)sh + span + 1;
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
   auto dtab_bytes = [](long long slots) { return slots * 2 * WG_MAXOPS * 4; };   // B descriptor table (wg_dtab_fill)
   if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) return w;
-  while (rb + 1 <= knobs().rb && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) <= budget) ++rb;
+  const int rbmax = ws ? knobs().wsrb : knobs().rb;
+  while (rb + 1 <= rbmax && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) <= budget) ++rb;
+  if (ws && rb > WS_MAX_RB) return w;
   p.RB = (int)rb;
-  p.D = (int)((rb - 1 - (long long)(R - 1) * dh) / sh);
-  if (p.D > 8) p.D = 8;
+  if (ws) {   // rows of copies in flight: the producer may wait on the slot of row j + D while row j is not yet handed over
+    p.D = (int)std::min<long long>(knobs().wslag, rb - span - 1);
+  } else {
+    p.D = (int)((rb - 1 - span) / sh);
+    if (p.D > 8) p.D = 8;
+  }
   if (p.D < 1) return w;
   p.slot_bytes = (int)slot;
   p.a_small_off = WG_MAXOPS * 2048;
@@ -1378,10 +1679,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
     p.op_u0[j] = p.op_u1[j] = WG_UNIT_NONE;
     p.op_d[j] = p.op_mask[j] = p.op_hi[j] = 0u; p.op_rd[j] = 0;
   }
-  // 16-bit, one channel group: the two 8-column K chunks of a k16 op are taps (r, s) and (r, s + 1) — the second
-  // tap's pixels are the first's shifted by dw columns, i.e. LBO = dw positions — so a row of S taps takes ceil(S / 2)
-  // ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the zero plane)
-  const int step_s = (dtype != FF_F32 && p.CG == 1 && knobs().pair16) ? 2 : 1;
+  // 16-bit, one channel group (step_s 2): the two 8-column K chunks of a k16 op are taps (r, s) and (r, s + 1) — the
+  // second tap's pixels are the first's shifted by dw columns, i.e. LBO = dw positions — so a row of S taps takes
+  // ceil(S / 2) ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the zero plane)
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; s += step_s)
       for (int cg = 0; cg < p.CG; ++cg) {
@@ -1401,6 +1701,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   p.op_d[nops] = (unsigned)(p.ones_off >> 4); p.op_mask[nops] = 0u; p.op_hi[nops] = 0u; p.op_rd[nops] = 0;
   ++nops;
   p.nops = nops;
+  if (ws && nops != nops_pred) return w;
   p.slot16 = (int)(slot >> 4);
   auto magic = [](int d, unsigned long long& m, int& s) {
     int l = 0; while ((1LL << l) < d) ++l;
@@ -1413,7 +1714,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   magic(p.RB, p.mRB, p.sRB);
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
-  long long G = (long long)bps * di.nsm;
+  long long G = (long long)bps * di.nsm;   // ws: bps = 1, one persistent block per SM
   if (G > p.L) G = p.L;
   p.G = (int)G;
   const long long per = (p.L + G - 1) / G;
@@ -1429,7 +1730,14 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
 }
 
 template <int DT, bool SPLIT, int LM>
-int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
+int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
+  if (ws) {   // wg_plan picked it only for the straight-line op count
+    auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+    kern<<<(unsigned)prm.G, WS_THREADS, smem, stream>>>(prm);
+    return (int)cudaGetLastError();
+  }
   // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic
   // one.  Register budget: 3xTF32 2 blocks per SM; TF32 4 (128 registers) or, when the knob asks for fewer blocks
   // (default 3), the 168-register build of the 3x3 kernel; 16-bit only the 168-register build.
@@ -1449,18 +1757,18 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
 
 // One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).
 template <int DT, bool SPLIT>
-int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
+int wg_launch_dt(int lm, bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
-  if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(prm, smem, stream);
-  if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(prm, smem, stream);
-  return wg_launch_t<DT, SPLIT, LM_ANY>(prm, smem, stream);
+  if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(ws, prm, smem, stream);
+  if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(ws, prm, smem, stream);
+  return wg_launch_t<DT, SPLIT, LM_ANY>(ws, prm, smem, stream);
 }
 
-int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  if (dtype == FF_BF16) return wg_launch_dt<FF_BF16, false>(lm, prm, smem, stream);
-  if (dtype == FF_F16) return wg_launch_dt<FF_F16, false>(lm, prm, smem, stream);
-  return precision == FF_PREC_IEEE ? wg_launch_dt<FF_F32, true>(lm, prm, smem, stream)
-                                   : wg_launch_dt<FF_F32, false>(lm, prm, smem, stream);
+int wg_launch(int dtype, int precision, int lm, bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
+  if (dtype == FF_BF16) return wg_launch_dt<FF_BF16, false>(lm, ws, prm, smem, stream);
+  if (dtype == FF_F16) return wg_launch_dt<FF_F16, false>(lm, ws, prm, smem, stream);
+  return precision == FF_PREC_IEEE ? wg_launch_dt<FF_F32, true>(lm, ws, prm, smem, stream)
+                                   : wg_launch_dt<FF_F32, false>(lm, ws, prm, smem, stream);
 }
 
 // Input loader: channels_last with C % 8 == 0 -> VEC; NCHW with W % 4 (fp32) / 8 (16-bit) == 0 -> NCHW4 / NCHW8;
@@ -1512,7 +1820,7 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
-      return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), q, wp.smem, stream);
+      return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), wp.ws, q, wp.smem, stream);
     }
   }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
