@@ -27,11 +27,11 @@ for stage in "$@"; do
       python3 benchmarks/probe_fused_b.py 2>&1 | grep -v "^ptxas" | tee "$OUT/probe_fused_b.txt" ;;
     profile-a)   # product-path timing (eager vs CUDA graph) and Nsight Compute on the fused family-A kernel
       python3 benchmarks/profile_fused_a.py time 2>&1 | tee "$OUT/profile_a_time.txt"
-      ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 2 --import-source no \
+      ncu --clock-control none -k regex:"fa_(wgmma|ws)" --launch-skip 2 --launch-count 2 --import-source no \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
         --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats --section SourceCounters \
         python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a.txt" 2>&1; tail -5 "$OUT/ncu_a.txt"
-      ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
+      ncu --clock-control none -k regex:"fa_(wgmma|ws)" --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
         --page source --csv --print-source sass python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a_sass.csv" 2>&1
       gzip -f "$OUT/ncu_a_sass.csv"; ls -la "$OUT" ;;
     profile-b)   # Nsight Compute on the fused family-B kernel at the seed (probe, FF_PROBE_NCU=1: channels_last launch first)

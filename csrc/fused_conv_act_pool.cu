@@ -533,7 +533,7 @@ constexpr int WS_MAX_RB = 24;      // ring slots of the warp-specialised kernel 
 struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
-  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
+  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
@@ -1185,21 +1185,26 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 
 // ==============================================================================================================
 // sm_90a, warp-specialised (FF_FUSED_A_WS, default): the same ring, descriptors, ops and epilogue as fa_wgmma_kernel,
-// but one persistent block per SM of three warpgroups, so that loads, MMAs and epilogue of different items overlap
+// but one persistent block per SM of 1 + nc warpgroups, so that loads, MMAs and epilogues of different items overlap
 // inside the block instead of across three blocks that each run them in sequence:
 //   WG0 = producer: streams the input rows of the block's lines through the ring (cp.async LAG rows ahead, then the
 //     post-copy pass) and hands each slot over with a "full" mbarrier (128 arrivals); before refilling a slot it waits
 //     on the slot's "empty" mbarrier, which completes when every item that reads the row has finished its wgmmas.
-//   WG1 / WG2 = consumers: items (half-rows of 128 pixels, 64 x 128 accumulators) go to them alternately; a pair of
-//     named barriers orders their wgmma issue (WG1's item i, WG2's item i + 1, WG1's item i + 2, ...) so the tensor
-//     cores run one consumer's MMAs while the other runs its epilogue (the FA3 ping-pong).
+//   WG1 .. WGnc = consumers: items (half-rows of 128 pixels, 64 x 128 accumulators) go to them round-robin; named
+//     barriers order their wgmma issue (item i's consumer issues after item i - 1's did) so the tensor cores run one
+//     consumer's MMAs while the others run their epilogues (FA3's ping-pong; an epilogue of one warp per scheduler
+//     takes ~3x an item's MMAs, hence 3 consumers by default).
 // Reduces, like fa_wgmma_kernel, over the output pixels of each image per channel: each consumer thread keeps its
-// channels' running sums / maxima in registers; at an image boundary both consumers meet at a named barrier, their
+// channels' running sums / maxima in registers; at an image boundary the consumers meet at a named barrier, their
 // partials are combined in shared memory and leave the chip as one partial per block (fa_ws_flush).
 // Needs every input row to be read by at least one output row (stride <= (R - 1) * dilation + 1; else the v3 kernel):
 // the producer pre-arrives on a slot's empty barrier for the readers a row does not have, and a row with none would
 // complete that phase before all producer threads had waited on the previous one.
-constexpr int WS_THREADS = 384;
+// Registers: launched with 128 x (1 + nc) threads (nc = 2 or 3 consumers, knob FF_FUSED_A_WS_NC) under a 128-register
+// build; the producer gives registers back (setmaxnreg.dec to WS_REG_PRODUCER) and the consumers take them
+// (setmaxnreg.inc to WS_REG_CONSUMER): 128 x 56 + 3 x 128 x 152 = 65536 - 2048.
+constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
+constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
 enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
 
 __device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
@@ -1254,11 +1259,12 @@ __device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2
     if (tig == 0) part[c * 64 + m0 + 8 * h] = a;
     red[h][0] = red[h][1] = red_init;
   }
-  bar_sync(WS_BAR_CONS, 256);
+  bar_sync(WS_BAR_CONS, 128 * p.nc);
   if (c == 0) {
     if (ctid < 64 && ctid < p.K) {
       const int k = ctid;
-      const float v = (POOL == FF_POOL_MEAN) ? part[k] + part[64 + k] : ff_max_nan(part[k], part[64 + k]);
+      float v = part[k];
+      for (int i = 1; i < p.nc; ++i) v = (POOL == FF_POOL_MEAN) ? v + part[64 * i + k] : ff_max_nan(v, part[64 * i + k]);
       if (POOL == FF_POOL_MEAN) {
         if (!p.det) atomicAdd(p.out + n * p.K + k, v * p.inv_pq);
         else p.ws_part[((long long)blockIdx.x * p.J + (n - n_first)) * 64 + k] = v;
@@ -1293,15 +1299,15 @@ __device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2
       }
     }
   }
-  bar_sync(WS_BAR_CONS, 256);   // part[] free again
+  bar_sync(WS_BAR_CONS, 128 * p.nc);   // part[] free again
 }
 
 template <int DT, bool SPLIT, int LM, int NOPS>
-__global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_constant__ WGParams p) {
+__global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bars[2 * WS_MAX_RB];   // full[RB], empty[RB]
-  __shared__ float part[128];
+  __shared__ float part[64 * WS_MAX_NC];
   __shared__ int flag_s, last_s;
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
@@ -1323,7 +1329,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
   }
   if (DT != FF_F32) {
     const int per = p.plane_bytes / 16;
-    for (int i = tid; i < p.RB * per; i += WS_THREADS) {
+    for (int i = tid; i < p.RB * per; i += blockDim.x) {
       const int r = i / per, q = i - r * per;
       *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -1331,7 +1337,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
   WGInBound bound;
   {
     constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
-    for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += WS_THREADS) {
+    for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += blockDim.x) {
       const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
       const float v = wg_opA<DT>(p, j, m, k, true);
       bound.add(v);
@@ -1367,6 +1373,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
 
   if (wg == 0) {
     // ================= producer =================
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(WS_REG_PRODUCER));
     const int LAG = (LM == WG_LM_REG) ? 0 : p.D;
     const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
     bool flagged = false;
@@ -1405,6 +1412,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
     }
   } else {
     // ================= consumers =================
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(WS_REG_CONSUMER));
     const int c = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     const int m0 = 16 * warp + g;
     const long long n_first = L0 / p.lines_img;
@@ -1412,8 +1420,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
     float acc[64];
     long long cur_n = n_first;
-    int s_in = 0, item = 0;
-    if (c == 1) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
+    int s_in = 0, item = 0, owner = 0;            // owner = item % nc: items go round-robin to the consumers
+    if (c == p.nc - 1) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
     auto flush = [&](long long n) {
       if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
       else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
@@ -1422,8 +1430,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
       const WSPiece pc(p, l, L1);
       if (pc.n != cur_n) { flush(cur_n); cur_n = pc.n; }
       for (int t = 0; t < pc.np; ++t) {
-        for (int half = 0; half < pc.nhalf; ++half, ++item) {
-          if ((item & 1) != c) continue;
+        for (int half = 0; half < pc.nhalf; ++half) {
+          const bool mine = owner == c;
+          ++item;
+          owner = (owner + 1 == p.nc) ? 0 : owner + 1;
+          if (!mine) continue;
           const int in0 = s_in + t * p.sh, ph0 = fdiv(in0, p.mRB, p.sRB), rs = in0 - p.RB * ph0;
           {
             int sl = rs, ph = ph0;
@@ -1435,7 +1446,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
           const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
           bar_sync(WS_BAR_TURN + c, 256);
           wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-          bar_arrive(WS_BAR_TURN + (c ^ 1), 256);
+          bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
           wg_wait0();
           if (lane == 0) {
             int sl = rs;
@@ -1450,9 +1461,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fa_ws_kernel(const __grid_const
       s_in += pc.nrows;
       l += pc.np;
     }
-    // balance the turn barriers: consumer 1 pre-arrived once on consumer 0's, each item arrives on the other's
-    if ((item & 1) == 0 && c == 0) bar_sync(WS_BAR_TURN + 0, 256);
-    if ((item & 1) == 1 && c == 1) bar_sync(WS_BAR_TURN + 1, 256);
+    // balance the turn barriers: item 0's go was the pre-arrival, item i's came after item i - 1, so the go after the
+    // last item (to consumer item % nc, the owner of the item that does not exist) is still to be taken
+    if (owner == c) bar_sync(WS_BAR_TURN + c, 256);
     flush(cur_n);
   }
 #else
@@ -1478,18 +1489,20 @@ struct Plan {
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
 // FF_FUSED_A_WS = 0 runs the 3-blocks-per-SM wgmma kernel instead of the warp-specialised one (fa_ws_kernel);
-// FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7, default 4).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag; };
+// FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
+// default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
-            get("FF_FUSED_A_WS", 1), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4)};
+            get("FF_FUSED_A_WS", 1), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
     if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
+    if (r.wsnc < 2 || r.wsnc > WS_MAX_NC) r.wsnc = 3;
     return r;
   }();
   return k;
@@ -1648,9 +1661,10 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const bool ws = knobs().ws && nops_pred == (dtype == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS) && sh <= span + 1 &&
                   lines_per_block * (sh + span + 1) < (1LL << 30);
   w.ws = ws;
+  p.nc = knobs().wsnc;
   const int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
   // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
-  const long long budget = 232448LL / bps - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 128 * 4 + 16 : 0);
+  const long long budget = 232448LL / bps - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
   const long long need = (long long)sh + span + 1;
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
@@ -1735,7 +1749,7 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
     auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return (int)e;
-    kern<<<(unsigned)prm.G, WS_THREADS, smem, stream>>>(prm);
+    kern<<<(unsigned)prm.G, 128 * (1 + prm.nc), smem, stream>>>(prm);
     return (int)cudaGetLastError();
   }
   // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic

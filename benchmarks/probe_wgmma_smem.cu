@@ -1,0 +1,170 @@
+// Microbenchmark: the cost of one m64n128 wgmma of family A's fused kernel (10 ops of K = one tap x 8 channels per
+// output half-row) as a function of the shared-memory layout of its operands, and a correctness check of shifted
+// operand windows in the 32-byte-swizzled layout (a filter tap = the same input row read one pixel further on).
+// Question it answers: is the ~150 cycles per op measured in the kernels (TF32 k8 and bf16 k16 alike: not the tensor
+// rate) the shared-memory read of operands in the no-swizzle (interleaved core matrix) layout?
+//
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/pw benchmarks/probe_wgmma_smem.cu
+// Run:   /tmp/pw     (one H100/H200; prints cycles per wgmma per SM for each layout and warpgroup count)
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <vector>
+
+#define ACC_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define ACC_OPS(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), \
+  "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+  "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), \
+  "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
+  "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), \
+  "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+__device__ __forceinline__ void ss_tf32(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
+               ", %64, %65, p, 1, 1;\n}\n" : ACC_OPS(d) : "l"(a), "l"(b), "r"(acc));
+}
+__device__ __forceinline__ void ss_bf16(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC_REGS
+               ", %64, %65, p, 1, 1, 0, 0;\n}\n" : ACC_OPS(d) : "l"(a), "l"(b), "r"(acc));
+}
+__device__ __forceinline__ void rs_tf32(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
+               ", {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n" : ACC_OPS(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+// layouts: 0 = interleaved core matrices (8 rows x 16 B), second K chunk one plane further (LBO); 3 = 32-byte swizzle,
+// rows of 32 B (both K chunks), 16-byte chunk index XOR (row >> 2) & 1
+constexpr int PLANE = 4096;        // bytes per K-chunk plane (no-swizzle) — 256 rows x 16 B
+constexpr int B_OFF = 8192, A_OFF = 0;   // A: 64 rows; B: 256 rows (a 128-row window shifted by up to 7 rows)
+__host__ __device__ inline uint32_t off_of(int layout, int row, int chunk) {
+  return layout == 0 ? chunk * PLANE + row * 16 : row * 32 + ((chunk ^ ((row >> 2) & 1)) * 16);
+}
+__device__ inline uint64_t desc(uint32_t addr, int layout) {
+  uint64_t d = (uint64_t)((addr >> 4) & 0x3FFF);
+  if (layout == 0) d |= (uint64_t)(PLANE >> 4) << 16 | (uint64_t)(128 >> 4) << 32;
+  else d |= (uint64_t)1 << 16 | (uint64_t)(256 >> 4) << 32 | (uint64_t)3 << 62;
+  return d;
+}
+
+// MODE: 0 tf32 SS, 1 bf16 SS, 2 tf32 RS (A in registers). LA / LB: layouts of A / B.
+template <int MODE, int LA, int LB>
+__global__ void __launch_bounds__(384, 1) bench(float* out, int iters, int shift_check) {
+  __shared__ __align__(1024) unsigned char sm[8192 + 2 * PLANE + 1024];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
+  // A = [I_8 | 0] (64 x 8 (tf32) or 64 x 16 (bf16)): D[m][n] = B[n][k = m] for m < 8; B[n][k] = n * 8 + k + 1 (small ints)
+  for (int i = tid; i < (8192 + 2 * PLANE) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0;
+  __syncthreads();
+  const bool bf = MODE == 1;
+  for (int i = tid; i < 64 * (bf ? 16 : 8); i += blockDim.x) {
+    const int m = i / (bf ? 16 : 8), k = i % (bf ? 16 : 8);
+    const float v = (m == k) ? 1.0f : 0.0f;
+    const int chunk = bf ? k / 8 : k / 4, within = bf ? (k % 8) * 2 : (k % 4) * 4;
+    const uint32_t o = A_OFF + off_of(LA, m, chunk) + within;
+    if (bf) *reinterpret_cast<__nv_bfloat16*>(sm + o) = __float2bfloat16(v);
+    else *reinterpret_cast<float*>(sm + o) = v;
+  }
+  for (int i = tid; i < 256 * (bf ? 16 : 8); i += blockDim.x) {
+    const int n = i / (bf ? 16 : 8), k = i % (bf ? 16 : 8);
+    const float v = (float)((n * 8 + k + 1) % 251);
+    const int chunk = bf ? k / 8 : k / 4, within = bf ? (k % 8) * 2 : (k % 4) * 4;
+    const uint32_t o = B_OFF + off_of(LB, n, chunk) + within;
+    if (bf) *reinterpret_cast<__nv_bfloat16*>(sm + o) = __float2bfloat16(v);
+    else *reinterpret_cast<float*>(sm + o) = v;
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  uint32_t areg[4];
+  {   // RS A fragment (tf32 m64k8): rows 16 warp + g (+8), k = tig, tig + 4
+    const int g = lane >> 2, t = lane & 3, m = 16 * warp + g;
+    areg[0] = (m == t) ? 0x3f800000u : 0u;
+    areg[1] = (m + 8 == t) ? 0x3f800000u : 0u;
+    areg[2] = (m == t + 4) ? 0x3f800000u : 0u;
+    areg[3] = (m + 8 == t + 4) ? 0x3f800000u : 0u;
+  }
+  float d[64];
+  for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+  const uint64_t da = desc(base + A_OFF, LA);
+  uint64_t db[10];
+  // a window shifted by s rows starts at the row's logical (unswizzled) address: the swizzle is applied by the hardware
+  const int row_bytes = LB == 0 ? 16 : 32;
+  for (int j = 0; j < 10; ++j) db[j] = desc(base + B_OFF + (shift_check >= 0 ? shift_check : j % 3) * row_bytes, LB);
+  for (int it = 0; it < iters; ++it) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < 10; ++j) {
+      if (MODE == 0) ss_tf32(d, da, db[j], j > 0 || shift_check < 0 ? 1 : 0);
+      else if (MODE == 1) ss_bf16(d, da, db[j], j > 0 || shift_check < 0 ? 1 : 0);
+      else rs_tf32(d, areg, db[j], j > 0 || shift_check < 0 ? 1 : 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  }
+  if (shift_check >= 0 && blockIdx.x == 0 && wg == 0) {   // 10 ops accumulated: D = 10 * B[n + shift][m] for m < 8
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 16; ++i)
+      for (int e = 0; e < 4; ++e) {
+        const int m = 16 * warp + g + 8 * (e >> 1), n = 8 * i + 2 * t + (e & 1);
+        out[m * 128 + n] = d[4 * i + e];
+      }
+  } else if (d[0] == 12345.0f) {
+    out[0] = d[1];
+  }
+}
+
+template <int MODE, int LA, int LB>
+void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, double clk_ghz) {
+  const int iters = 2000;
+  auto k = bench<MODE, LA, LB>;
+  k<<<nsm * blocks_per_sm, 128 * nwg>>>(dout, 10, -1);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0); cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  k<<<nsm * blocks_per_sm, 128 * nwg>>>(dout, iters, -1);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0; cudaEventElapsedTime(&ms, e0, e1);
+  const double ops = (double)iters * 10 * nwg * blocks_per_sm;   // per SM
+  printf("%-34s wg/block %d blocks/SM %d: %7.1f cycles per wgmma per SM (%.3f ms)  err=%s\n", name, nwg, blocks_per_sm,
+         ms * 1e-3 * clk_ghz * 1e9 / ops, ms, cudaGetErrorString(cudaGetLastError()));
+  // shifted-window correctness: D[m][n] = 10 * B[n + s][m]
+  const int mmax = 8;
+  for (int s : {0, 1, 2, 5}) {
+    k<<<1, 128>>>(dout, 1, s);
+    std::vector<float> h(64 * 128);
+    cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int m = 0; m < mmax; ++m)
+      for (int n = 0; n < 128; ++n) {
+        const float want = 10.0f * (float)(((n + s) * 8 + m + 1) % 251);
+        if (h[m * 128 + n] != want) ++bad;
+      }
+    if (bad) printf("    shift %d: %d of %d wrong (e.g. D[0][0] = %g, want %g)\n", s, bad, mmax * 128, h[0], 10.0f * (float)((s * 8 + 1) % 251));
+  }
+}
+
+int main() {
+  int nsm = 0, clk_khz = 0;
+  cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
+  cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0);
+  const double ghz = 1.98;   // H200 sustained SM clock under load (see NOTES); the attribute says:
+  printf("SMs %d, clock attribute %.2f GHz, cycles computed at %.2f GHz\n", nsm, clk_khz * 1e-6, ghz);
+  float* dout = nullptr;
+  cudaMalloc(&dout, 64 * 128 * 4);
+  for (int nwg : {1, 2, 3}) {
+    run<0, 0, 0>("tf32 SS  A none  B none", nwg, 1, nsm, dout, ghz);
+    run<0, 0, 3>("tf32 SS  A none  B sw32", nwg, 1, nsm, dout, ghz);
+    run<0, 3, 3>("tf32 SS  A sw32  B sw32", nwg, 1, nsm, dout, ghz);
+    run<2, 0, 0>("tf32 RS          B none", nwg, 1, nsm, dout, ghz);
+    run<2, 0, 3>("tf32 RS          B sw32", nwg, 1, nsm, dout, ghz);
+    run<1, 0, 0>("bf16 SS  A none  B none", nwg, 1, nsm, dout, ghz);
+    run<1, 3, 3>("bf16 SS  A sw32  B sw32", nwg, 1, nsm, dout, ghz);
+  }
+  run<0, 0, 0>("tf32 SS  A none  B none", 1, 3, nsm, dout, ghz);
+  run<0, 3, 3>("tf32 SS  A sw32  B sw32", 1, 3, nsm, dout, ghz);
+  return 0;
+}
