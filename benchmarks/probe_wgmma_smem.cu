@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <vector>
+#include <algorithm>
+#include <stdlib.h>
 
 #define ACC_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
                  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
@@ -40,6 +42,9 @@ __device__ __forceinline__ void rs_tf32(float (&d)[64], const uint32_t (&a)[4], 
 // rows of 32 B (both K chunks), 16-byte chunk index XOR (row >> 2) & 1
 constexpr int PLANE = 4096;        // bytes per K-chunk plane (no-swizzle) — 256 rows x 16 B
 constexpr int B_OFF = 8192, A_OFF = 0;   // A: 64 rows; B: 256 rows (a 128-row window shifted by up to 7 rows)
+// DISTINCT: like family A's kernel, op j reads its own A block (A_OFF2 + j * 2 KB) and the B window of tap (j / 3,
+// j % 3): slot j / 3 (SLOT bytes apart) shifted by j % 3 rows (values not checked: timing only)
+constexpr int A_OFF2 = 8192 + 2 * PLANE, SLOT = 2 * PLANE, B_OFF2 = A_OFF2 + 10 * 2048;
 __host__ __device__ inline uint32_t off_of(int layout, int row, int chunk) {
   return layout == 0 ? chunk * PLANE + row * 16 : row * 32 + ((chunk ^ ((row >> 2) & 1)) * 16);
 }
@@ -51,13 +56,14 @@ __device__ inline uint64_t desc(uint32_t addr, int layout) {
 }
 
 // MODE: 0 tf32 SS, 1 bf16 SS, 2 tf32 RS (A in registers). LA / LB: layouts of A / B.
-template <int MODE, int LA, int LB>
+// BIAS0: op 9 reads B from one 16-byte block with LBO = SBO = 0 (family A's bias op: every row the same ones)
+template <int MODE, int LA, int LB, bool DISTINCT = false, bool BIAS0 = false>
 __global__ void __launch_bounds__(384, 1) bench(float* out, int iters, int shift_check) {
-  __shared__ __align__(1024) unsigned char sm[8192 + 2 * PLANE + 1024];
+  extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
   // A = [I_8 | 0] (64 x 8 (tf32) or 64 x 16 (bf16)): D[m][n] = B[n][k = m] for m < 8; B[n][k] = n * 8 + k + 1 (small ints)
-  for (int i = tid; i < (8192 + 2 * PLANE) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0;
+  for (int i = tid; i < (B_OFF2 + 4 * SLOT) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0;
   __syncthreads();
   const bool bf = MODE == 1;
   for (int i = tid; i < 64 * (bf ? 16 : 8); i += blockDim.x) {
@@ -93,12 +99,20 @@ __global__ void __launch_bounds__(384, 1) bench(float* out, int iters, int shift
   // a window shifted by s rows starts at the row's logical (unswizzled) address: the swizzle is applied by the hardware
   const int row_bytes = LB == 0 ? 16 : 32;
   for (int j = 0; j < 10; ++j) db[j] = desc(base + B_OFF + (shift_check >= 0 ? shift_check : j % 3) * row_bytes, LB);
+  uint64_t daj[10];
+  for (int j = 0; j < 10; ++j) daj[j] = da;
+  if (DISTINCT && shift_check < 0)
+    for (int j = 0; j < 10; ++j) {
+      daj[j] = desc(base + A_OFF2 + j * 2048, LA);
+      db[j] = desc(base + B_OFF2 + (j / 3) * SLOT + (j % 3) * row_bytes, LB);
+    }
+  if (BIAS0 && shift_check < 0) db[9] = (uint64_t)(((base + B_OFF2 + 3 * SLOT) >> 4) & 0x3FFF);
   for (int it = 0; it < iters; ++it) {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 10; ++j) {
-      if (MODE == 0) ss_tf32(d, da, db[j], j > 0 || shift_check < 0 ? 1 : 0);
-      else if (MODE == 1) ss_bf16(d, da, db[j], j > 0 || shift_check < 0 ? 1 : 0);
+      if (MODE == 0) ss_tf32(d, daj[j], db[j], j > 0 || shift_check < 0 ? 1 : 0);
+      else if (MODE == 1) ss_bf16(d, daj[j], db[j], j > 0 || shift_check < 0 ? 1 : 0);
       else rs_tf32(d, areg, db[j], j > 0 || shift_check < 0 ? 1 : 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -116,15 +130,17 @@ __global__ void __launch_bounds__(384, 1) bench(float* out, int iters, int shift
   }
 }
 
-template <int MODE, int LA, int LB>
+constexpr int SMEM = B_OFF2 + 4 * SLOT;
+template <int MODE, int LA, int LB, bool DISTINCT = false, bool BIAS0 = false>
 void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, double clk_ghz) {
   const int iters = 2000;
-  auto k = bench<MODE, LA, LB>;
-  k<<<nsm * blocks_per_sm, 128 * nwg>>>(dout, 10, -1);
+  auto k = bench<MODE, LA, LB, DISTINCT, BIAS0>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  k<<<nsm * blocks_per_sm, 128 * nwg, SMEM>>>(dout, 10, -1);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0); cudaEventCreate(&e1);
   cudaEventRecord(e0);
-  k<<<nsm * blocks_per_sm, 128 * nwg>>>(dout, iters, -1);
+  k<<<nsm * blocks_per_sm, 128 * nwg, SMEM>>>(dout, iters, -1);
   cudaEventRecord(e1);
   cudaEventSynchronize(e1);
   float ms = 0; cudaEventElapsedTime(&ms, e0, e1);
@@ -134,7 +150,7 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
   // shifted-window correctness: D[m][n] = 10 * B[n + s][m]
   const int mmax = 8;
   for (int s : {0, 1, 2, 5}) {
-    k<<<1, 128>>>(dout, 1, s);
+    k<<<1, 128, SMEM>>>(dout, 1, s);
     std::vector<float> h(64 * 128);
     cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
     int bad = 0;
@@ -147,6 +163,75 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
   }
 }
 
+// Overlap test: warpgroup 0 runs chains of 10 TF32 m64n128k8 wgmmas (as one consumer's items), warpgroups 1..A run a
+// GELU-like ALU loop on 64 registers per thread (5 FFMA + EX2 + FFMA + FMNMX + FADD per value, as the fused A
+// epilogue); flags bit 0 = MMA warpgroup active, bit 1 = ALU warpgroups active. If the two overlapped perfectly, the
+// time with both would be the larger of the two alone.
+__global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int alu_iters, int flags) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  for (int i = tid; i < (B_OFF2 + 4 * SLOT) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0;
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (wg == 0) {
+    if (!(flags & 1)) return;
+    float d[64];
+    for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+    uint64_t da[10], db[10];
+    for (int j = 0; j < 10; ++j) {
+      da[j] = desc(base + A_OFF2 + j * 2048, 0);
+      db[j] = desc(base + B_OFF2 + (j / 3) * SLOT + (j % 3) * 16, 0);
+    }
+    for (int it = 0; it < mma_iters; ++it) {
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < 10; ++j) ss_tf32(d, da[j], db[j], 1);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+    if (d[0] == 12345.0f) out[0] = d[1];
+  } else {
+    if (!(flags & 2)) return;
+    float v[64], acc = 0.0f;
+    for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const float a = fabsf(v[i]);
+        float q = fmaf(a, -0.0072f, 0.0522f);
+        q = fmaf(a, q, -0.4596f); q = fmaf(a, q, -1.1509f); q = fmaf(a, q, -1.0000f);
+        float e;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(q));
+        const float y = fmaf(-a, e, fmaxf(v[i], 0.0f));
+        acc += y;
+        v[i] = y - 0.3f;
+      }
+    }
+    if (acc == 12345.0f) out[1] = acc;
+  }
+}
+
+void run_overlap(int nsm, float* dout, double ghz) {
+  auto t = [&](int flags, int nthreads) {
+    cudaFuncSetAttribute(overlap, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    overlap<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    cudaEventRecord(e0);
+    overlap<<<nsm, nthreads, SMEM>>>(dout, 2000, 700, flags);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0; cudaEventElapsedTime(&ms, e0, e1);
+    return ms;
+  };
+  for (int nthreads : {256, 384}) {
+    const float m = t(1, nthreads), a = t(2, nthreads), b = t(3, nthreads);
+    printf("overlap, %d ALU warpgroups: MMA alone %.3f ms (%.1f cycles / wgmma), ALU alone %.3f ms, both %.3f ms "
+           "(max %.3f, sum %.3f)\n", nthreads / 128 - 1, m, m * 1e-3 * ghz * 1e9 / (2000.0 * 10), a, b, std::max(m, a), m + a);
+  }
+}
+
 int main() {
   int nsm = 0, clk_khz = 0;
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
@@ -155,7 +240,18 @@ int main() {
   printf("SMs %d, clock attribute %.2f GHz, cycles computed at %.2f GHz\n", nsm, clk_khz * 1e-6, ghz);
   float* dout = nullptr;
   cudaMalloc(&dout, 64 * 128 * 4);
+  run_overlap(nsm, dout, ghz);
+  if (getenv("PW_OVERLAP_ONLY")) return 0;
+  for (int nwg : {1, 3}) {
+    run<0, 0, 0, true, true>("tf32 SS distinct + bias op (SBO 0)", nwg, 1, nsm, dout, ghz);
+    run<1, 0, 0, true, true>("bf16 SS distinct + bias op (SBO 0)", nwg, 1, nsm, dout, ghz);
+  }
   for (int nwg : {1, 2, 3}) {
+    run<0, 0, 0, true>("tf32 SS distinct A none  B none", nwg, 1, nsm, dout, ghz);
+    run<0, 3, 3, true>("tf32 SS distinct A sw32  B sw32", nwg, 1, nsm, dout, ghz);
+    run<1, 0, 0, true>("bf16 SS distinct A none  B none", nwg, 1, nsm, dout, ghz);
+    run<1, 3, 3, true>("bf16 SS distinct A sw32  B sw32", nwg, 1, nsm, dout, ghz);
+    run<2, 0, 0, true>("tf32 RS distinct B none", nwg, 1, nsm, dout, ghz);
     run<0, 0, 0>("tf32 SS  A none  B none", nwg, 1, nsm, dout, ghz);
     run<0, 0, 3>("tf32 SS  A none  B sw32", nwg, 1, nsm, dout, ghz);
     run<0, 3, 3>("tf32 SS  A sw32  B sw32", nwg, 1, nsm, dout, ghz);

@@ -534,6 +534,7 @@ struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
+  int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
@@ -1184,7 +1185,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 }
 
 // ==============================================================================================================
-// sm_90a, warp-specialised (FF_FUSED_A_WS, default): the same ring, descriptors, ops and epilogue as fa_wgmma_kernel,
+// sm_90a, warp-specialised (FF_FUSED_A_WS = 1; off by default: measured slower than fa_wgmma_kernel in every mode,
+// benchmarks/NOTES.md run 16): the same ring, descriptors, ops and epilogue as fa_wgmma_kernel,
 // but one persistent block per SM of 1 + nc warpgroups, so that loads, MMAs and epilogues of different items overlap
 // inside the block instead of across three blocks that each run them in sequence:
 //   WG0 = producer: streams the input rows of the block's lines through the ring (cp.async LAG rows ahead, then the
@@ -1204,7 +1206,15 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 // build; the producer gives registers back (setmaxnreg.dec to WS_REG_PRODUCER) and the consumers take them
 // (setmaxnreg.inc to WS_REG_CONSUMER): 128 x 56 + 3 x 128 x 152 = 65536 - 2048.
 constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
-constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
+[[maybe_unused]] constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
+// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library): FF_FUSED_A_WS_DIAG bit 0
+// = the producer copies nothing, 1 = no epilogue, 2 = no turn barriers, 3 = no proxy fence before a slot's hand-over,
+// 4 = no post-copy pass.
+#ifdef FF_FUSED_A_DIAG
+#define WS_DIAG(bit) ((p.diag >> (bit)) & 1)
+#else
+#define WS_DIAG(bit) false
+#endif
 enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
 
 __device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
@@ -1391,7 +1401,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             const int adj = maxr - (thi - tlo + 1) * pc.nhalf * 4;
             if (adj > 0) mbar_arrive_n(empty0 + 8u * slot, (unsigned)adj);
           }
-          wg_row<DT, SPLIT, LM, 0>(p, ring + (uint32_t)(slot * p.slot_bytes), pc.n, pc.hbase + j, pc.wbase, bound);
+          if (!WS_DIAG(0)) wg_row<DT, SPLIT, LM, 0>(p, ring + (uint32_t)(slot * p.slot_bytes), pc.n, pc.hbase + j, pc.wbase, bound);
           slot = (slot + 1 == p.RB) ? 0 : slot + 1;
         }
         if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
@@ -1399,10 +1409,10 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
         if (jj >= 0) {
           if (LM != WG_LM_REG) {
             cp_wait_n(LAG);
-            if (mode1) wg_row<DT, SPLIT, LM, 1>(p, ring + (uint32_t)(slot_done * p.slot_bytes), pc.n, pc.hbase + jj, pc.wbase, bound);
+            if (mode1 && !WS_DIAG(0) && !WS_DIAG(4)) wg_row<DT, SPLIT, LM, 1>(p, ring + (uint32_t)(slot_done * p.slot_bytes), pc.n, pc.hbase + jj, pc.wbase, bound);
           }
           if (!flagged && !bound.ok<DT>()) { flagged = true; *reinterpret_cast<volatile int*>(&flag_s) = 1; }
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          if (!WS_DIAG(3)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           mbar_arrive(full0 + 8u * slot_done);
           slot_done = (slot_done + 1 == p.RB) ? 0 : slot_done + 1;
         }
@@ -1421,7 +1431,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     float acc[64];
     long long cur_n = n_first;
     int s_in = 0, item = 0, owner = 0;            // owner = item % nc: items go round-robin to the consumers
-    if (c == p.nc - 1) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
+    if (c == p.nc - 1 && !WS_DIAG(2)) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
     auto flush = [&](long long n) {
       if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
       else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
@@ -1444,9 +1454,9 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             }
           }
           const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
-          bar_sync(WS_BAR_TURN + c, 256);
+          if (!WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
           wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-          bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
+          if (!WS_DIAG(2)) bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
           wg_wait0();
           if (lane == 0) {
             int sl = rs;
@@ -1455,7 +1465,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
               sl = (sl + 1 == p.RB) ? 0 : sl + 1;
             }
           }
-          wg_epi_any<DT>(p, acc, red, pc.qv - half * (WG_NT / 2), tig, fast);
+          if (!WS_DIAG(1)) wg_epi_any<DT>(p, acc, red, pc.qv - half * (WG_NT / 2), tig, fast);
         }
       }
       s_in += pc.nrows;
@@ -1463,7 +1473,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     }
     // balance the turn barriers: item 0's go was the pre-arrival, item i's came after item i - 1, so the go after the
     // last item (to consumer item % nc, the owner of the item that does not exist) is still to be taken
-    if (owner == c) bar_sync(WS_BAR_TURN + c, 256);
+    if (owner == c && !WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
     flush(cur_n);
   }
 #else
@@ -1488,7 +1498,7 @@ struct Plan {
 // FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
-// FF_FUSED_A_WS = 0 runs the 3-blocks-per-SM wgmma kernel instead of the warp-specialised one (fa_ws_kernel);
+// FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
 // FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
 struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc; };
@@ -1497,7 +1507,7 @@ const Knobs& knobs() {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
-            get("FF_FUSED_A_WS", 1), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3)};
+            get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
@@ -1662,6 +1672,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
                   lines_per_block * (sh + span + 1) < (1LL << 30);
   w.ws = ws;
   p.nc = knobs().wsnc;
+#ifdef FF_FUSED_A_DIAG
+  p.diag = getenv("FF_FUSED_A_WS_DIAG") ? atoi(getenv("FF_FUSED_A_WS_DIAG")) : 0;
+#endif
   const int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
   // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
   const long long budget = 232448LL / bps - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
