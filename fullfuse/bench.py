@@ -89,7 +89,7 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
         rows.append(row)
         clock = f"  SM {state['sm_clock_mhz']:.0f} MHz {state.get('power_w', 0):.0f} W" if "sm_clock_mhz" in state else ""
         print(f"  {name:22} {timing['median_ms']:8.3f} ms (min {timing['min_ms']:.3f})  relerr {err['relerr']:.2e}  "
-              f"extra mem {extra / 2**20:8.1f} MB{clock}", flush=True)
+              f"extra mem {extra / 2**20:8.1f} MB  host {timing['host_us_median']:.0f} us{clock}", flush=True)
     return {"family": family, "shape": list(shape), "dtype": dtype, "precision": precision, "mode": mode,
             "layout": "channels_last" if channels_last else "contiguous", "rows": rows}
 
