@@ -1005,6 +1005,35 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
 
+// Blocks that hold lines of image n (block of line l: ceil((l + 1) G / L) - 1), and the work of the last of them to
+// flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
+// (mean) or from the ordered-uint maxima, which it re-zeroes with the image's arrival counter (threads t of nthr).
+// POOL: the pool code when the caller has it at compile time, -1 to read p.pool.
+__device__ __forceinline__ void wg_image_blocks(const WGParams& p, long long n, long long& blo, long long& bhi) {
+  const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
+  blo = ((la + 1) * p.G + p.L - 1) / p.L - 1;
+  bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
+}
+template <int POOL = -1>
+__device__ __forceinline__ void wg_finish_image(const WGParams& p, long long n, long long blo, long long bhi, int t, int nthr) {
+  __threadfence();
+  for (int k = t; k < p.K; k += nthr) {
+    if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
+      float s = 0.0f;
+      for (long long b = blo; b <= bhi; ++b) {
+        const long long nf = (b * p.L / p.G) / p.lines_img;
+        s += __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k);
+      }
+      p.out[n * p.K + k] = s * p.inv_pq;
+    } else {
+      unsigned* a = p.ws_max + n * p.K + k;
+      p.out[n * p.K + k] = dec_max(__ldcg(a));
+      *a = 0u;
+    }
+  }
+  if (t == 0) p.ws_cnt[n] = 0;
+}
+
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
@@ -1096,32 +1125,14 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     if (p.pool == FF_POOL_MEAN && !p.det) return;
     __threadfence();
     __syncthreads();
-    // blocks holding lines of image n: blk(l) = ceil((l+1) G / L) - 1
-    const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
-    const long long blo = ((la + 1) * p.G + p.L - 1) / p.L - 1, bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
+    long long blo, bhi;
+    wg_image_blocks(p, n, blo, bhi);
     if (tid == 0) {
       const int old = atomicAdd(p.ws_cnt + n, 1);
       last_s = (old == (int)(bhi - blo));
     }
     __syncthreads();
-    if (last_s) {
-      __threadfence();
-      for (int k = tid; k < p.K; k += 128) {
-        if (p.pool == FF_POOL_MEAN) {
-          float s = 0.0f;
-          for (long long b = blo; b <= bhi; ++b) {
-            const long long nf = (b * p.L / p.G) / p.lines_img;
-            s += __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k);
-          }
-          p.out[n * p.K + k] = s * p.inv_pq;
-        } else {
-          unsigned* a = p.ws_max + n * p.K + k;
-          p.out[n * p.K + k] = dec_max(__ldcg(a));
-          *a = 0u;
-        }
-      }
-      if (tid == 0) p.ws_cnt[n] = 0;
-    }
+    if (last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
     __syncthreads();
   };
 
@@ -1285,28 +1296,11 @@ __device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2
     if (POOL != FF_POOL_MEAN || p.det) {
       __threadfence();
       bar_sync(WS_BAR_C0, 128);
-      const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
-      const long long blo = ((la + 1) * p.G + p.L - 1) / p.L - 1, bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
+      long long blo, bhi;
+      wg_image_blocks(p, n, blo, bhi);
       if (ctid == 0) *last_s = (atomicAdd(p.ws_cnt + n, 1) == (int)(bhi - blo));
       bar_sync(WS_BAR_C0, 128);
-      if (*last_s) {
-        __threadfence();
-        for (int k = ctid; k < p.K; k += 128) {
-          if (POOL == FF_POOL_MEAN) {
-            float s = 0.0f;
-            for (long long b = blo; b <= bhi; ++b) {
-              const long long nf = (b * p.L / p.G) / p.lines_img;
-              s += __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k);
-            }
-            p.out[n * p.K + k] = s * p.inv_pq;
-          } else {
-            unsigned* a = p.ws_max + n * p.K + k;
-            p.out[n * p.K + k] = dec_max(__ldcg(a));
-            *a = 0u;
-          }
-        }
-        if (ctid == 0) p.ws_cnt[n] = 0;
-      }
+      if (*last_s) wg_finish_image<POOL>(p, n, blo, bhi, ctid, 128);
     }
   }
   bar_sync(WS_BAR_CONS, 128 * p.nc);   // part[] free again
