@@ -1005,6 +1005,48 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
 
+// Block setup of both wgmma kernels, threads tid of nthr: the bias op's ones block (8 rows x 16 B, SBO = LBO = 0;
+// A = (b_hi, b_lo, 0...)), the 16-bit zero plane after each ring slot's channel planes (the zero-weight second K chunk),
+// and the weights (+ bias op) as K-major core matrices, op j at j * 2 KB, [k chunk][64 ch][16 B]; every weight and
+// bias value goes through bound.
+template <int DT, bool SPLIT>
+__device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned char* smem, int tid, int nthr, WGInBound& bound) {
+  if (tid < 8) {
+    uint4 o;
+    if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
+    else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
+    else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
+  }
+  if (DT != FF_F32) {
+    const int per = p.plane_bytes / 16;
+    for (int i = tid; i < p.RB * per; i += nthr) {
+      const int r = i / per, q = i - r * per;
+      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
+  for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += nthr) {
+    const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
+    const float v = wg_opA<DT>(p, j, m, k, true);
+    bound.add(v);
+    const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
+    if (DT == FF_F32) {
+      const uint32_t b = f2tf32(v);
+      *reinterpret_cast<uint32_t*>(smem + off) = b;
+      if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
+        __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
+        sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
+        sa[512] = __float2bfloat16_rn(v);
+      }
+    } else if (DT == FF_BF16) {
+      *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
+    } else {
+      *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
+    }
+  }
+}
+
 // Blocks that hold lines of image n (block of line l: ceil((l + 1) G / L) - 1), and the work of the last of them to
 // flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
 // (mean) or from the ordered-uint maxima, which it re-zeroes with the image's arrival counter (threads t of nthr).
@@ -1045,47 +1087,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
   wg_dtab_fill(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
-  if (tid < 8) {   // ones block: 8 rows x 16 B (SBO = LBO = 0), A = (b_hi, b_lo, 0...)
-    uint4 o;
-    if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
-    else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
-    else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
-  }
-  if (DT != FF_F32) {   // 16-bit: the zero plane after each slot's channel planes = the zero-weight second K chunk
-    const int per = p.plane_bytes / 16;
-    for (int i = tid; i < p.RB * per; i += 128) {
-      const int r = i / per, q = i - r * per;
-      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   WGInBound bound;
-  // ---- weights (+ bias op) -> shared memory, K-major core matrices: op j at j*2 KB, [k chunk][64 ch][16 B] ----
-  {
-    constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
-    for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += 128) {
-      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
-      const float v = wg_opA<DT>(p, j, m, k, true);
-      bound.add(v);
-      const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
-      if (DT == FF_F32) {
-        const uint32_t b = f2tf32(v);
-        *reinterpret_cast<uint32_t*>(smem + off) = b;
-        if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
-          __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
-          sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
-          sa[512] = __float2bfloat16_rn(v);
-        }
-      } else if (DT == FF_BF16) {
-        *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
-      } else {
-        *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
-      }
-    }
-  }
+  wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
   const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
@@ -1322,45 +1327,10 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   // readers of an input row, counted in item-warps (items x 4 warps): at most (span / sh + 1) rows x 2 halves
   const int maxr = (span / p.sh + 1) * 2 * 4;
 
-  // ---- setup, all 384 threads: B descriptor table, ones block, zero planes, weights (+ bias op), barriers ----
+  // ---- setup, all threads: B descriptor table, ones block, zero planes, weights (+ bias op), barriers ----
   wg_dtab_fill(p, dtab, sbase16);
-  if (tid < 8) {
-    uint4 o;
-    if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
-    else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
-    else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
-  }
-  if (DT != FF_F32) {
-    const int per = p.plane_bytes / 16;
-    for (int i = tid; i < p.RB * per; i += blockDim.x) {
-      const int r = i / per, q = i - r * per;
-      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
   WGInBound bound;
-  {
-    constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
-    for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += blockDim.x) {
-      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
-      const float v = wg_opA<DT>(p, j, m, k, true);
-      bound.add(v);
-      const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
-      if (DT == FF_F32) {
-        const uint32_t b = f2tf32(v);
-        *reinterpret_cast<uint32_t*>(smem + off) = b;
-        if (SPLIT) {
-          __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
-          sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
-          sa[512] = __float2bfloat16_rn(v);
-        }
-      } else if (DT == FF_BF16) {
-        *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
-      } else {
-        *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
-      }
-    }
-  }
+  wg_setup_operands<DT, SPLIT>(p, smem, tid, blockDim.x, bound);
   if (tid == 0) {
     for (int s = 0; s < p.RB; ++s) {
       mbar_init(full0 + 8u * s, 128);
