@@ -1047,6 +1047,26 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   }
 }
 
+// The lines [L0, L1) of a block, walked piece by piece (a piece = consecutive output rows of one image and segment,
+// whose input rows, nrows of them, stream through the ring once); fa_ws_kernel's producer and consumers walk the same
+// ones.  fa_wgmma_kernel computes the same piece inline: taking this struct there changes its SASS, which has not been
+// re-run on the GPU, so it stays as it is until a device session can verify the change.
+struct WSPiece {
+  long long n; int np, qv, hbase, wbase, nrows, nhalf;
+  __device__ __forceinline__ WSPiece(const WGParams& p, long long l, long long L1) {
+    n = l / p.lines_img;
+    const int rem = (int)(l - n * p.lines_img);
+    const int seg = rem / p.P, pa = rem - seg * p.P;
+    np = (int)min((long long)(p.P - pa), L1 - l);
+    const int q0 = seg * WG_NT;
+    qv = min(WG_NT, p.Q - q0);
+    hbase = pa * p.sh - p.ph;
+    wbase = q0 - p.pw;
+    nrows = (np - 1) * p.sh + (p.R - 1) * p.dh + 1;
+    nhalf = qv > WG_NT / 2 ? 2 : 1;
+  }
+};
+
 // Blocks that hold lines of image n (block of line l: ceil((l + 1) G / L) - 1), and the work of the last of them to
 // flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
 // (mean) or from the ordered-uint maxima, which it re-zeroes with the image's arrival counter (threads t of nthr).
@@ -1220,7 +1240,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 // complete that phase before all producer threads had waited on the previous one.
 // Registers: launched with 128 x (1 + nc) threads (nc = 2 or 3 consumers, knob FF_FUSED_A_WS_NC) under a 128-register
 // build; the producer gives registers back (setmaxnreg.dec to WS_REG_PRODUCER) and the consumers take them
-// (setmaxnreg.inc to WS_REG_CONSUMER): 128 x 56 + 3 x 128 x 152 = 65536 - 2048.
+// (setmaxnreg.inc to WS_REG_CONSUMER): 128 x 56 + 3 x 128 x 152 = 65536, the whole register file.
 constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
 [[maybe_unused]] constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
 // Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library): FF_FUSED_A_WS_DIAG bit 0
@@ -1250,26 +1270,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t a, unsigned parity) {
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
 
-// The lines [L0, L1) of block b, walked piece by piece (a piece = consecutive output rows of one image and segment);
-// producer and consumers walk the same pieces, the input rows of a piece get consecutive ring sequence numbers.
-struct WSPiece {
-  long long n; int np, qv, hbase, wbase, nrows, nhalf;
-  __device__ __forceinline__ WSPiece(const WGParams& p, long long l, long long L1) {
-    n = l / p.lines_img;
-    const int rem = (int)(l - n * p.lines_img);
-    const int seg = rem / p.P, pa = rem - seg * p.P;
-    np = (int)min((long long)(p.P - pa), L1 - l);
-    const int q0 = seg * WG_NT;
-    qv = min(WG_NT, p.Q - q0);
-    hbase = pa * p.sh - p.ph;
-    wbase = q0 - p.pw;
-    nrows = (np - 1) * p.sh + (p.R - 1) * p.dh + 1;
-    nhalf = qv > WG_NT / 2 ? 2 : 1;
-  }
-};
-
-// Per-image partials of the two consumers -> one per block, then as fa_wgmma_kernel's flush (atomics, or the
-// deterministic per-block partials summed by the last block of the image).  Called by both consumer warpgroups.
+// Per-image partials of the nc consumers -> one per block, then as fa_wgmma_kernel's flush (atomics, or the
+// deterministic per-block partials summed by the last block of the image).  Called by every consumer warpgroup.
 template <int POOL>
 __device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2], float* part, int* last_s, long long n,
                                             long long n_first, int c, int ctid, int m0, int tig) {
@@ -1394,7 +1396,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
     float acc[64];
     long long cur_n = n_first;
-    int s_in = 0, item = 0, owner = 0;            // owner = item % nc: items go round-robin to the consumers
+    int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
     if (c == p.nc - 1 && !WS_DIAG(2)) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
     auto flush = [&](long long n) {
       if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
@@ -1406,7 +1408,6 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
       for (int t = 0; t < pc.np; ++t) {
         for (int half = 0; half < pc.nhalf; ++half) {
           const bool mine = owner == c;
-          ++item;
           owner = (owner + 1 == p.nc) ? 0 : owner + 1;
           if (!mine) continue;
           const int in0 = s_in + t * p.sh, ph0 = fdiv(in0, p.mRB, p.sRB), rs = in0 - p.RB * ph0;
@@ -1436,7 +1437,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
       l += pc.np;
     }
     // balance the turn barriers: item 0's go was the pre-arrival, item i's came after item i - 1, so the go after the
-    // last item (to consumer item % nc, the owner of the item that does not exist) is still to be taken
+    // last item (to owner, the consumer of the item that does not exist) is still to be taken
     if (owner == c && !WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
     flush(cur_n);
   }
@@ -1631,7 +1632,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   // the warp-specialised kernel: straight-line ops only (10 fp32, 7 16-bit), every input row read by some output row,
   // ring sequence numbers of a block's rows < 2^30
   const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + 1;
-  const long long lines_per_block = (N * p.nseg * p.P + di.nsm - 1) / di.nsm;
+  p.lines_img = (long long)p.nseg * p.P;
+  p.L = N * p.lines_img;
+  const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
   const bool ws = knobs().ws && nops_pred == (dtype == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS) && sh <= span + 1 &&
                   lines_per_block * (sh + span + 1) < (1LL << 30);
   w.ws = ws;
@@ -1703,8 +1706,6 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   magic(p.CG * 2, p.mHP, p.sHP);
   magic(p.nq, p.mNQ, p.sNQ);
   magic(p.RB, p.mRB, p.sRB);
-  p.lines_img = (long long)p.nseg * p.P;
-  p.L = N * p.lines_img;
   long long G = (long long)bps * di.nsm;   // ws: bps = 1, one persistent block per SM
   if (G > p.L) G = p.L;
   p.G = (int)G;
