@@ -167,15 +167,26 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // GELU-like ALU loop on 64 registers per thread (5 FFMA + EX2 + FFMA + FMNMX + FADD per value, as the fused A
 // epilogue); flags bit 0 = MMA warpgroup active, bit 1 = ALU warpgroups active. If the two overlapped perfectly, the
 // time with both would be the larger of the two alone.
-__global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int alu_iters, int flags) {
+// flags bit 2: the MMA warpgroup runs bf16 k16 instead of TF32 k8; bit 3: the ALU loop has no EX2 (an FFMA in its
+// place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains).  clk (if non-null): per block
+// {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+template <int XF>   // XF: the flag bits 2..4 at compile time (branch-free chains)
+__global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int alu_iters, int flags, unsigned long long* clk) {
+  flags = (flags & 3) | XF;
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
   const int tid = threadIdx.x, wg = tid >> 7;
   for (int i = tid; i < (B_OFF2 + 4 * SLOT) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
+  const unsigned long long c0 = clock64(), g0 = gtimer();
   if (wg == 0) {
-    if (!(flags & 1)) return;
+    if (flags & 1) {
     float d[64];
     for (int i = 0; i < 64; ++i) d[i] = 0.0f;
     uint64_t da[10], db[10];
@@ -186,13 +197,16 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
     for (int it = 0; it < mma_iters; ++it) {
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int j = 0; j < 10; ++j) ss_tf32(d, da[j], db[j], 1);
+      for (int j = 0; j < 10; ++j) {
+        if (XF & 4) ss_bf16(d, da[j], db[j], 1);
+        else ss_tf32(d, da[j], db[j], 1);
+      }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
     if (d[0] == 12345.0f) out[0] = d[1];
-  } else {
-    if (!(flags & 2)) return;
+    }
+  } else if (flags & 2) {
     float v[64], acc = 0.0f;
     for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
     for (int it = 0; it < alu_iters; ++it) {
@@ -202,7 +216,9 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
         float q = fmaf(a, -0.0072f, 0.0522f);
         q = fmaf(a, q, -0.4596f); q = fmaf(a, q, -1.1509f); q = fmaf(a, q, -1.0000f);
         float e;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(q));
+        if (XF & 16) e = fmaf(q, 0.37f, a);
+        else if (XF & 8) e = fmaf(q, q, -0.25f);
+        else asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(q));
         const float y = fmaf(-a, e, fmaxf(v[i], 0.0f));
         acc += y;
         v[i] = y - 0.3f;
@@ -210,26 +226,47 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
     }
     if (acc == 12345.0f) out[1] = acc;
   }
+  __syncthreads();
+  if (clk && tid == 0) {
+    clk[2 * blockIdx.x] = clock64() - c0;
+    clk[2 * blockIdx.x + 1] = gtimer() - g0;
+  }
 }
 
 void run_overlap(int nsm, float* dout, double ghz) {
+  unsigned long long* dclk = nullptr;
+  cudaMalloc(&dclk, nsm * 2 * sizeof(unsigned long long));
+  std::vector<unsigned long long> hclk(nsm * 2);
+  double mhz = 0;
   auto t = [&](int flags, int nthreads) {
-    cudaFuncSetAttribute(overlap, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    overlap<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags);
+    auto k = (flags & 4) ? overlap<4> : (flags & 8) ? overlap<8> : (flags & 16) ? overlap<16> : overlap<0>;
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    k<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags, nullptr);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0); cudaEventCreate(&e1);
     cudaEventRecord(e0);
-    overlap<<<nsm, nthreads, SMEM>>>(dout, 2000, 700, flags);
+    k<<<nsm, nthreads, SMEM>>>(dout, 2000, 700, flags, dclk);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0; cudaEventElapsedTime(&ms, e0, e1);
+    cudaMemcpy(hclk.data(), dclk, hclk.size() * 8, cudaMemcpyDeviceToHost);
+    double cyc = 0, ns = 0;
+    for (int b = 0; b < nsm; ++b) { cyc += (double)hclk[2 * b]; ns += (double)hclk[2 * b + 1]; }
+    mhz = ns > 0 ? 1e3 * cyc / ns : 0;
     return ms;
   };
-  for (int nthreads : {256, 384}) {
-    const float m = t(1, nthreads), a = t(2, nthreads), b = t(3, nthreads);
-    printf("overlap, %d ALU warpgroups: MMA alone %.3f ms (%.1f cycles / wgmma), ALU alone %.3f ms, both %.3f ms "
-           "(max %.3f, sum %.3f)\n", nthreads / 128 - 1, m, m * 1e-3 * ghz * 1e9 / (2000.0 * 10), a, b, std::max(m, a), m + a);
-  }
+  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop"};
+  const int extra[] = {0, 4, 8, 16};
+  for (int v = 0; v < 4; ++v)
+    for (int nthreads : {256, 384}) {
+      const float m = t(1 | extra[v], nthreads); const double mm = mhz;
+      const float a = t(2 | extra[v], nthreads); const double am = mhz;
+      const float b = t(3 | extra[v], nthreads); const double bm = mhz;
+      printf("overlap %-28s %d ALU WG: MMA alone %.3f ms (%.0f MHz), ALU alone %.3f ms (%.0f MHz), both %.3f ms (%.0f MHz); "
+             "hidden %.0f %% of the ALU time\n", names[v], nthreads / 128 - 1, m, mm, a, am, b, bm,
+             100.0 * (m + a - b) / std::min(m, a));
+    }
+  cudaFree(dclk);
 }
 
 int main() {

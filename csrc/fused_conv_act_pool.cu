@@ -504,11 +504,12 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   GEMM M = 64 output channels, N = 128 consecutive output pixels (half of a 256-pixel row segment, stride 1), K = one
 //   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 over two taps (r, s), (r, s + 1) of
 //   one channel group — the second tap's pixels are the first's shifted by dw columns, so LBO = dw positions — or one
-//   tap whose second 8 columns have zero weights and read the slot's zero plane). The input rows live in a ring of RB shared-memory slots, one input row
+//   tap whose second 8 columns read the slot's ones plane: zero weights, or the bias — see below). The input rows live in a ring of RB shared-memory slots, one input row
 //   of one 256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
-//   LBO = plane; 16-bit: [cg][col][8 ch] + one zero plane), so the im2col matrix of tap (r, s) is simply the slot of input row
+//   LBO = plane; 16-bit: [cg][col][8 ch] + one ones plane), so the im2col matrix of tap (r, s) is simply the slot of input row
 //   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
-//   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split.
+//   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split; 16-bit: in the second
+//   K chunk of the first op that has one to spare (its B = the slot's ones plane, every entry (1, 1, 0, ...)), no op of its own.
 //   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads);
 //   the copies of a row group and the post-copy pass of the next one (tf32 rounding, NCHW transposes, the input
 //   bound) run while the current row's wgmmas do, so only a barrier stands between rows. The
@@ -518,7 +519,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 10;
-constexpr int WG_PAIR16_OPS = 7;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops + bias
+constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops (bias in the spare chunk of tap (0, 2)'s op)
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
@@ -1006,23 +1007,22 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
 }
 
 // Block setup of both wgmma kernels, threads tid of nthr: the bias op's ones block (8 rows x 16 B, SBO = LBO = 0;
-// A = (b_hi, b_lo, 0...)), the 16-bit zero plane after each ring slot's channel planes (the zero-weight second K chunk),
+// A = (b_hi, b_lo, 0...)), the 16-bit ones plane after each ring slot's channel planes (the spare second K chunk: zero
+// weights, or the bias in one op; every entry (1, 1, 0, ...) like the ones block),
 // and the weights (+ bias op) as K-major core matrices, op j at j * 2 KB, [k chunk][64 ch][16 B]; every weight and
 // bias value goes through bound.
 template <int DT, bool SPLIT>
 __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned char* smem, int tid, int nthr, WGInBound& bound) {
-  if (tid < 8) {
-    uint4 o;
-    if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
-    else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
-    else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
-  }
+  uint4 o;   // one K-major row of ones: channels 0 and 1 = 1.0, the rest 0
+  if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
+  else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
+  else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
+  if (tid < 8) *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
   if (DT != FF_F32) {
     const int per = p.plane_bytes / 16;
     for (int i = tid; i < p.RB * per; i += nthr) {
       const int r = i / per, q = i - r * per;
-      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = o;
     }
   }
   constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
@@ -1329,7 +1329,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   // readers of an input row, counted in item-warps (items x 4 warps): at most (span / sh + 1) rows x 2 halves
   const int maxr = (span / p.sh + 1) * 2 * 4;
 
-  // ---- setup, all threads: B descriptor table, ones block, zero planes, weights (+ bias op), barriers ----
+  // ---- setup, all threads: B descriptor table, ones block, ones planes, weights (+ bias), barriers ----
   wg_dtab_fill(p, dtab, sbase16);
   WGInBound bound;
   wg_setup_operands<DT, SPLIT>(p, smem, tid, blockDim.x, bound);
@@ -1608,7 +1608,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const DevInfo di = dev_info();
   if (!(di.major == 9 && di.minor == 0)) return w;
   if (sw != 1 || K > 64 || base.nu > 9) return w;
-  // 16-bit inputs: k16 ops = 8 channels + 8 zero-weight columns read from a zero plane (FF_FUSED_A_WG16=0: mma.sync path)
+  // 16-bit inputs: k16 ops = 8 channels + 8 more columns (FF_FUSED_A_WG16=0: mma.sync path)
   if (dtype != FF_F32 && !knobs().wg16) return w;
   const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
   WGParams& p = w.prm;
@@ -1622,7 +1622,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 / NCHW8 groups overhang)
   p.plane_bytes = (int)plane;
   p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
-  const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the zero plane
+  const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
   const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
@@ -1631,7 +1631,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long span = (long long)(R - 1) * dh;
   // the warp-specialised kernel: straight-line ops only (10 fp32, 7 16-bit), every input row read by some output row,
   // ring sequence numbers of a block's rows < 2^30
-  const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + 1;
+  // 16-bit: the bias rides in a spare K chunk (an op with one tap) when there is one, else in an op of its own
+  const bool bias_spare = dtype != FF_F32 && (step_s == 1 || S % 2 == 1);
+  const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + (bias_spare ? 0 : 1);
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
   const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
@@ -1675,12 +1677,13 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   }
   // 16-bit, one channel group (step_s 2): the two 8-column K chunks of a k16 op are taps (r, s) and (r, s + 1) — the
   // second tap's pixels are the first's shifted by dw columns, i.e. LBO = dw positions — so a row of S taps takes
-  // ceil(S / 2) ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the zero plane)
+  // ceil(S / 2) ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the ones plane)
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; s += step_s)
       for (int cg = 0; cg < p.CG; ++cg) {
         // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk (fp32: the second
-        // 4-channel plane; 16-bit: the next tap's pixels, or the slot's zero plane, read by 8 zero-weight columns)
+        // 4-channel plane; 16-bit: the next tap's pixels, or the slot's ones plane, read by 8 zero-weight columns or
+        // by the bias)
         const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + (long long)s * dw) * 16;
         const bool pair = step_s == 2 && s + 1 < S;
         const long long lbo = dtype == FF_F32 ? plane : pair ? (long long)dw * 16 : (p.CG - cg) * plane;
@@ -1690,10 +1693,19 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
         p.op_mask[nops] = 0xFFFFFFFFu; p.op_hi[nops] = 128 >> 4; p.op_rd[nops] = r * dh;
         ++nops;
       }
-  // bias op: the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
-  p.op_u0[nops] = WG_UNIT_BIAS;
-  p.op_d[nops] = (unsigned)(p.ones_off >> 4); p.op_mask[nops] = 0u; p.op_hi[nops] = 0u; p.op_rd[nops] = 0;
-  ++nops;
+  // bias: 16-bit, the second K chunk of the first op with one tap (it reads the ones plane); else an op of its own on
+  // the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
+  int spare = -1;
+  for (int j = 0; j < nops && spare < 0; ++j)
+    if (dtype != FF_F32 && p.op_u1[j] == WG_UNIT_NONE) spare = j;
+  if ((spare >= 0) != bias_spare) return w;   // the prediction above (nops_pred) and the ops agree
+  if (spare >= 0) {
+    p.op_u1[spare] = WG_UNIT_BIAS;
+  } else {
+    p.op_u0[nops] = WG_UNIT_BIAS;
+    p.op_d[nops] = (unsigned)(p.ones_off >> 4); p.op_mask[nops] = 0u; p.op_hi[nops] = 0u; p.op_rd[nops] = 0;
+    ++nops;
+  }
   p.nops = nops;
   if (ws && nops != nops_pred) return w;
   p.slot16 = (int)(slot >> 4);
