@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  clock-a  probe  probe-a  probe-b  profile-a  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -52,6 +52,10 @@ for stage in "$@"; do
     variance-b) python3 benchmarks/probe_variance_b.py 2>&1 | tee "$OUT/variance_b.txt" ;;
     probe-chunks) python3 benchmarks/probe_fallback_chunks.py 2>&1 | tee "$OUT/probe_chunks.txt" ;;
     check) ff check 2>&1 | tail -60 > "$OUT/check.txt"; tail -3 "$OUT/check.txt" ;;
+    bench-bigc)   # family A with more input channels than the 3x3 straight-line kernels take (the general op chain)
+      for c in 16 24 32; do for d in float32 bfloat16; do
+        ff bench --family A --shape 32,$c,256,256 --dtype $d --variants eager fallback fused --layout channels_last --repeats 10 --out "$OUT" 2>&1 | tail -4
+      done; done ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;

@@ -518,7 +518,8 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
-constexpr int WG_MAXOPS = 10;
+constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
+constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
 constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops (bias in the spare chunk of tap (0, 2)'s op)
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
@@ -549,6 +550,8 @@ struct WGParams {
   int op_rd[WG_MAXOPS], slot16;
   float* ws_part; unsigned* ws_max; int* ws_cnt;
 };
+
+static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_HAVE_WGMMA 1
@@ -699,11 +702,15 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
   else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
 }
 
-// The B descriptor table (low words): op j for output-row ring slot rs and half h reads ring slot (rs + op_rd[j]) % RB
-// at column h * 128 (the bias op's ones block: op_mask 0, always the same address).
+// The B descriptor table (low words), entry (rs * 2 + h) * WG_DSTRIDE(NOPS) + j: op j for output-row ring slot rs and
+// half h reads ring slot (rs + op_rd[j]) % RB at column h * 128 (the bias op's ones block: op_mask 0, always the same
+// address).  Straight-line kernels (NOPS > 0) pack it NOPS ops wide, the general one WG_MAXOPS (host: wg_dstride).
+#define WG_DSTRIDE(NOPS) ((NOPS) > 0 ? (NOPS) : WG_MAXOPS)
+template <int NOPS>
 __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
-  for (int i = threadIdx.x; i < p.RB * 2 * WG_MAXOPS; i += blockDim.x) {
-    const int j = i % WG_MAXOPS, half = (i / WG_MAXOPS) & 1, rs = i / (2 * WG_MAXOPS);
+  constexpr int DS = WG_DSTRIDE(NOPS);
+  for (int i = threadIdx.x; i < p.RB * 2 * DS; i += blockDim.x) {
+    const int j = i % DS, half = (i / DS) & 1, rs = i / (2 * DS);
     int sl = rs + p.op_rd[j];
     sl -= (sl >= p.RB) ? p.RB : 0;
     dtab[i] = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
@@ -713,7 +720,7 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
-// B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_MAXOPS + j] (wg_dtab_fill): one shared load
+// B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared load
 // per op instead of ~10 instructions of ring-slot arithmetic.
 template <int DT, bool SPLIT, int NOPS>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
@@ -725,7 +732,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
 #pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
-    const uint64_t desc = (uint64_t)dtab[(rs * 2 + half) * WG_MAXOPS + j] | ((uint64_t)p.op_hi[j] << 32);
+    const uint64_t desc = (uint64_t)dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if (DT == FF_BF16) {
@@ -1026,7 +1033,7 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
     }
   }
   constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
-  for (int idx = tid; idx < WG_MAXOPS * 64 * KK; idx += nthr) {
+  for (int idx = tid; idx < p.nops * 64 * KK; idx += nthr) {
     const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
     const float v = wg_opA<DT>(p, j, m, k, true);
     bound.add(v);
@@ -1106,7 +1113,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
-  wg_dtab_fill(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
+  wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   WGInBound bound;
@@ -1330,7 +1337,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   const int maxr = (span / p.sh + 1) * 2 * 4;
 
   // ---- setup, all threads: B descriptor table, ones block, ones planes, weights (+ bias), barriers ----
-  wg_dtab_fill(p, dtab, sbase16);
+  wg_dtab_fill<NOPS>(p, dtab, sbase16);
   WGInBound bound;
   wg_setup_operands<DT, SPLIT>(p, smem, tid, blockDim.x, bound);
   if (tid == 0) {
@@ -1450,7 +1457,8 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
 // Host side
 namespace {
 struct Plan {
-  const char* why;
+  const char* why;       // the call is invalid or has nothing to compute: no kernel serves it
+  const char* mma_why;   // why the mma.sync kernel cannot serve it (the sm_90 wgmma kernel may; see choose_paths)
   int P, Q, CG, nu, BR, QS, nbands, nseg, nksl, TR, TWa, NW, MT, PIXB;
   size_t smem, ws_cnt_bytes, ws_bytes;
 };
@@ -1504,7 +1512,7 @@ DevInfo dev_info() {
 Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw,
                int ph, int pw, int dh, int dw, int activation, int pool, int precision, int deterministic) {
   Plan pl{};
-  pl.why = nullptr;
+  pl.why = pl.mma_why = nullptr;
   if (dtype < 0 || dtype > 2) { pl.why = "fused_conv_act_pool: dtype must be 0 (fp32), 1 (bf16) or 2 (fp16)"; return pl; }
   if (activation < 0 || activation > 4) { pl.why = "fused_conv_act_pool: unknown activation code"; return pl; }
   if (pool < 0 || pool > 1) { pl.why = "fused_conv_act_pool: pool must be 0 (mean) or 1 (max)"; return pl; }
@@ -1522,7 +1530,9 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   pl.CG = (C + 7) / 8;
   long long nu = (long long)R * S * pl.CG;
   if (nu > NU_MAX) {
-    pl.why = "fused_conv_act_pool: R*S*ceil(C/8) > 9 (the register-resident weight path holds at most 9 taps x 8 input channels)";
+    pl.mma_why = "fused_conv_act_pool: R*S*ceil(C/8) > 9 K units of 8 input channels: beyond the mma.sync kernel (9, "
+                 "register-resident weights); the sm_90 wgmma kernel takes up to 64 with stride-1 columns, <= 64 output "
+                 "channels and a ring of input rows that fits in shared memory";
     return pl;
   }
   pl.nu = (int)nu;
@@ -1541,7 +1551,7 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   if (pl.CG * tw_of(QS) * pl.PIXB * trmin > budget) {
     QS = 16;
     if (pl.CG * tw_of(QS) * pl.PIXB * trmin > budget) {
-      pl.why = "fused_conv_act_pool: the input tile with its halo for one row of 16 output pixels does not fit in shared memory";
+      pl.mma_why = "fused_conv_act_pool: the input tile with its halo for one row of 16 output pixels does not fit in shared memory";
       return pl;
     }
     while (pl.CG * tw_of(QS + 16) * pl.PIXB * trmin <= budget && QS + 16 < Q) QS += 16;
@@ -1560,7 +1570,7 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   pl.TWa = (int)tw_of(QS);
   pl.smem = (size_t)pl.CG * pl.TR * pl.TWa * pl.PIXB;
   long long blocks = N * pl.nksl * pl.nbands * pl.nseg;
-  if (blocks > 0x7fffffffLL) { pl.why = "fused_conv_act_pool: too many blocks (N too large)"; return pl; }
+  if (blocks > 0x7fffffffLL) { pl.mma_why = "fused_conv_act_pool: too many blocks (N too large)"; return pl; }
   const bool need_ws = (pool == FF_POOL_MAX) || deterministic;
   pl.ws_cnt_bytes = need_ws ? (size_t)((N * 4 + 255) / 256 * 256) : 0;
   if (!need_ws) pl.ws_bytes = 0;
@@ -1596,18 +1606,26 @@ int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_
 // ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
 struct WGPlan {
   bool ok, ws;   // ws: the warp-specialised kernel (fa_ws_kernel), one block per SM
+  const char* why;   // set when the shape is beyond this kernel's capacity (for the user's message)
   WGParams prm;
   size_t smem, ws_cnt_bytes, ws_bytes;
 };
+
+// The op count a straight-line kernel (wgmma issue without a fence per op) exists for, else 0: fp32 3x3 over <= 8
+// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with two taps per op (6).  Others take the general kernel.
+int wg_straight_ops(int dtype, int nops) {
+  return (dtype == FF_F32 ? nops == WG_OPS3X3 : nops == WG_PAIR16_OPS) ? nops : 0;
+}
 
 WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph, int pw, int dh,
                int dw, int activation, int pool, int precision, int deterministic, const Plan& base) {
   WGPlan w{};
   w.ok = false;
+  w.why = nullptr;
   if (base.why || knobs().impl != 0) return w;
   const DevInfo di = dev_info();
   if (!(di.major == 9 && di.minor == 0)) return w;
-  if (sw != 1 || K > 64 || base.nu > 9) return w;
+  if (sw != 1 || K > 64) return w;
   // 16-bit inputs: k16 ops = 8 channels + 8 more columns (FF_FUSED_A_WG16=0: mma.sync path)
   if (dtype != FF_F32 && !knobs().wg16) return w;
   const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
@@ -1625,33 +1643,47 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
-  const long long abytes = (long long)WG_MAXOPS * 2048 * (split ? 2 : 1);
   // 16-bit, one channel group: two taps per k16 op (see the ops below)
   const int step_s = (dtype != FF_F32 && p.CG == 1 && knobs().pair16) ? 2 : 1;
   const long long span = (long long)(R - 1) * dh;
-  // the warp-specialised kernel: straight-line ops only (10 fp32, 7 16-bit), every input row read by some output row,
-  // ring sequence numbers of a block's rows < 2^30
   // 16-bit: the bias rides in a spare K chunk (an op with one tap) when there is one, else in an op of its own
   const bool bias_spare = dtype != FF_F32 && (step_s == 1 || S % 2 == 1);
   const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + (bias_spare ? 0 : 1);
+  if (nops_pred > WG_MAXOPS) {
+    w.why = "fused_conv_act_pool: more than 64 K units of 8 input channels (R*S*ceil(C/8), + bias) for the sm_90 kernel";
+    return w;
+  }
+  const long long abytes = nops_pred * 2048 * (split ? 2 : 1);   // A operands: 2 KB per op (+ the ieee small ops)
+  const int nops_line = wg_straight_ops(dtype, (int)nops_pred);   // > 0: the straight-line kernel serves it
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
   const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
-  const bool ws = knobs().ws && nops_pred == (dtype == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS) && sh <= span + 1 &&
-                  lines_per_block * (sh + span + 1) < (1LL << 30);
+  // the warp-specialised kernel: straight-line ops only (10 fp32, 6 16-bit), every input row read by some output row,
+  // ring sequence numbers of a block's rows < 2^30
+  const bool ws = knobs().ws && nops_line > 0 && sh <= span + 1 && lines_per_block * (sh + span + 1) < (1LL << 30);
   w.ws = ws;
   p.nc = knobs().wsnc;
 #ifdef FF_FUSED_A_DIAG
   p.diag = getenv("FF_FUSED_A_WS_DIAG") ? atoi(getenv("FF_FUSED_A_WS_DIAG")) : 0;
 #endif
-  const int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
-  // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
-  const long long budget = 232448LL / bps - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
-  const long long need = (long long)sh + span + 1;
-  long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
+  const long long need = (long long)sh + span + 1;     // ring slots: the rows of one output row + the next row's first
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
-  auto dtab_bytes = [](long long slots) { return slots * 2 * WG_MAXOPS * 4; };   // B descriptor table (wg_dtab_fill)
-  if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) return w;
+  const long long dstride = nops_line > 0 ? nops_line : WG_MAXOPS;
+  auto dtab_bytes = [&](long long slots) { return slots * 2 * dstride * 4; };   // B descriptor table (wg_dtab_fill)
+  // blocks per SM: the knob (3xTF32: at most 2; ws: 1), fewer when the ring of a large filter / many channels needs it;
+  // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
+  int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
+  auto budget_of = [&](int b) {
+    return 232448LL / b - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
+  };
+  while (bps > 1 && need * slot + ONES + dtab_bytes(need) > budget_of(bps)) --bps;
+  const long long budget = budget_of(bps);
+  long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
+  if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) {
+    w.why = "fused_conv_act_pool: the sm_90 kernel's weights and ring of input rows (filter height x channels x 256 "
+            "columns) do not fit in shared memory";
+    return w;
+  }
   const int rbmax = ws ? knobs().wsrb : knobs().rb;
   while (rb + 1 <= rbmax && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) <= budget) ++rb;
   if (ws && rb > WS_MAX_RB) return w;
@@ -1664,7 +1696,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   }
   if (p.D < 1) return w;
   p.slot_bytes = (int)slot;
-  p.a_small_off = WG_MAXOPS * 2048;
+  p.a_small_off = (int)(nops_pred * 2048);
   p.ring_off = (int)abytes;
   p.ones_off = (int)(abytes + rb * slot);
   p.dtab_off = (int)(abytes + rb * slot + ONES);
@@ -1707,7 +1739,7 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
     ++nops;
   }
   p.nops = nops;
-  if (ws && nops != nops_pred) return w;
+  if (nops != nops_pred) return w;
   p.slot16 = (int)(slot >> 4);
   auto magic = [](int d, unsigned long long& m, int& s) {
     int l = 0; while ((1LL << l) < d) ++l;
@@ -1736,23 +1768,22 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
 template <int DT, bool SPLIT, int LM>
 int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
   if (ws) {   // wg_plan picked it only for the straight-line op count
-    auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS>;
+    auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return (int)e;
     kern<<<(unsigned)prm.G, 128 * (1 + prm.nc), smem, stream>>>(prm);
     return (int)cudaGetLastError();
   }
-  // 3x3 filters over <= 8 input channels (9 taps + bias = 10 ops) get the straight-line issue; the rest the generic
-  // one.  Register budget: 3xTF32 2 blocks per SM; TF32 4 (128 registers) or, when the knob asks for fewer blocks
-  // (default 3), the 168-register build of the 3x3 kernel; 16-bit only the 168-register build.
+  // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op, 6) get the
+  // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
+  // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
+  // 16-bit only the 168-register build.  (wg_plan may run fewer blocks per SM than a build allows.)
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
-  // 16-bit 3x3 over <= 8 channels with two taps per op: 7 ops, straight-line as well
-  constexpr int NOPS16 = DT == FF_F32 ? WG_MAXOPS : WG_PAIR16_OPS;
-  auto kern = prm.nops == WG_MAXOPS ? (knobs().bps < 4 ? fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB_FEW>
-                                                       : fa_wgmma_kernel<DT, SPLIT, LM, WG_MAXOPS, MINB>)
-              : prm.nops == NOPS16  ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS16, MINB_FEW>
-                                    : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>;
+  constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS;
+  auto kern = wg_straight_ops(DT, prm.nops) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
+              : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
+                                                  : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
@@ -1784,6 +1815,20 @@ int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
     return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
   return f32 ? WG_LM_ELEM : WG_LM_REG;
 }
+// Which kernel serves a call: the sm_90 wgmma plan when it can, else the mma.sync plan; why = the reason neither can
+// (invalid call, or beyond both kernels: then the wgmma kernel's capacity message where it had one).
+struct Choice { Plan pl; WGPlan wp; const char* why; };
+Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
+              int pw, int dh, int dw, int activation, int pool, int precision, int deterministic) {
+  Choice c{};
+  c.pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                   deterministic);
+  c.why = c.pl.why;
+  if (c.why) return c;
+  c.wp = wg_plan(dtype, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic, c.pl);
+  if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
+  return c;
+}
 }  // namespace
 
 extern "C" {
@@ -1791,29 +1836,28 @@ extern "C" {
 const char* ff_fused_conv_act_pool_unsupported(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
                                                int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
                                                int pool, int precision, int deterministic) {
-  return make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                   deterministic).why;
+  return choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                deterministic).why;
 }
 
 size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
                                               int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
                                               int pool, int precision, int deterministic) {
-  Plan pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                      deterministic);
-  if (pl.why) return 0;
-  WGPlan wp = wg_plan(dtype, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic, pl);
-  return wp.ok ? wp.ws_bytes : pl.ws_bytes;
+  const Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                          deterministic);
+  return c.why ? 0 : c.wp.ok ? c.wp.ws_bytes : c.pl.ws_bytes;
 }
 
 int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias, float* out, int dtype, int channels_last,
                            long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph, int pw, int dh,
                            int dw, int activation, int pool, int precision, int deterministic, void* workspace,
                            cudaStream_t stream) {
-  Plan pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                      deterministic);
-  if (pl.why) return (int)cudaErrorNotSupported;
+  Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                    deterministic);
+  if (c.why) return (int)cudaErrorNotSupported;
+  const Plan& pl = c.pl;
   {
-    WGPlan wp = wg_plan(dtype, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic, pl);
+    WGPlan& wp = c.wp;
     if (wp.ok) {
       if (wp.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
       WGParams& q = wp.prm;
