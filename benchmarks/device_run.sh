@@ -86,4 +86,6 @@ for stage in "$@"; do
       for d in bfloat16 float16; do ff bench --dtype $d --variants eager compile fallback fused --layout channels_last --out "$OUT" 2>&1 | tail -8; done ;;
   esac
 done
+# one archive of everything (the device tool returns a limited number of files)
+(cd "$OUT" && tar czf "$OUT/all.tgz" --exclude=all.tgz . && find . -type f ! -name all.tgz -delete)
 exit $rc

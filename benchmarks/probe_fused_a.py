@@ -145,7 +145,8 @@ def check_all(lib, quick):
         # more than 9 K units: the sm_90 kernel's general op chain (the mma.sync kernel holds at most 9)
         Case("C16 3x3 p1 K64 (18 K units)", 2, 16, 30, 300, 64, 3, 3, pad=(1, 1)),
         Case("C3 7x7 p3 K48 (stem, 49 K units)", 2, 3, 45, 60, 48, 7, 7, pad=(3, 3)),
-        Case("C24 3x3 K64 (27 K units, 1-2 blocks per SM)", 1, 24, 20, 70, 64, 3, 3),
+        Case("C24 3x3 K64 (27 K units: one block per SM, fallback by default)", 1, 24, 20, 70, 64, 3, 3),
+        Case("C8 5x5 p2 K64 (26 ops)", 2, 8, 30, 270, 64, 5, 5, pad=(2, 2)),
     ]
     results, fails = [], 0
     only = os.environ.get("FF_PROBE_CASES")       # '|'-separated substrings of case names

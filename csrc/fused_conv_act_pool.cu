@@ -1054,13 +1054,25 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   }
 }
 
+// A thread's partials of channel m0 + 8h over its pixel pair, reduced over the quad (tig 0..3) that shares the
+// channel: every thread of the quad gets the value; the partials restart at init.  mean: sum, else NaN-propagating max.
+__device__ __forceinline__ float wg_quad_reduce(float (&r)[2], bool mean, float init) {
+  float a = mean ? r[0] + r[1] : ff_max_nan(r[0], r[1]);
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    const float b = __shfl_xor_sync(0xffffffffu, a, o);
+    a = mean ? a + b : ff_max_nan(a, b);
+  }
+  r[0] = r[1] = init;
+  return a;
+}
+
 // The lines [L0, L1) of a block, walked piece by piece (a piece = consecutive output rows of one image and segment,
 // whose input rows, nrows of them, stream through the ring once); fa_ws_kernel's producer and consumers walk the same
-// ones.  fa_wgmma_kernel computes the same piece inline: taking this struct there changes its SASS, which has not been
-// re-run on the GPU, so it stays as it is until a device session can verify the change.
-struct WSPiece {
+// ones, and so does fa_wgmma_kernel.
+struct WGPiece {
   long long n; int np, qv, hbase, wbase, nrows, nhalf;
-  __device__ __forceinline__ WSPiece(const WGParams& p, long long l, long long L1) {
+  __device__ __forceinline__ WGPiece(const WGParams& p, long long l, long long L1) {
     n = l / p.lines_img;
     const int rem = (int)(l - n * p.lines_img);
     const int seg = rem / p.P, pa = rem - seg * p.P;
@@ -1130,16 +1142,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   auto flush = [&](long long n) {
     float v[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float a = (p.pool == FF_POOL_MEAN) ? red[h][0] + red[h][1] : ff_max_nan(red[h][0], red[h][1]);
-#pragma unroll
-      for (int o = 1; o <= 2; o <<= 1) {
-        const float b = __shfl_xor_sync(0xffffffffu, a, o);
-        a = (p.pool == FF_POOL_MEAN) ? a + b : ff_max_nan(a, b);
-      }
-      v[h] = a;
-      red[h][0] = red[h][1] = red_init;
-    }
+    for (int h = 0; h < 2; ++h) v[h] = wg_quad_reduce(red[h], p.pool == FF_POOL_MEAN, red_init);
     if (tig == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -1168,15 +1171,11 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     __syncthreads();
   };
 
-  long long l = L0;
-  while (l < L1) {
-    const long long n = l / p.lines_img;
-    const int rem = (int)(l - n * p.lines_img);
-    const int seg = rem / p.P, pa = rem - seg * p.P;
-    const int np = (int)min((long long)(p.P - pa), L1 - l);
+  for (long long l = L0; l < L1;) {
+    const WGPiece pc(p, l, L1);
+    const long long n = pc.n;
+    const int np = pc.np, qv = pc.qv, hbase = pc.hbase, wbase = pc.wbase;
     if (n != cur_n) { flush(cur_n); cur_n = n; }
-    const int q0 = seg * WG_NT, qv = min(WG_NT, p.Q - q0);
-    const int hbase = pa * p.sh - p.ph, wbase = q0 - p.pw;
     __syncthreads();                                             // previous piece's wgmmas done in every warp
     if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D; ++t) {
@@ -1200,15 +1199,14 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
-      const int nhalf = qv > WG_NT / 2 ? 2 : 1;
 #pragma unroll 1
-      for (int half = 0; half < nhalf; ++half) {
+      for (int half = 0; half < pc.nhalf; ++half) {
         wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
           wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
           if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
         }
-        if (LM != WG_LM_REG && half == nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
+        if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
           cp_wait_n(p.D - 1);
           if (mode1) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
         }
@@ -1285,14 +1283,8 @@ __device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2
   const float red_init = (POOL == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float a = (POOL == FF_POOL_MEAN) ? red[h][0] + red[h][1] : ff_max_nan(red[h][0], red[h][1]);
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      const float b = __shfl_xor_sync(0xffffffffu, a, o);
-      a = (POOL == FF_POOL_MEAN) ? a + b : ff_max_nan(a, b);
-    }
+    const float a = wg_quad_reduce(red[h], POOL == FF_POOL_MEAN, red_init);
     if (tig == 0) part[c * 64 + m0 + 8 * h] = a;
-    red[h][0] = red[h][1] = red_init;
   }
   bar_sync(WS_BAR_CONS, 128 * p.nc);
   if (c == 0) {
@@ -1362,7 +1354,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     bool flagged = false;
     int s_in = 0;                                 // ring sequence number of the piece's first input row
     for (long long l = L0; l < L1;) {
-      const WSPiece pc(p, l, L1);
+      const WGPiece pc(p, l, L1);
       int slot = s_in - p.RB * fdiv(s_in, p.mRB, p.sRB);
       int slot_done = slot;                       // slot of row jj = j - LAG
       for (int j = 0; j < pc.nrows + LAG; ++j) {
@@ -1410,7 +1402,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
       else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
     };
     for (long long l = L0; l < L1;) {
-      const WSPiece pc(p, l, L1);
+      const WGPiece pc(p, l, L1);
       if (pc.n != cur_n) { flush(cur_n); cur_n = pc.n; }
       for (int t = 0; t < pc.np; ++t) {
         for (int half = 0; half < pc.nhalf; ++half) {
@@ -1474,18 +1466,22 @@ struct Plan {
 // FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
 // FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc; };
+// FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
+// (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
-            get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3)};
+            get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
+            get("FF_FUSED_A_MINBPS", 2)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
     if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
     if (r.wsnc < 2 || r.wsnc > WS_MAX_NC) r.wsnc = 3;
+    if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
     return r;
   }();
   return k;
@@ -1676,7 +1672,15 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   auto budget_of = [&](int b) {
     return 232448LL / b - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
   };
+  const int bps_asked = bps;
   while (bps > 1 && need * slot + ONES + dtab_bytes(need) > budget_of(bps)) --bps;
+  // one block per SM, no other block to fill its MMA and epilogue gaps: measured slower than cuDNN + the fused
+  // epilogue kernel (benchmarks/NOTES.md run 17: 3x3 over 24 / 32 channels), so such shapes run the fallback
+  if (bps < std::min(bps_asked, knobs().minbps)) {
+    w.why = "fused_conv_act_pool: the sm_90 kernel's weights and ring of input rows leave room for one block per SM "
+            "(filter height x channels x 256 columns): slower than the fallback (knob FF_FUSED_A_MINBPS=1 allows it)";
+    return w;
+  }
   const long long budget = budget_of(bps);
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) {
