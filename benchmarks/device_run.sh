@@ -87,5 +87,5 @@ for stage in "$@"; do
   esac
 done
 # one archive of everything (the device tool returns a limited number of files)
-(cd "$OUT" && tar czf "$OUT/all.tgz" --exclude=all.tgz . && find . -type f ! -name all.tgz -delete)
+tar czf /tmp/all.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tgz "$OUT/all.tgz"
 exit $rc

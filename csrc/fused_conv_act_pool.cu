@@ -876,11 +876,13 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
   } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
     // The 4 channels x 4 columns of a task land as 4 chunks of one channel each in the 64 bytes that will hold the
     // 4 columns x 4 channels afterwards, so the same thread transposes them in place (no other thread touches them).
+    // Tasks go plane-fastest (consecutive threads: alternate planes, which start 16 bytes apart modulo 128 — wg_plan):
+    // the 8 threads of a 16-byte shared-memory phase then touch 4 bank groups, not 2 (4-way conflicts -> 2-way).
     const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
     const int delta = wq - wbase;                                         // -3 .. 0 positions
     const int HP = p.CG * 2;
     for (int task = tid; task < HP * p.nq; task += 128) {
-      const int hp = fdiv(task, p.mNQ, p.sNQ), j = task - hp * p.nq;
+      const int j = fdiv(task, p.mHP, p.sHP), hp = task - j * HP;
       const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + delta + 4 * j) * 16);
       if (MODE == 0) {
         const int w0 = wq + 4 * j;
@@ -1613,8 +1615,8 @@ int wg_straight_ops(int dtype, int nops) {
   return (dtype == FF_F32 ? nops == WG_OPS3X3 : nops == WG_PAIR16_OPS) ? nops : 0;
 }
 
-WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph, int pw, int dh,
-               int dw, int activation, int pool, int precision, int deterministic, const Plan& base) {
+WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
+               int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base) {
   WGPlan w{};
   w.ok = false;
   w.why = nullptr;
@@ -1633,7 +1635,9 @@ WGPlan wg_plan(int dtype, long long N, int C, int H, int W, int K, int R, int S,
   long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
-  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16;   // slack both sides (NCHW4 / NCHW8 groups overhang)
+  // a channel plane: slack both sides (NCHW4 / NCHW8 groups overhang), then fp32 planes start 64 (channels_last: the
+  // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 16 bytes (NCHW4: see there) apart modulo 128
+  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 16);
   p.plane_bytes = (int)plane;
   p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
@@ -1829,7 +1833,8 @@ Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, in
                    deterministic);
   c.why = c.pl.why;
   if (c.why) return c;
-  c.wp = wg_plan(dtype, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic, c.pl);
+  c.wp = wg_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                 deterministic, c.pl);
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
 }
