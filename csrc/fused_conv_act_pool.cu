@@ -800,7 +800,9 @@ struct WGInBound {
 // MODE 0 issues a task's G 16-byte copies (chunk e = G columns of channel pl * G + e, zeros outside the input) into
 // its G x 16-byte block of the ring slot; MODE 1 reads the landed chunks and hands them to transpose(blk, pl, v),
 // which writes the block back as G columns x G channels.  Groups start at multiples of G, so the first one may begin
-// up to G - 1 positions before the row (slot slack).
+// up to G - 1 positions before the row (slot slack).  Chunk e of group j lands at position (e + j) mod G of its block:
+// the 8 threads of a 16-byte shared-memory phase (consecutive groups, G * 16 bytes apart) then copy into and load
+// from 8 different bank groups (else all 8 in one); the stores of the transposed columns keep their conflicts.
 template <int G, int MODE, class F>
 __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, F&& transpose) {
   const int wq = (wbase >= 0) ? (wbase & ~(G - 1)) : -((G - 1 - wbase) & ~(G - 1));   // floor(wbase / G) * G
@@ -818,13 +820,13 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
         const bool ok = wok && c < p.C;
         const char* src = reinterpret_cast<const char*>(p.x);
         if (ok) src += (((n * p.C + c) * p.H + h) * (long long)p.W + w0) * (16 / G);
-        cp_async16(blk + e * 16, src, ok);
+        cp_async16(blk + ((e + j) & (G - 1)) * 16, src, ok);
       }
     } else {
       uint32_t v[G][4];
 #pragma unroll
       for (int e = 0; e < G; ++e)
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + j) & (G - 1)) * 16));
       transpose(blk, pl, v);
     }
   }
@@ -876,8 +878,10 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
   } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
     // The 4 channels x 4 columns of a task land as 4 chunks of one channel each in the 64 bytes that will hold the
     // 4 columns x 4 channels afterwards, so the same thread transposes them in place (no other thread touches them).
-    // Tasks go plane-fastest (consecutive threads: alternate planes, which start 16 bytes apart modulo 128 — wg_plan):
-    // the 8 threads of a 16-byte shared-memory phase then touch 4 bank groups, not 2 (4-way conflicts -> 2-way).
+    // Tasks go plane-fastest (consecutive threads alternate planes, which start 32 bytes apart modulo 128 — wg_plan)
+    // and chunk e of quad j lands at position (e + j / 2) mod 4 of its block: the 8 threads of a 16-byte shared-memory
+    // phase then copy into and load from 8 bank groups (4-way conflicts before), and store the transposed columns
+    // into 4 (2-way; 4-way before).
     const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
     const int delta = wq - wbase;                                         // -3 .. 0 positions
     const int HP = p.CG * 2;
@@ -893,13 +897,13 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           const bool ok = wok && c < p.C;
           const float* src = reinterpret_cast<const float*>(p.x);
           if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
-          cp_async16(blk + e * 16, src, ok);
+          cp_async16(blk + ((e + (j >> 1)) & 3) * 16, src, ok);
         }
       } else {
         uint32_t v[4][4];
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + e * 16));
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + (j >> 1)) & 3) * 16));
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           uint32_t b[4];
@@ -1636,8 +1640,8 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   if (twa > 4096) return w;
   p.TWa = (int)twa;
   // a channel plane: slack both sides (NCHW4 / NCHW8 groups overhang), then fp32 planes start 64 (channels_last: the
-  // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 16 bytes (NCHW4: see there) apart modulo 128
-  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 16);
+  // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 32 bytes (NCHW4: see there) apart modulo 128
+  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 32);
   p.plane_bytes = (int)plane;
   p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
