@@ -87,8 +87,11 @@ def peak_extra_memory(fn: Callable[[], object]) -> int:
 def git_commit() -> str:
     if os.environ.get("FULLFUSE_COMMIT"):
         return os.environ["FULLFUSE_COMMIT"]
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file() or not (root / "csrc").is_dir():
+        # an installed copy (site-packages): git would answer for whatever repository encloses it, if any
+        return "unknown (installed package, not a source checkout; set FULLFUSE_COMMIT)"
     try:
-        root = Path(__file__).resolve().parent.parent
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
