@@ -8,6 +8,7 @@
 // Run:   /tmp/pw     (one H100/H200; prints cycles per wgmma per SM for each layout and warpgroup count)
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <vector>
@@ -168,7 +169,8 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // epilogue); flags bit 0 = MMA warpgroup active, bit 1 = ALU warpgroups active. If the two overlapped perfectly, the
 // time with both would be the larger of the two alone.
 // flags bit 2: the MMA warpgroup runs bf16 k16 instead of TF32 k8; bit 3: the ALU loop has no EX2 (an FFMA in its
-// place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains).  clk (if non-null): per block
+// place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains); bit 5: an integer loop on the ALU pipe
+// (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2).  clk (if non-null): per block
 // {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
@@ -206,6 +208,38 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
     }
     if (d[0] == 12345.0f) out[0] = d[1];
     }
+  } else if ((flags & 2) && (XF & 32)) {   // integer ALU-pipe loop: LOP3 / IADD3 / SHF / IMNMX, no multiply
+    uint32_t v[64], acc = 0u;
+    for (int i = 0; i < 64; ++i) v[i] = (uint32_t)(tid * 7 + i) * 2654435761u;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        uint32_t a = (v[i] ^ 0x9e3779b9u) + (v[i] >> 3);
+        a ^= a << 5;
+        a = min(a, 0xF0000000u) + 7u;
+        a = (a & 0x7fffffffu) | (a >> 17);
+        acc += a;
+        v[i] = a ^ (acc >> 11);
+      }
+    }
+    if (acc == 12345u) out[1] = (float)acc;
+  } else if ((flags & 2) && (XF & 64)) {   // half2 FMA loop (HFMA2), 64 values as 32 pairs
+    __half2 v[32], acc = __float2half2_rn(0.0f);
+    for (int i = 0; i < 32; ++i) v[i] = __float2half2_rn(0.01f * (float)((tid * 7 + i) % 97) - 0.4f);
+    const __half2 c1 = __float2half2_rn(-0.0072f), c2 = __float2half2_rn(0.0522f), c3 = __float2half2_rn(-0.4596f),
+                  c4 = __float2half2_rn(-1.1509f), c5 = __float2half2_rn(0.3f);
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const __half2 a = __habs2(v[i]);
+        __half2 q = __hfma2(a, c1, c2);
+        q = __hfma2(a, q, c3); q = __hfma2(a, q, c4); q = __hfma2(a, q, c5); q = __hfma2(q, q, c1);
+        const __half2 y = __hfma2(__hneg2(a), q, __hmax2(v[i], c2));
+        acc = __hadd2(acc, y);
+        v[i] = __hsub2(y, c5);
+      }
+    }
+    if (__low2float(acc) == 12345.0f) out[1] = __high2float(acc);
   } else if (flags & 2) {
     float v[64], acc = 0.0f;
     for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
@@ -239,7 +273,8 @@ void run_overlap(int nsm, float* dout, double ghz) {
   std::vector<unsigned long long> hclk(nsm * 2);
   double mhz = 0;
   auto t = [&](int flags, int nthreads) {
-    auto k = (flags & 4) ? overlap<4> : (flags & 8) ? overlap<8> : (flags & 16) ? overlap<16> : overlap<0>;
+    auto k = (flags & 4) ? overlap<4> : (flags & 8) ? overlap<8> : (flags & 16) ? overlap<16> : (flags & 32) ? overlap<32>
+           : (flags & 64) ? overlap<64> : overlap<0>;
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
     k<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags, nullptr);
     cudaEvent_t e0, e1;
@@ -255,9 +290,10 @@ void run_overlap(int nsm, float* dout, double ghz) {
     mhz = ns > 0 ? 1e3 * cyc / ns : 0;
     return ms;
   };
-  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop"};
-  const int extra[] = {0, 4, 8, 16};
-  for (int v = 0; v < 4; ++v)
+  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
+                         "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop"};
+  const int extra[] = {0, 4, 8, 16, 32, 64};
+  for (int v = 0; v < 6; ++v)
     for (int nthreads : {256, 384}) {
       const float m = t(1 | extra[v], nthreads); const double mm = mhz;
       const float a = t(2 | extra[v], nthreads); const double am = mhz;
