@@ -536,7 +536,6 @@ struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
-  int gelu_half;   // 16-bit inputs, knob FF_FUSED_A_HALF_EPI (experimental): wg_epi_pass_h2
   int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
@@ -666,40 +665,6 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
   }
 }
 
-// Experimental (knob FF_FUSED_A_HALF_EPI, 16-bit inputs, GELU (erf) on bounded blocks): relu(x) - u * Phi(-u), u =
-// min(|x|, 16), with the correction u * Phi(-u) = u * 2^P5(u) evaluated in half2 — HFMA2 / HMUL2 / ex2.approx.f16x2,
-// which run beside the wgmmas (NOTES run 17 item 11) — and only relu, the subtraction and the sum in fp32.
-// Accuracy: fp16 rounding of u, the Horner steps and q (~2^-11 each) on a term <= 0.17: ~1e-4 absolute, below the
-// bf16 / fp16 rounding of a PyTorch conv output, but not ff_gelu_erf's 3e-7.
-template <int POOL>
-__device__ __forceinline__ void wg_epi_pass_h2(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
-  const __half2 c5 = __float2half2_rn(-0x1.05cf34p-11f), c4 = __float2half2_rn(0x1.db850ap-8f),
-                c3 = __float2half2_rn(-0x1.abd318p-5f), c2 = __float2half2_rn(-0x1.d6a0a2p-2f),
-                c1 = __float2half2_rn(-0x1.26a4a0p+0f), c0 = __float2half2_rn(-0x1.000120p+0f), lim = __float2half2_rn(16.0f);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float x0 = acc[4 * i + 2 * hh], x1 = acc[4 * i + 2 * hh + 1];
-      const __half2 u = __hmin2(__habs2(__floats2half2_rn(x0, x1)), lim);
-      __half2 r = __hfma2(c5, u, c4);
-      r = __hfma2(r, u, c3); r = __hfma2(r, u, c2); r = __hfma2(r, u, c1); r = __hfma2(r, u, c0);
-      const float2 c = __half22float2(__hmul2(u, h2exp2(r)));
-      const float y0 = fmaxf(x0, -0.0f) - c.x, y1 = fmaxf(x1, -0.0f) - c.y;
-      float& r0 = red[hh][0];
-      float& r1 = red[hh][1];
-      const bool ok0 = 8 * i + 2 * tig < qv, ok1 = 8 * i + 2 * tig + 1 < qv;
-      if (POOL == FF_POOL_MEAN) {
-        r0 += ok0 ? y0 : 0.0f;
-        r1 += ok1 ? y1 : 0.0f;
-      } else {
-        if (ok0) r0 = ff_max_nan(r0, y0);
-        if (ok1) r1 = ff_max_nan(r1, y1);
-      }
-    }
-  }
-}
-
 // GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
 // ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: a whole 128-pixel tile (knob
@@ -733,11 +698,6 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
   // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
   // fp32 kernels do not carry that code
   const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
-  if (DT != FF_F32 && p.gelu_half && fast && p.act == FF_ACT_GELU_ERF) {
-    if (p.pool == FF_POOL_MEAN) wg_epi_pass_h2<FF_POOL_MEAN>(acc, red, qv, tig);
-    else wg_epi_pass_h2<FF_POOL_MAX>(acc, red, qv, tig);
-    return;
-  }
   if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
   else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
 }
@@ -1512,18 +1472,16 @@ struct Plan {
 // FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
 // FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
-// FF_FUSED_A_HALF_EPI = 1 (experimental, off by default; bf16 / fp16 inputs only): GELU (erf) with its Phi(-|x|)
-// correction evaluated in half2 (wg_epi_pass_h2: error ~1e-4 absolute, not the 1e-6 of ff_gelu_erf);
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, halfepi; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
-            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_HALF_EPI", 0)};
+            get("FF_FUSED_A_MINBPS", 2)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
@@ -1923,7 +1881,6 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
-      q.gelu_half = knobs().halfepi;
       return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), wp.ws, q, wp.smem, stream);
     }
   }
