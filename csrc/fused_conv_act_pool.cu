@@ -704,7 +704,7 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
 
 // The B descriptor table (low words), entry (rs * 2 + h) * WG_DSTRIDE(NOPS) + j: op j for output-row ring slot rs and
 // half h reads ring slot (rs + op_rd[j]) % RB at column h * 128 (the bias op's ones block: op_mask 0, always the same
-// address).  Straight-line kernels (NOPS > 0) pack it NOPS ops wide, the general one WG_MAXOPS (host: wg_dstride).
+// address).  Straight-line kernels (NOPS > 0) pack it NOPS ops wide, the general one WG_MAXOPS (wg_plan sizes it the same).
 #define WG_DSTRIDE(NOPS) ((NOPS) > 0 ? (NOPS) : WG_MAXOPS)
 template <int NOPS>
 __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
@@ -719,7 +719,8 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
-// them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  The bias op is the last op.
+// them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  fp32's bias op is the last
+// op (it has no ieee small terms); 16-bit carries the bias in a spare chunk or in a last op of its own alike.
 // B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared load
 // per op instead of ~10 instructions of ring-slot arithmetic.
 template <int DT, bool SPLIT, int NOPS>
@@ -1456,7 +1457,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
 namespace {
 struct Plan {
   const char* why;       // the call is invalid or has nothing to compute: no kernel serves it
-  const char* mma_why;   // why the mma.sync kernel cannot serve it (the sm_90 wgmma kernel may; see choose_paths)
+  const char* mma_why;   // why the mma.sync kernel cannot serve it (the sm_90 wgmma kernel may; see choose)
   int P, Q, CG, nu, BR, QS, nbands, nseg, nksl, TR, TWa, NW, MT, PIXB;
   size_t smem, ws_cnt_bytes, ws_bytes;
 };
@@ -1672,8 +1673,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
 #endif
   const long long need = (long long)sh + span + 1;     // ring slots: the rows of one output row + the next row's first
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
-  const long long dstride = nops_line > 0 ? nops_line : WG_MAXOPS;
-  auto dtab_bytes = [&](long long slots) { return slots * 2 * dstride * 4; };   // B descriptor table (wg_dtab_fill)
+  auto dtab_bytes = [&](long long slots) { return slots * 2 * WG_DSTRIDE(nops_line) * 4; };   // B descriptor table (wg_dtab_fill)
   // blocks per SM: the knob (3xTF32: at most 2; ws: 1), fewer when the ring of a large filter / many channels needs it;
   // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
   int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
@@ -1740,8 +1740,9 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   // bias: 16-bit, the second K chunk of the first op with one tap (it reads the ones plane); else an op of its own on
   // the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
   int spare = -1;
-  for (int j = 0; j < nops && spare < 0; ++j)
-    if (dtype != FF_F32 && p.op_u1[j] == WG_UNIT_NONE) spare = j;
+  if (dtype != FF_F32)
+    for (int j = 0; j < nops && spare < 0; ++j)
+      if (p.op_u1[j] == WG_UNIT_NONE) spare = j;
   if ((spare >= 0) != bias_spare) return w;   // the prediction above (nops_pred) and the ops agree
   if (spare >= 0) {
     p.op_u1[spare] = WG_UNIT_BIAS;
