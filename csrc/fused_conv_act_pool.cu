@@ -553,6 +553,16 @@ struct WGParams {
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
 
+// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library), bits of FF_FUSED_A_WS_DIAG.
+// fa_ws_kernel: 0 = the producer copies nothing, 1 = no epilogue, 2 = no turn barriers, 3 = no proxy fence before a
+// slot's hand-over, 4 = no post-copy pass.  fa_wgmma_kernel: 8 = no copies, 9 = no post-copy pass, 10 = no epilogue,
+// 11 = no per-row barrier / proxy fence, 12 = no wgmmas.
+#ifdef FF_FUSED_A_DIAG
+#define WS_DIAG(bit) ((p.diag >> (bit)) & 1)
+#else
+#define WS_DIAG(bit) false
+#endif
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_HAVE_WGMMA 1
 #endif
@@ -667,13 +677,16 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 
 // GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
-// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: a whole 128-pixel tile (knob
-// FF_FUSED_A_FULLTILE), then the fast form runs without the per-column-block mask tests (~1 instruction per value).
+// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: no pixel of the tile is padding
+// (a whole 128-pixel tile, or a mean whose padding accumulators were zeroed, wg_epi_any), so the pass runs without the
+// per-column-block mask tests: one straight-line block of 64 values.
 template <int ACT, int POOL>
 __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
   if (ACT == FF_ACT_GELU_ERF && fast) {
     if (full) wg_epi_pass<ACT, POOL, true, true>(acc, red, qv, tig);
     else wg_epi_pass<ACT, POOL, true, false>(acc, red, qv, tig);
+  } else if (POOL == FF_POOL_MEAN && full) {
+    wg_epi_pass<ACT, POOL, false, true>(acc, red, qv, tig);
   } else {
     wg_epi_pass<ACT, POOL, false, false>(acc, red, qv, tig);
   }
@@ -691,15 +704,31 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
   }
 }
 
-template <int DT>
+// Mean pooling zeroes a partial tile's padding accumulators (pixels >= qv) first: every activation maps 0 to (+-)0, which
+// adds nothing to a sum, so the epilogue then runs as for a whole tile — one straight-line block of 64 values, where the
+// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Max
+// pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
+// ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
+template <int DT, bool SPLIT>
 __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-  // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
-  // fp32 kernels do not carry that code
-  const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
-  if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
-  else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
+  if (p.pool == FF_POOL_MEAN && !SPLIT) {
+    if (qv < WG_NT / 2) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (8 * i + 8 > qv) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
+        }
+    }
+    wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+  } else {
+    // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
+    // fp32 kernels do not carry that code
+    const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
+    wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
+  }
 }
 
 // The B descriptor table (low words), entry (rs * 2 + h) * WG_DSTRIDE(NOPS) + j: op j for output-row ring slot rs and
@@ -1039,24 +1068,39 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
       *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = o;
     }
   }
-  constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2;
-  for (int idx = tid; idx < p.nops * 64 * KK; idx += nthr) {
-    const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
-    const float v = wg_opA<DT>(p, j, m, k, true);
-    bound.add(v);
-    const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
-    if (DT == FF_F32) {
-      const uint32_t b = f2tf32(v);
-      *reinterpret_cast<uint32_t*>(smem + off) = b;
-      if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
-        __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
-        sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
-        sa[512] = __float2bfloat16_rn(v);
+  constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2, BATCH = 16;
+  // BATCH values per thread are loaded before any is used, so their global loads are in flight together (one at a time
+  // they made the setup a latency chain of ~40 loads per thread before the block's first copy)
+  const int total = p.nops * 64 * KK;
+  for (int base = tid; base < total; base += BATCH * nthr) {
+    float vb[BATCH];
+#pragma unroll
+    for (int e = 0; e < BATCH; ++e) {
+      const int idx = base + e * nthr;
+      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
+      vb[e] = idx < total ? wg_opA<DT>(p, j, m, k, true) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < BATCH; ++e) {
+      const int idx = base + e * nthr;
+      if (idx >= total) break;
+      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
+      const float v = vb[e];
+      bound.add(v);
+      const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
+      if (DT == FF_F32) {
+        const uint32_t b = f2tf32(v);
+        *reinterpret_cast<uint32_t*>(smem + off) = b;
+        if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
+          __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
+          sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
+          sa[512] = __float2bfloat16_rn(v);
+        }
+      } else if (DT == FF_BF16) {
+        *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
+      } else {
+        *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
       }
-    } else if (DT == FF_BF16) {
-      *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
-    } else {
-      *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
     }
   }
 }
@@ -1107,10 +1151,20 @@ __device__ __forceinline__ void wg_finish_image(const WGParams& p, long long n, 
   __threadfence();
   for (int k = t; k < p.K; k += nthr) {
     if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
+      // summed in block order; the partials are loaded 8 at a time so that their L2 latencies overlap (an image held by
+      // hundreds of blocks — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8)
       float s = 0.0f;
-      for (long long b = blo; b <= bhi; ++b) {
-        const long long nf = (b * p.L / p.G) / p.lines_img;
-        s += __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k);
+      for (long long b0 = blo; b0 <= bhi; b0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const long long b = b0 + e;
+          const long long nf = (b * p.L / p.G) / p.lines_img;
+          v[e] = b <= bhi ? __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (b0 + e <= bhi) s += v[e];
       }
       p.out[n * p.K + k] = s * p.inv_pq;
     } else {
@@ -1186,7 +1240,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     __syncthreads();                                             // previous piece's wgmmas done in every warp
     if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D; ++t) {
-        wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
+        if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
     } else {
@@ -1197,28 +1251,28 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
     if (LM != WG_LM_REG) {
       cp_wait_n(p.D - 1);
-      if (mode1) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
+      if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      const bool in_ok = __syncthreads_and(bound.ok<DT>()) != 0;   // the rows of output row t are in (and bounded?)
+      if (!WS_DIAG(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      const bool in_ok = WS_DIAG(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;   // the rows of output row t are in (and bounded?)
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
       for (int half = 0; half < pc.nhalf; ++half) {
-        wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
+        if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-          wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
+          if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
           if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
         }
         if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
           cp_wait_n(p.D - 1);
-          if (mode1) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
+          if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
         }
-        wg_wait0();
-        wg_epi_any<DT>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
+        if (!WS_DIAG(12)) wg_wait0();
+        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1255,14 +1309,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 // (setmaxnreg.inc to WS_REG_CONSUMER): 128 x 56 + 3 x 128 x 152 = 65536, the whole register file.
 constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
 [[maybe_unused]] constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
-// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library): FF_FUSED_A_WS_DIAG bit 0
-// = the producer copies nothing, 1 = no epilogue, 2 = no turn barriers, 3 = no proxy fence before a slot's hand-over,
-// 4 = no post-copy pass.
-#ifdef FF_FUSED_A_DIAG
-#define WS_DIAG(bit) ((p.diag >> (bit)) & 1)
-#else
-#define WS_DIAG(bit) false
-#endif
 enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
 
 __device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
@@ -1436,7 +1482,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
               sl = (sl + 1 == p.RB) ? 0 : sl + 1;
             }
           }
-          if (!WS_DIAG(1)) wg_epi_any<DT>(p, acc, red, pc.qv - half * (WG_NT / 2), tig, fast);
+          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, pc.qv - half * (WG_NT / 2), tig, fast);
         }
       }
       s_in += pc.nrows;

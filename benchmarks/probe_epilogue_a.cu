@@ -1,0 +1,273 @@
+// Microbenchmark: family A's per-tile work without loads or barriers, to price epilogue designs against the MMAs in
+// the shape of fa_wgmma_kernel (one warpgroup per block, 3 blocks per SM, 64 accumulators: per 128-pixel tile a chain
+// of wgmmas, wait, epilogue, next tile).  Reduces, per block and output channel, the activation over every tile's
+// pixels — the fused kernel's sum — so each variant's result can be compared with the fp32 GELU's.
+// Question it answers: how much of the kernel's time per tile (NOTES run 17: bf16 1682, 'none' 1046 cycles per SM)
+// is the MMA + epilogue alternation itself, and what an epilogue without FP32-pipe work (half2 GELU, sums in half2 or
+// by a reduction wgmma against a ones matrix) would cost there.
+//
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -o /tmp/pe benchmarks/probe_epilogue_a.cu
+// Run:   /tmp/pe    (one H100 / H200: cycles per tile per SM at the nominal clock, and each variant's relative
+//                    difference of the per-channel sums from the fp32 GELU's)
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <math.h>
+#include <vector>
+#include <algorithm>
+#include "activation.cuh"
+
+#define ACC_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define ACC_OPS(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), \
+  "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+  "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), \
+  "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
+  "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), \
+  "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+__device__ __forceinline__ void ss_tf32(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
+               ", %64, %65, p, 1, 1;\n}\n" : ACC_OPS(d) : "l"(a), "l"(b), "r"(acc));
+}
+__device__ __forceinline__ void ss_bf16(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC_REGS
+               ", %64, %65, p, 1, 1, 0, 0;\n}\n" : ACC_OPS(d) : "l"(a), "l"(b), "r"(acc));
+}
+// reduction wgmma: D (64 x 8) += A (64 x 16 fp16, registers) . ones (16 x 8): every column = the row sums of A
+__device__ __forceinline__ void rs_sum_f16(float (&r)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;\n"
+               : "+f"(r[0]), "+f"(r[1]), "+f"(r[2]), "+f"(r[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+
+// operands: A block of op j at A_OFF + j * 2 KB (64 rows x 2 chunks, LBO 1 KB, SBO 128 B); B = a 16-byte-per-pixel
+// plane of 3 slots (rows) x 272 pixels, op j reads slot j % 3 shifted by j / 3 pixels with LBO = 16 B (16-bit: the
+// second K chunk = the next tap, as the two-tap ops) or the next plane (tf32); ONES = 256 B of fp16 ones
+constexpr int A_OFF = 0, B_OFF = 10 * 2048, SLOTB = 272 * 16, PLANE = 3 * SLOTB, ONES_OFF = B_OFF + 2 * PLANE;
+constexpr int SMEM = ONES_OFF + 256;
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 | (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+}
+
+enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BRANCH = 5, E_F32_SELECT = 6 };
+// E_F32_BRANCH: the fused kernel's masking (every other tile has 126 valid pixels, as the seed's second half-row): per
+// column block of 8 pixels a uniform branch, the partial block masked per value; E_F32_SELECT: the same tiles, all 64
+// values straight-line and the partial tiles' sums through a select per value
+
+// Phi(-u) polynomial of ff_phi_neg in half2 (u = min(|h|, 16)); g = relu(h) - u * 2^P5(u)
+__device__ __forceinline__ __half2 gelu_h2(__half2 h) {
+  const __half2 c5 = __float2half2_rn(-0x1.05cf34p-11f), c4 = __float2half2_rn(0x1.db850ap-8f),
+                c3 = __float2half2_rn(-0x1.abd318p-5f), c2 = __float2half2_rn(-0x1.d6a0a2p-2f),
+                c1 = __float2half2_rn(-0x1.26a4a0p+0f), c0 = __float2half2_rn(-0x1.000120p+0f);
+  const __half2 u = __hmin2(__habs2(h), __float2half2_rn(16.0f));
+  __half2 r = __hfma2(c5, u, c4);
+  r = __hfma2(r, u, c3); r = __hfma2(r, u, c2); r = __hfma2(r, u, c1); r = __hfma2(r, u, c0);
+  __half2 q;   // ex2.approx.f16x2: two MUFU.EX2.F16 + PRMT (cuda_fp16's h2exp2 goes through fp32: 2 more conversions)
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(*reinterpret_cast<uint32_t*>(&q)) : "r"(*reinterpret_cast<const uint32_t*>(&r)));
+  return __hfma2(__hneg2(u), q, __hmax2(h, __float2half2_rn(0.0f)));
+}
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+template <int DT, int EPI, bool MMA, bool BAR = false>   // DT 0: tf32 (10 ops), 1: bf16 (6 ops); BAR: a block barrier every 2 tiles (a row)
+__global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd) {   // qodd: valid pixels of odd tiles (126)
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  // A: weights ~ U(-1/sqrt(72), 1/sqrt(72)) as nn.Conv2d's default init; B: inputs ~ U(-1.7, 1.7) (unit variance)
+  auto rnd = [](uint32_t i) { i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f; };
+  for (int i = tid; i < B_OFF / 2; i += 128) {
+    const float v = rnd(i) * 2.0f * 0.1179f;
+    if (DT == 1) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(v);
+    else if (i < B_OFF / 4) reinterpret_cast<float*>(sm)[i] = v;
+  }
+  for (int i = tid; i < 2 * PLANE / 4; i += 128) {
+    const float v = rnd(i + 777777) * 2.0f * 1.7f;
+    if (DT == 1) { reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(v);
+                   reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(rnd(i + 999) * 3.4f); }
+    else reinterpret_cast<float*>(sm + B_OFF)[i] = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+  }
+  for (int i = tid; i < 128; i += 128) reinterpret_cast<__half*>(sm + ONES_OFF)[i] = __float2half(1.0f);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  constexpr int NOPS = DT == 1 ? 6 : 10;
+  uint64_t da[NOPS], db[NOPS];
+#pragma unroll
+  for (int j = 0; j < NOPS; ++j) {
+    da[j] = desc(base + A_OFF + j * 2048, 1024, 128);
+    db[j] = desc(base + B_OFF + (j % 3) * SLOTB + (j / 3) * 16, DT == 1 ? 16 : PLANE, 128);
+  }
+  const uint64_t dones = desc(base + ONES_OFF, 128, 256);
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  if (!MMA) {   // epilogue alone: the accumulators of one real chain, reused every tile
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = rnd(tid * 64 + i) * 2.0f;
+  }
+  float red[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+  float rsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint32_t gk[32];
+  for (int t = 0; t < ntiles; ++t) {
+    if (BAR && (t & 1) == 0) __syncthreads();
+    if (MMA) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < NOPS; ++j) {
+        if (DT == 1) ss_bf16(acc, da[j], db[j], j > 0);
+        else ss_tf32(acc, da[j], db[j], j > 0);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+    if (EPI == E_NOTHING) {   // one value read, so that ptxas cannot drop the chain as dead (it does otherwise)
+      red[0][0] += acc[0];
+    } else if (EPI == E_F32_BRANCH) {
+      const int qv = (t & 1) ? qodd : 128;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        float y[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[e] = ff_gelu_erf_noclamp(acc[4 * i + e]);
+        if (8 * i + 8 <= qv) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[e >> 1][e & 1] += y[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[e >> 1][e & 1] += (8 * i + 2 * tig + (e & 1) < qv) ? y[e] : 0.0f;
+        }
+      }
+    } else if (EPI == E_F32_SELECT) {
+      const int qv = (t & 1) ? qodd : 128;
+      if (qv >= 128) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) red[(i >> 1) & 1][i & 1] += ff_gelu_erf_noclamp(acc[i]);
+      } else {
+        const int lim = qv - 2 * tig;   // value (i, e) is pixel 8i + 2 tig + (e & 1): valid iff 8i + (e & 1) < lim
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          const float y = ff_gelu_erf_noclamp(acc[i]);
+          red[(i >> 1) & 1][i & 1] += (8 * (i >> 2) + (i & 1) < lim) ? y : 0.0f;
+        }
+      }
+    } else if (EPI == E_NONE || EPI == E_F32) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const float y = EPI == E_F32 ? ff_gelu_erf_noclamp(acc[i]) : acc[i];
+        red[(i >> 1) & 1][i & 1] += y;
+      }
+    } else if (EPI == E_H2TREE) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        __half2 s[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] = gelu_h2(__floats2half2_rn(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[i] = __hadd2(s[i], s[i + 8]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = __hadd2(s[i], s[i + 4]);
+        s[0] = __hadd2(s[0], s[2]);
+        s[1] = __hadd2(s[1], s[3]);
+        s[0] = __hadd2(s[0], s[1]);
+        const float2 f = __half22float2(s[0]);
+        red[hh][0] += f.x;
+        red[hh][1] += f.y;
+      }
+    } else if (EPI == E_H2MMA) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          gk[2 * i + hh] = h2u(gelu_h2(__floats2half2_rn(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1])));
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int c = 0; c < 8; ++c) rs_sum_f16(rsum, gk[4 * c], gk[4 * c + 1], gk[4 * c + 2], gk[4 * c + 3], dones);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if (!MMA) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  float v[2];
+  if (EPI == E_H2MMA) {
+    v[0] = tig == 0 ? rsum[0] : 0.0f;   // every column of the reduction holds the row's sum: one quad lane reports it
+    v[1] = tig == 0 ? rsum[2] : 0.0f;
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) v[h] = red[h][0] + red[h][1];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
+  if (tig == 0) {
+    out[blockIdx.x * 64 + 16 * warp + g] = v[0];
+    out[blockIdx.x * 64 + 16 * warp + g + 8] = v[1];
+  }
+}
+
+template <int DT, int EPI, bool MMA, bool BAR = false>
+void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const std::vector<float>* ref) {
+  auto k = tiles<DT, EPI, MMA, BAR>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  const int nblk = nsm * 3, ntiles = 492;
+  k<<<nblk, 128, SMEM>>>(dout, 8, 126);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0); cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 15; ++r) {
+    cudaEventRecord(e0);
+    k<<<nblk, 128, SMEM>>>(dout, ntiles, 126);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float m = 0; cudaEventElapsedTime(&m, e0, e1);
+    ms.push_back(m);
+  }
+  std::sort(ms.begin(), ms.end());
+  const float med = ms[ms.size() / 2];
+  std::vector<float> h(nblk * 64);
+  cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
+  double num = 0, den = 0;
+  if (ref) for (size_t i = 0; i < h.size(); ++i) { num += (h[i] - (*ref)[i]) * (double)(h[i] - (*ref)[i]); den += (double)(*ref)[i] * (*ref)[i]; }
+  if (keep) *keep = h;
+  printf("%-28s %7.3f ms  %6.0f cycles per tile per SM at 1.98 GHz%s", name, med, med * 1e-3 * 1.98e9 / (ntiles * 3.0),
+         ref ? "" : "\n");
+  if (ref) printf("   sums vs fp32 GELU: rel %.2e\n", sqrt(num / den));
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(e));
+}
+
+int main() {
+  int nsm = 0;
+  cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
+  float* dout;
+  cudaMalloc(&dout, nsm * 3 * 64 * 4);
+  printf("seed-shaped work: 492 tiles of 64 channels x 128 pixels per block-slot, 3 blocks of 128 threads per SM, %d SMs\n", nsm);
+  std::vector<float> ref16, ref32;
+  run<1, E_NOTHING, true>("bf16 MMA only (6 ops)", nsm, dout, nullptr, nullptr);
+  run<1, E_NONE, true>("bf16 MMA + sum ('none')", nsm, dout, nullptr, nullptr);
+  run<1, E_NONE, true, true>("bf16 'none' + row barrier", nsm, dout, nullptr, nullptr);
+  run<1, E_F32, true>("bf16 MMA + fp32 GELU", nsm, dout, &ref16, nullptr);
+  run<1, E_F32, true, true>("bf16 fp32 GELU + row barrier", nsm, dout, nullptr, nullptr);
+  run<1, E_F32_BRANCH, true>("bf16 fp32 GELU, masks: branch", nsm, dout, nullptr, nullptr);
+  run<1, E_F32_SELECT, true>("bf16 fp32 GELU, masks: select", nsm, dout, nullptr, nullptr);
+  run<1, E_H2TREE, true>("bf16 MMA + half2 GELU, tree", nsm, dout, nullptr, &ref16);
+  run<1, E_H2MMA, true>("bf16 MMA + half2 GELU, wgmma", nsm, dout, nullptr, &ref16);
+  run<1, E_F32, false>("fp32 GELU alone", nsm, dout, nullptr, nullptr);
+  run<1, E_H2TREE, false>("half2 GELU, tree, alone", nsm, dout, nullptr, nullptr);
+  run<1, E_H2MMA, false>("half2 GELU, wgmma, alone", nsm, dout, nullptr, nullptr);
+  run<0, E_NOTHING, true>("tf32 MMA only (10 ops)", nsm, dout, nullptr, nullptr);
+  run<0, E_NONE, true>("tf32 MMA + sum ('none')", nsm, dout, nullptr, nullptr);
+  run<0, E_F32, true>("tf32 MMA + fp32 GELU", nsm, dout, &ref32, nullptr);
+  run<0, E_F32_BRANCH, true>("tf32 fp32 GELU, masks: branch", nsm, dout, nullptr, nullptr);
+  run<0, E_F32_SELECT, true>("tf32 fp32 GELU, masks: select", nsm, dout, nullptr, nullptr);
+  run<0, E_H2TREE, true>("tf32 MMA + half2 GELU, tree", nsm, dout, nullptr, &ref32);
+  run<0, E_H2MMA, true>("tf32 MMA + half2 GELU, wgmma", nsm, dout, nullptr, &ref32);
+  return 0;
+}
