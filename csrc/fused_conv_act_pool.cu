@@ -727,7 +727,8 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
     // fp32 kernels do not carry that code
     const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
-    wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
+    if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
+    else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
   }
 }
 
