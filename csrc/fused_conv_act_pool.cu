@@ -1147,8 +1147,10 @@ __device__ __forceinline__ void wg_image_blocks(const WGParams& p, long long n, 
   blo = ((la + 1) * p.G + p.L - 1) / p.L - 1;
   bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
 }
+// Not inlined: it runs once per image and block at most, and inlined (with its batched loads) it cost the 16-bit
+// kernels' main loop 16-40 bytes of stack.
 template <int POOL = -1>
-__device__ __forceinline__ void wg_finish_image(const WGParams& p, long long n, long long blo, long long bhi, int t, int nthr) {
+__device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, long long blo, long long bhi, int t, int nthr) {
   __threadfence();
   for (int k = t; k < p.K; k += nthr) {
     if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
