@@ -1155,15 +1155,18 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
   for (int k = t; k < p.K; k += nthr) {
     if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
       // summed in block order; the partials are loaded 8 at a time so that their L2 latencies overlap (an image held by
-      // hundreds of blocks — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8)
+      // hundreds of blocks — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8).
+      // Block b's partial of image n sits at its slot n - (b's first image); every block after blo starts inside
+      // image n (its first line lies in (first line of n, last line of n]), so only blo's slot needs the division.
+      const long long jlo = n - (blo * p.L / p.G) / p.lines_img;
+      const float* part = p.ws_part + k;
       float s = 0.0f;
       for (long long b0 = blo; b0 <= bhi; b0 += 8) {
         float v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const long long b = b0 + e;
-          const long long nf = (b * p.L / p.G) / p.lines_img;
-          v[e] = b <= bhi ? __ldcg(p.ws_part + (b * p.J + (n - nf)) * 64 + k) : 0.0f;
+          v[e] = b <= bhi ? __ldcg(part + (b * p.J + (b == blo ? jlo : 0)) * 64) : 0.0f;
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e)

@@ -1,0 +1,61 @@
+"""Probe (device): two or more builds of the fused family-A library timed side by side in one process, their calls
+interleaved rep by rep (each after an L2 flush), so that clock and machine drift between processes cancels — the A/B
+comparison for kernel changes whose effect is a few percent.
+
+    FF_AB_LIBS="old=/path/libfused_conv_act_pool.so,new=/path/..." python3 benchmarks/probe_ab_a.py
+Env: FF_AB_REPS (default 40); FF_PROBE_MODES / FF_PROBE_LAYOUTS as probe_fused_a.py.  Cases: the seed (atomic mean,
+GELU erf) per mode and layout, and N = 1 (deterministic mean, channels_last) for the fixed cost.
+"""
+import ctypes
+import os
+
+import torch
+
+from probe_fused_a import DT, ACTS, Case, make_inputs, modes, layouts, prep
+
+libs = []
+for item in os.environ["FF_AB_LIBS"].split(","):
+    name, path = item.split("=", 1)
+    lib = ctypes.CDLL(path)
+    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 16
+    lib.ff_fused_conv_act_pool_workspace_bytes.restype = ctypes.c_size_t
+    lib.ff_fused_conv_act_pool_workspace_bytes.argtypes = shape
+    lib.ff_fused_conv_act_pool.restype = ctypes.c_int
+    lib.ff_fused_conv_act_pool.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p, ctypes.c_void_p]
+    libs.append((name, lib))
+reps = int(os.environ.get("FF_AB_REPS", "40"))
+flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
+print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; median ms of {reps} interleaved reps, L2 flushed")
+cases = [(lbl, dt, prec, cl, 128, 0) for lbl, dt, prec in modes() for cl in layouts()]
+cases += [(lbl, dt, prec, 1, 1, 1) for lbl, dt, prec in modes() if lbl in ("tf32", "bf16")]
+for label, dtype, prec, cl, n, det in cases:
+    c = Case("ab", n, 8, 256, 256, 64, 3, 3)
+    x, w, b = make_inputs(c, 5)
+    _, xin, wd = prep(x, w, dtype, cl)
+    a = c.args(DT[dtype], cl, ACTS["gelu_erf"], 0, prec, det)
+    out = torch.zeros(n, 64, device="cuda")
+    calls = []
+    for name, lib in libs:
+        ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
+
+        def call(lib=lib, ws=ws):
+            if not det:
+                out.zero_()
+            rc = lib.ff_fused_conv_act_pool(xin.data_ptr(), wd.data_ptr(), b.data_ptr(), out.data_ptr(), *a,
+                                            ws.data_ptr(), torch.cuda.current_stream().cuda_stream)
+            assert rc == 0, rc
+        for _ in range(3):
+            call()
+        calls.append((name, call))
+    ts = {name: [] for name, _ in calls}
+    for _ in range(reps):
+        for name, call in calls:
+            flush.fill_(1.0)
+            torch.cuda._sleep(1_000_000)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(); call(); e1.record(); e1.synchronize()
+            ts[name].append(e0.elapsed_time(e1))
+    med = {k: sorted(v)[len(v) // 2] for k, v in ts.items()}
+    base = med[calls[0][0]]
+    row = "  ".join(f"{k} {v:.4f} ({(v / base - 1) * 100:+.1f} %)" for k, v in med.items())
+    print(f"{label:5s} N={n:<3d} cl={cl} det={det}: {row}", flush=True)
