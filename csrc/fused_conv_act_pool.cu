@@ -839,19 +839,18 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
   const int wq = (wbase >= 0) ? (wbase & ~(G - 1)) : -((G - 1 - wbase) & ~(G - 1));   // floor(wbase / G) * G
   const int delta = wq - wbase;                                                         // -(G - 1) .. 0 positions
   const bool hok = (h >= 0 && h < p.H);
-  for (int task = threadIdx.x; task < p.CG * (8 / G) * p.nq; task += 128) {
-    const int pl = fdiv(task, p.mNQ, p.sNQ), j = task - pl * p.nq;
+  const long long plane = (long long)p.H * p.W;
+  const long long rowc = ((n * p.C) * p.H + h) * (long long)p.W;   // channel 0, this row, column 0
+  auto task_body = [&](int pl, int j) {
     const uint32_t blk = slot + (uint32_t)(pl * p.plane_bytes + (WG_PAD + delta + G * j) * 16);
     if (MODE == 0) {
       const int w0 = wq + G * j;
       const bool wok = hok && w0 >= 0 && w0 < p.W;
+      const long long c0 = rowc + pl * G * plane + w0;
 #pragma unroll
       for (int e = 0; e < G; ++e) {
-        const int c = pl * G + e;
-        const bool ok = wok && c < p.C;
-        const char* src = reinterpret_cast<const char*>(p.x);
-        if (ok) src += (((n * p.C + c) * p.H + h) * (long long)p.W + w0) * (16 / G);
-        cp_async16(blk + ((e + j) & (G - 1)) * 16, src, ok);
+        const bool ok = wok && pl * G + e < p.C;
+        cp_async16(blk + ((e + j) & (G - 1)) * 16, reinterpret_cast<const char*>(p.x) + (ok ? (c0 + e * plane) * (16 / G) : 0), ok);
       }
     } else {
       uint32_t v[G][4];
@@ -859,6 +858,14 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
       for (int e = 0; e < G; ++e)
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + j) & (G - 1)) * 16));
       transpose(blk, pl, v);
+    }
+  };
+  if (p.CG * (8 / G) == 1) {   // one plane (C <= 8, G = 8): task = quad j = tid + 128 k, no division per task
+    for (int j = threadIdx.x; j < p.nq; j += 128) task_body(0, j);
+  } else {
+    for (int task = threadIdx.x; task < p.CG * (8 / G) * p.nq; task += 128) {
+      const int pl = fdiv(task, p.mNQ, p.sNQ), j = task - pl * p.nq;
+      task_body(pl, j);
     }
   }
 }
@@ -871,18 +878,12 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
   const bool hok = (h >= 0 && h < p.H);
   if (LM == WG_LM_VEC) {
     constexpr int CPP = (DT == FF_F32) ? 2 : 1;
-    const int nch = p.CG * CPP * p.TWa;
-    for (int i = tid; i < nch; i += 128) {
-      const int half = (CPP == 2) ? (i & 1) : 0;
-      const int rest = (CPP == 2) ? (i >> 1) : i;
-      const int col = fdiv(rest, p.mCG, p.sCG), cg = rest - col * p.CG;
-      const uint32_t dst = slot + (uint32_t)((cg * CPP + half) * p.plane_bytes + (WG_PAD + col) * 16);
+    constexpr int ESZ = (DT == FF_F32) ? 4 : 2;
+    // one 16-byte chunk: channels cg * 8 + half * 4 .. (fp32) or cg * 8 .. (16-bit) of column col; src = its element
+    // offset in x (used only when ok)
+    auto chunk = [&](uint32_t dst, long long src, bool ok, int half) {
       if (MODE == 0) {
-        const int w = wbase + col;
-        const bool ok = hok && w >= 0 && w < p.W;
-        const char* src = reinterpret_cast<const char*>(p.x);
-        if (ok) src += ((((n * p.H + h) * p.W + w) * p.C) + cg * 8 + half * 4) * (DT == FF_F32 ? 4 : 2);
-        cp_async16(dst, src, ok);
+        cp_async16(dst, reinterpret_cast<const char*>(p.x) + (ok ? src * ESZ : 0), ok);
       } else if (DT == FF_F32) {
         uint4 v;
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(dst));
@@ -905,6 +906,29 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(dst));
         bound.add2(v.x); bound.add2(v.y); bound.add2(v.z); bound.add2(v.w);
       }
+    };
+    const long long rowoff = ((n * p.H + h) * p.W + wbase) * p.C;   // element offset of column 0 of this row
+    if (p.CG == 1) {
+      // C == 8: a thread's chunks are every (128 / CPP)-th column at a fixed half, so its destination, source and
+      // column advance by constants (the generic loop below spent ~45 instructions per chunk on index arithmetic)
+      const int half = (CPP == 2) ? (tid & 1) : 0, col0 = (CPP == 2) ? (tid >> 1) : tid;
+      constexpr int CSTEP = 128 / CPP;
+      uint32_t dst = slot + (uint32_t)(half * p.plane_bytes + (WG_PAD + col0) * 16);
+      long long src = rowoff + col0 * 8 + half * 4;
+      for (int col = col0; col < p.TWa; col += CSTEP, dst += CSTEP * 16, src += CSTEP * 8) {
+        const int w = wbase + col;
+        chunk(dst, src, hok && (unsigned)w < (unsigned)p.W, half);
+      }
+    } else {
+      const int nch = p.CG * CPP * p.TWa;
+      for (int i = tid; i < nch; i += 128) {
+        const int half = (CPP == 2) ? (i & 1) : 0;
+        const int rest = (CPP == 2) ? (i >> 1) : i;
+        const int col = fdiv(rest, p.mCG, p.sCG), cg = rest - col * p.CG;
+        const uint32_t dst = slot + (uint32_t)((cg * CPP + half) * p.plane_bytes + (WG_PAD + col) * 16);
+        const int w = wbase + col;
+        chunk(dst, rowoff + (long long)col * p.C + cg * 8 + half * 4, hok && w >= 0 && w < p.W, half);
+      }
     }
   } else if (LM == WG_LM_NCHW4) {                      // fp32 NCHW, W % 4 == 0: task = (plane hp, 4-column quad j)
     // The 4 channels x 4 columns of a task land as 4 chunks of one channel each in the 64 bytes that will hold the
@@ -916,19 +940,18 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
     const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
     const int delta = wq - wbase;                                         // -3 .. 0 positions
     const int HP = p.CG * 2;
-    for (int task = tid; task < HP * p.nq; task += 128) {
-      const int j = fdiv(task, p.mHP, p.sHP), hp = task - j * HP;
+    const long long plane = (long long)p.H * p.W;
+    // one task: 4 columns (quad j) x channels hp * 4 .. hp * 4 + 3; c0 = the element offset of (channel hp * 4, this
+    // row, column 0)
+    auto task_body = [&](int j, int hp, long long c0) {
       const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + delta + 4 * j) * 16);
       if (MODE == 0) {
         const int w0 = wq + 4 * j;
         const bool wok = hok && w0 >= 0 && w0 < p.W;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = hp * 4 + e;
-          const bool ok = wok && c < p.C;
-          const float* src = reinterpret_cast<const float*>(p.x);
-          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
-          cp_async16(blk + ((e + (j >> 1)) & 3) * 16, src, ok);
+          const bool ok = wok && hp * 4 + e < p.C;
+          cp_async16(blk + ((e + (j >> 1)) & 3) * 16, reinterpret_cast<const float*>(p.x) + (ok ? c0 + e * plane + w0 : 0), ok);
         }
       } else {
         uint32_t v[4][4];
@@ -954,6 +977,17 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
             asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
           }
         }
+      }
+    };
+    const long long rowc = ((n * p.C) * p.H + h) * (long long)p.W;   // channel 0, this row, column 0
+    if (p.CG == 1) {
+      // C <= 8: task = tid + 128 k is plane tid & 1, quad (tid >> 1) + 64 k for every k — no division per task
+      const int hp = tid & 1;
+      for (int j = tid >> 1; j < p.nq; j += 64) task_body(j, hp, rowc + hp * 4 * plane);
+    } else {
+      for (int task = tid; task < HP * p.nq; task += 128) {
+        const int j = fdiv(task, p.mHP, p.sHP), hp = task - j * HP;
+        task_body(j, hp, rowc + hp * 4 * plane);
       }
     }
   } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group, 8 columns)
