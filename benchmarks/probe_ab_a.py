@@ -6,23 +6,13 @@ comparison for kernel changes whose effect is a few percent.
 Env: FF_AB_REPS (default 40); FF_PROBE_MODES / FF_PROBE_LAYOUTS as probe_fused_a.py.  Cases: the seed (atomic mean,
 GELU erf) per mode and layout, and N = 1 (deterministic mean, channels_last) for the fixed cost.
 """
-import ctypes
 import os
 
 import torch
 
-from probe_fused_a import DT, ACTS, Case, make_inputs, modes, layouts, prep
+from probe_fused_a import DT, ACTS, Case, load_lib, make_inputs, modes, layouts, prep, run_kernel
 
-libs = []
-for item in os.environ["FF_AB_LIBS"].split(","):
-    name, path = item.split("=", 1)
-    lib = ctypes.CDLL(path)
-    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 16
-    lib.ff_fused_conv_act_pool_workspace_bytes.restype = ctypes.c_size_t
-    lib.ff_fused_conv_act_pool_workspace_bytes.argtypes = shape
-    lib.ff_fused_conv_act_pool.restype = ctypes.c_int
-    lib.ff_fused_conv_act_pool.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p, ctypes.c_void_p]
-    libs.append((name, lib))
+libs = [(item.split("=", 1)[0], load_lib(item.split("=", 1)[1])) for item in os.environ["FF_AB_LIBS"].split(",")]
 reps = int(os.environ.get("FF_AB_REPS", "40"))
 flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
 print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; median ms of {reps} interleaved reps, L2 flushed")
@@ -39,11 +29,7 @@ for label, dtype, prec, cl, n, det in cases:
         ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
 
         def call(lib=lib, ws=ws):
-            if not det:
-                out.zero_()
-            rc = lib.ff_fused_conv_act_pool(xin.data_ptr(), wd.data_ptr(), b.data_ptr(), out.data_ptr(), *a,
-                                            ws.data_ptr(), torch.cuda.current_stream().cuda_stream)
-            assert rc == 0, rc
+            run_kernel(lib, c, xin, wd, b, dtype, cl, "gelu_erf", 0, prec, det, out, ws)
         for _ in range(3):
             call()
         calls.append((name, call))

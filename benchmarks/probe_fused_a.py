@@ -34,8 +34,8 @@ ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 TOL = {"tf32": 1e-3, "ieee": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 
 
-def load_lib():
-    so = os.environ.get("FF_FUSED_A_SO")
+def load_lib(so=None):
+    so = so or os.environ.get("FF_FUSED_A_SO")
     if not so:
         so = "/tmp/ff_fused_a_probe.so"
         cmd = ["nvcc", *FLAGS, "-o", so, str(SRC)]
