@@ -37,9 +37,10 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
 }
 
 enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BRANCH = 5, E_F32_SELECT = 6 };
-// E_F32_BRANCH: the fused kernel's masking (every other tile has 126 valid pixels, as the seed's second half-row): per
-// column block of 8 pixels a uniform branch, the partial block masked per value; E_F32_SELECT: the same tiles, all 64
-// values straight-line and the partial tiles' sums through a select per value
+// E_F32_BRANCH: the fused kernel's masking source (every other tile has 126 valid pixels, as the seed's second half-row):
+// per column block of 8 pixels a uniform test, the partial block masked per value (ptxas predicates these tests here,
+// where the fused kernel keeps them as branches); E_F32_SELECT: the same tiles, all 64 values straight-line and the
+// partial tiles' sums through a select per value
 
 // Phi(-u) polynomial of ff_phi_neg in half2 (u = min(|h|, 16)); g = relu(h) - u * 2^P5(u)
 __device__ __forceinline__ __half2 gelu_h2(__half2 h) {
