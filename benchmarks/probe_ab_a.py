@@ -2,7 +2,7 @@
 interleaved rep by rep (each after an L2 flush), so that clock and machine drift between processes cancels — the A/B
 comparison for kernel changes whose effect is a few percent.
 
-    FF_AB_LIBS="old=/path/libfused_conv_act_pool.so,new=/path/..." python3 benchmarks/probe_ab_a.py
+    FF_AB_LIBS="old=/path/libfused_conv_act_pool.so,new=/path/..." PYTHONPATH=. python3 benchmarks/probe_ab_a.py
 Env: FF_AB_REPS (default 40); FF_PROBE_MODES / FF_PROBE_LAYOUTS as probe_fused_a.py.  Cases: the seed (atomic mean,
 GELU erf) per mode and layout, and N = 1 (deterministic mean, channels_last) for the fixed cost.
 """
@@ -10,11 +10,13 @@ import os
 
 import torch
 
+from fullfuse.measure import environment
 from probe_fused_a import DT, ACTS, Case, load_lib, make_inputs, modes, layouts, prep, run_kernel
 
 libs = [(item.split("=", 1)[0], load_lib(item.split("=", 1)[1])) for item in os.environ["FF_AB_LIBS"].split(",")]
 reps = int(os.environ.get("FF_AB_REPS", "40"))
 flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
+print("# environment:", environment())
 print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; median ms of {reps} interleaved reps, L2 flushed")
 cases = [(lbl, dt, prec, cl, 128, 0) for lbl, dt, prec in modes() for cl in layouts()]
 cases += [(lbl, dt, prec, 1, 1, 1) for lbl, dt, prec in modes() if lbl in ("tf32", "bf16")]

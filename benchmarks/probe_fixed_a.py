@@ -7,10 +7,11 @@ fullfuse.measure.time_cuda (the benchmark's L2 flush, host lead, warm-up and med
 """
 import torch
 
-from fullfuse.measure import time_cuda
+from fullfuse.measure import environment, time_cuda
 from probe_fused_a import ACTS, DT, Case, load_lib, make_inputs, prep, run_kernel
 
 lib = load_lib()
+print("# environment:", environment())
 print("mode  N    median ms   (deterministic mean, GELU erf, channels_last, median of 30, L2 flushed)")
 for label, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
     pts = []
