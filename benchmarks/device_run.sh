@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,6 +23,13 @@ for stage in "$@"; do
       FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \
         python3 benchmarks/probe_clock_a.py 2>&1 | tee "$OUT/probe_clock_a.txt"
       if [ -x .carry/pw ]; then PW_OVERLAP_ONLY=1 .carry/pw 2>&1 | tee "$OUT/probe_overlap.txt"; fi ;;
+    fixed-a)   # the fused A kernel's fixed cost per call: time vs N flushed / unflushed / code re-warmed, and ncu's kernel-only durations
+      export FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))")
+      (cd benchmarks && python3 probe_fixed_a.py 2>&1 | tee "$OUT/probe_fixed_a.txt")
+      for cc in all none; do
+        (cd benchmarks && FF_FIXED_NCU=1 ncu --clock-control none --cache-control $cc -k regex:fa_wgmma --metrics gpu__time_duration.sum \
+          python3 probe_fixed_a.py > "$OUT/ncu_fixed_a_cache_$cc.txt" 2>&1); grep -c duration "$OUT/ncu_fixed_a_cache_$cc.txt"
+      done ;;
     probe) python3 benchmarks/probe_convt.py 2>&1 | tee "$OUT/probe_convt.txt" ;;
     probe-a)   # fused family-A kernel straight through ctypes: checks + seed timings, knob variants in child processes
       FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \

@@ -36,10 +36,12 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
 
 
 def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True,
-              per_run: bool = False, host_lead_us: float = HOST_LEAD_US) -> Dict[str, object]:
+              per_run: bool = False, host_lead_us: float = HOST_LEAD_US,
+              prepare: Callable[[], object] = None) -> Dict[str, object]:
     """Median and min in ms of ``fn`` timed with CUDA events, after warm-up, flushing the L2 before each run and
     giving the host ``host_lead_us`` to queue the call before its start event (HOST_LEAD_US; 0: none).
-    per_run: also every run's time ("runs_ms") and the host time of its call of ``fn`` ("host_us")."""
+    per_run: also every run's time ("runs_ms") and the host time of its call of ``fn`` ("host_us").
+    prepare: run (untimed) after each flush, before the lead — e.g. to re-warm one thing the flush evicted."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
     # warm-up: at least `warmup` calls and WARMUP_S seconds of them (an idle GPU starts at a low clock: measured
     # 345 MHz before a run on the H200, and the first variant of a table came out slower than the rest)
@@ -55,6 +57,8 @@ def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flus
     for _ in range(repeats):
         if flush is not None:
             flush.zero_()
+        if prepare is not None:
+            prepare()
         if spin is not None:
             spin(int(host_lead_us * _SPIN_CYCLES_PER_US))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
