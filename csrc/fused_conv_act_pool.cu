@@ -559,8 +559,21 @@ static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB")
 // 11 = no per-row barrier / proxy fence, 12 = no wgmmas.
 #ifdef FF_FUSED_A_DIAG
 #define WS_DIAG(bit) ((p.diag >> (bit)) & 1)
+// Per-block timestamps of fa_wgmma_kernel (%globaltimer, ns), read by ff_fused_a_diag_times: 0 entry, 1 setup done,
+// 2 first rows landed, 3 line loop done, 4 exit; 5 = SM id, 6 = lines of the block.
+#define FA_DIAG_MAXB 4096
+__device__ unsigned long long fa_diag_t[FA_DIAG_MAXB][8];
+__device__ __forceinline__ void fa_diag_stamp(int i) {
+  if (threadIdx.x == 0 && blockIdx.x < FA_DIAG_MAXB) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    fa_diag_t[blockIdx.x][i] = t;
+  }
+}
+#define FA_DIAG_STAMP(i) fa_diag_stamp(i)
 #else
 #define WS_DIAG(bit) false
+#define FA_DIAG_STAMP(i) ((void)0)
 #endif
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1217,6 +1230,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
+  FA_DIAG_STAMP(0);
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
@@ -1230,6 +1244,17 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
   long long cur_n = n_first;
   float acc[64];
+#ifdef FF_FUSED_A_DIAG
+  __syncthreads();
+  FA_DIAG_STAMP(1);
+  bool first_rows = true;
+  if (threadIdx.x == 0 && blockIdx.x < FA_DIAG_MAXB) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    fa_diag_t[blockIdx.x][5] = smid;
+    fa_diag_t[blockIdx.x][6] = (unsigned long long)(L1 - L0);
+  }
+#endif
 
   auto flush = [&](long long n) {
     float v[2];
@@ -1282,6 +1307,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
     if (LM != WG_LM_REG) {
       cp_wait_n(p.D - 1);
+#ifdef FF_FUSED_A_DIAG
+      if (first_rows) { FA_DIAG_STAMP(2); first_rows = false; }
+#endif
       if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
@@ -1311,7 +1339,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     if (LM != WG_LM_REG) asm volatile("cp.async.wait_all;" ::: "memory");
     l += np;
   }
+  FA_DIAG_STAMP(3);
   flush(cur_n);
+  FA_DIAG_STAMP(4);
 #else
   __trap();
 #endif
@@ -1992,5 +2022,13 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
   if (dtype == FF_BF16) return launch_nw<FF_BF16, false, 4>(prm, pl, blocks, stream);
   return launch_nw<FF_F16, false, 4>(prm, pl, blocks, stream);
 }
+
+#ifdef FF_FUSED_A_DIAG
+// diagnostic builds only: copy the per-block timestamps of the last fa_wgmma_kernel launches (fa_diag_t) to host memory
+int ff_fused_a_diag_times(void* host_dst, int nblocks) {
+  const int n = nblocks < FA_DIAG_MAXB ? nblocks : FA_DIAG_MAXB;
+  return (int)cudaMemcpyFromSymbol(host_dst, fa_diag_t, (size_t)n * 8 * sizeof(unsigned long long));
+}
+#endif
 
 }  // extern "C"

@@ -1,0 +1,64 @@
+"""Probe (device): where a fused family-A call spends its time inside fa_wgmma_kernel, block by block — a build with
+-DFF_FUSED_A_DIAG stamps %globaltimer per block at entry, after the setup (weights, descriptor table), when the first
+input rows have landed, after the line loop and at exit (csrc/fused_conv_act_pool.cu, fa_diag_t).  One call per case
+after the benchmark's L2 flush and host lead; times in us from the first block's entry.
+
+    FF_FUSED_A_SO=/path/diag.so PYTHONPATH=. python3 benchmarks/probe_timeline_a.py
+"""
+import ctypes
+import statistics
+from collections import Counter
+
+import torch
+
+from fullfuse.measure import environment, time_cuda
+from probe_fused_a import ACTS, DT, Case, load_lib, make_inputs, prep, run_kernel
+
+lib = load_lib()
+lib.ff_fused_a_diag_times.argtypes = [ctypes.c_void_p, ctypes.c_int]
+MAXB = 4096
+
+
+def stamps():
+    buf = (ctypes.c_ulonglong * (MAXB * 8))()
+    assert lib.ff_fused_a_diag_times(buf, MAXB) == 0
+    return [list(buf[i * 8:(i + 1) * 8]) for i in range(MAXB)]
+
+
+def q(v):
+    v = sorted(v)
+    return f"{v[0]:7.1f} {v[len(v) // 4]:7.1f} {statistics.median(v):7.1f} {v[3 * len(v) // 4]:7.1f} {v[-1]:7.1f}"
+
+
+print("# environment:", environment())
+for label, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
+    for n, det in ((1, 1), (8, 1), (128, 1), (128, 0)):
+        c = Case("timeline", n, 8, 256, 256, 64, 3, 3)
+        x, w, b = make_inputs(c, 3)
+        _, xin, wd = prep(x, w, dtype, 1)
+        a = c.args(DT[dtype], 1, ACTS["gelu_erf"], 0, 0, det)
+        ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
+        out = torch.zeros(n, 64, device="cuda")
+
+        def call():
+            run_kernel(lib, c, xin, wd, b, dtype, 1, "gelu_erf", 0, 0, det, out, ws)
+        ms = time_cuda(call, repeats=10)["median_ms"]
+        before = stamps()
+        time_cuda(call, repeats=1, warmup=1)   # the last call's stamps: flushed, lead, as timed
+        after = stamps()
+        rows = [r for r, o in zip(after, before) if r[0] != o[0]]
+        t0 = min(r[0] for r in rows)
+        rel = [[(r[i] - t0) / 1e3 for i in range(5)] for r in rows]
+        print(f"\n{label} N={n} det={det}: {len(rows)} blocks, event-timed median {ms * 1e3:.1f} us, kernel span "
+              f"{max(r[4] for r in rel):.1f} us (first entry to last exit)")
+        print("                         min     25%  median     75%     max   (us)")
+        print("  entry               ", q([r[0] for r in rel]))
+        print("  setup (1 - 0)       ", q([r[1] - r[0] for r in rel]))
+        print("  first rows (2 - 1)  ", q([r[2] - r[1] for r in rel if r[2] > 0 and r[2] >= r[1]]))
+        print("  loop (3 - 2)        ", q([r[3] - r[2] for r in rel if r[2] > 0 and r[2] >= r[1]]))
+        print("  flush (4 - 3)       ", q([r[4] - r[3] for r in rel]))
+        print("  exit                ", q([r[4] for r in rel]))
+        lines = [r[6] for r in rows]
+        per_sm = Counter(r[5] for r in rows)
+        print(f"  lines per block {min(lines)}..{max(lines)}; blocks per SM {min(per_sm.values())}..{max(per_sm.values())}"
+              f" over {len(per_sm)} SMs")
