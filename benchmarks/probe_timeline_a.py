@@ -60,5 +60,25 @@ for label, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
         print("  exit                ", q([r[4] for r in rel]))
         lines = [r[6] for r in rows]
         per_sm = Counter(r[5] for r in rows)
+        if n == 128:   # is the spread of the loop times per block, per SM, or per piece count?
+            G = len(rows)
+            L = n * 254
+            loop = {i: (r[3] - r[2]) / 1e3 for i, r in enumerate(after) if r[0] != before[i][0]}
+            pieces = {i: 1 + ((i + 1) * L // G - 1) // 254 - (i * L // G) // 254 for i in loop}
+            sm_of = {i: after[i][5] for i in loop}
+            by_sm = {}
+            for i, v in loop.items():
+                by_sm.setdefault(sm_of[i], []).append(v)
+            sm_mean = sorted(statistics.mean(v) for v in by_sm.values())
+            within = statistics.median(max(v) - min(v) for v in by_sm.values())
+            print(f"  per-SM mean loop: min {sm_mean[0]:.1f} median {statistics.median(sm_mean):.1f} max {sm_mean[-1]:.1f};"
+                  f" median spread inside an SM {within:.1f} us")
+            for k in (1, 2):
+                v = [loop[i] for i in loop if pieces[i] == k]
+                if v:
+                    print(f"  blocks with {k} piece(s): {len(v)}, loop median {statistics.median(v):.1f} us")
+            order = sorted(loop, key=loop.get)
+            print("  fastest (block, SM, loop us):", [(i, sm_of[i], round(loop[i], 1)) for i in order[:6]])
+            print("  slowest (block, SM, loop us):", [(i, sm_of[i], round(loop[i], 1)) for i in order[-6:]])
         print(f"  lines per block {min(lines)}..{max(lines)}; blocks per SM {min(per_sm.values())}..{max(per_sm.values())}"
               f" over {len(per_sm)} SMs")

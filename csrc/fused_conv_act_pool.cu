@@ -626,14 +626,11 @@ __device__ __forceinline__ void cp_wait_n(int n) {   // cp.async.wait_group need
   }
 }
 
-// A-operand value (weights / bias) of op j at (row m = channel, column k)
+// A-operand value (weights / bias) of K unit u (an op's K chunk pair: op_u0 / op_u1) at row m = output channel, column
+// kk < 8 (input channel cg * 8 + kk of tap (r, s); the bias unit: (b_hi, b_lo, 0, ...))
 template <int DT>
-__device__ __forceinline__ float wg_opA(const WGParams& p, int j, int m, int k, bool hi_part) {
-  if (j >= p.nops || m >= p.K) return 0.0f;
-  const int KU = 8;
-  const int u = (k >= KU) ? p.op_u1[j] : p.op_u0[j];
-  const int kk = k & (KU - 1);
-  if (u == WG_UNIT_NONE) return 0.0f;
+__device__ __forceinline__ float wg_opA(const WGParams& p, int u, int m, int kk) {
+  if (u == WG_UNIT_NONE || m >= p.K) return 0.0f;
   if (u == WG_UNIT_BIAS) {
     if (kk > 1 || p.bias == nullptr) return 0.0f;
     const float b = __ldg(p.bias + m);
@@ -1101,44 +1098,53 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   else o = make_uint4(0x3c003c00u, 0u, 0u, 0u);
   if (tid < 8) *reinterpret_cast<uint4*>(smem + p.ones_off + tid * 16) = o;
   if (DT != FF_F32) {
-    const int per = p.plane_bytes / 16;
-    for (int i = tid; i < p.RB * per; i += nthr) {
-      const int r = i / per, q = i - r * per;
-      *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q * 16) = o;
-    }
+    for (int r = 0; r < p.RB; ++r)
+      for (int q = tid * 16; q < p.plane_bytes; q += nthr * 16)
+        *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q) = o;
   }
-  constexpr int KK = (DT == FF_F32) ? 8 : 16, KC = KK / 2, BATCH = 16;
-  // BATCH values per thread are loaded before any is used, so their global loads are in flight together (one at a time
-  // they made the setup a latency chain of ~40 loads per thread before the block's first copy)
-  const int total = p.nops * 64 * KK;
-  for (int base = tid; base < total; base += BATCH * nthr) {
-    float vb[BATCH];
+  // One 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of every op (4 fp32 /
+  // 8 16-bit values; for 16-bit chunk h is unit op_u{h}, for fp32 both chunks are op_u0's channels 4h..4h+3), so the unit
+  // arithmetic is once per op and warp-uniform.  OB ops' global loads are issued before any is used (in flight together).
+  // Measured: the per-value form (index divisions per value, 16 values per batch) took 14-16 us TF32 / 22-25 us bf16
+  // per block before its first copy (NOTES run 19).
+  constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
+  const int m = tid & 63, h = (tid >> 6) & 1;
+  for (int j0 = tid >> 7; j0 < p.nops; j0 += OB * (nthr >> 7)) {
+    float v[OB][KC];
 #pragma unroll
-    for (int e = 0; e < BATCH; ++e) {
-      const int idx = base + e * nthr;
-      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
-      vb[e] = idx < total ? wg_opA<DT>(p, j, m, k, true) : 0.0f;
+    for (int o = 0; o < OB; ++o) {
+      const int j = j0 + o * (nthr >> 7);
+      const int u = j >= p.nops ? WG_UNIT_NONE : (DT != FF_F32 && h) ? p.op_u1[j] : p.op_u0[j];
+#pragma unroll
+      for (int e = 0; e < KC; ++e) v[o][e] = wg_opA<DT>(p, u, m, (DT == FF_F32 ? 4 * h : 0) + e);
     }
 #pragma unroll
-    for (int e = 0; e < BATCH; ++e) {
-      const int idx = base + e * nthr;
-      if (idx >= total) break;
-      const int j = idx / (64 * KK), rem = idx - j * 64 * KK, m = rem / KK, k = rem - m * KK;
-      const float v = vb[e];
-      bound.add(v);
-      const int off = j * 2048 + (k / KC) * 1024 + m * 16 + (k % KC) * (16 / KC);
+    for (int o = 0; o < OB; ++o) {
+      const int j = j0 + o * (nthr >> 7);
+      if (j >= p.nops) break;
+      unsigned char* dst = smem + j * 2048 + h * 1024 + m * 16;
+#pragma unroll
+      for (int e = 0; e < KC; ++e) bound.add(v[o][e]);
       if (DT == FF_F32) {
-        const uint32_t b = f2tf32(v);
-        *reinterpret_cast<uint32_t*>(smem + off) = b;
+        uint4 t;
+        t.x = f2tf32(v[o][0]); t.y = f2tf32(v[o][1]); t.z = f2tf32(v[o][2]); t.w = f2tf32(v[o][3]);
+        *reinterpret_cast<uint4*>(dst) = t;
         if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
-          __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(smem + p.a_small_off + j * 2048 + m * 16) + k;
-          sa[0] = __float2bfloat16_rn(v - __uint_as_float(b));
-          sa[512] = __float2bfloat16_rn(v);
+          unsigned char* sa = smem + p.a_small_off + j * 2048 + m * 16 + h * 8;
+          const uint32_t* hi = &t.x;
+          uint2 lo, full;
+          lo.x = pack2<FF_BF16>(v[o][0] - __uint_as_float(hi[0]), v[o][1] - __uint_as_float(hi[1]));
+          lo.y = pack2<FF_BF16>(v[o][2] - __uint_as_float(hi[2]), v[o][3] - __uint_as_float(hi[3]));
+          full.x = pack2<FF_BF16>(v[o][0], v[o][1]);
+          full.y = pack2<FF_BF16>(v[o][2], v[o][3]);
+          *reinterpret_cast<uint2*>(sa) = lo;
+          *reinterpret_cast<uint2*>(sa + 1024) = full;
         }
-      } else if (DT == FF_BF16) {
-        *reinterpret_cast<__nv_bfloat16*>(smem + off) = __float2bfloat16_rn(v);
       } else {
-        *reinterpret_cast<__half*>(smem + off) = __float2half_rn(v);
+        uint4 t;
+        t.x = pack2<DT>(v[o][0], v[o][1]); t.y = pack2<DT>(v[o][2], v[o][3]);
+        t.z = pack2<DT>(v[o][4], v[o][5]); t.w = pack2<DT>(v[o][6], v[o][7]);
+        *reinterpret_cast<uint4*>(dst) = t;
       }
     }
   }
@@ -1190,28 +1196,36 @@ __device__ __forceinline__ void wg_image_blocks(const WGParams& p, long long n, 
 template <int POOL = -1>
 __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, long long blo, long long bhi, int t, int nthr) {
   __threadfence();
-  for (int k = t; k < p.K; k += nthr) {
-    if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
-      // summed in block order; the partials are loaded 8 at a time so that their L2 latencies overlap (an image held by
-      // hundreds of blocks — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8).
-      // Block b's partial of image n sits at its slot n - (b's first image); every block after blo starts inside
-      // image n (its first line lies in (first line of n, last line of n]), so only blo's slot needs the division.
-      const long long jlo = n - (blo * p.L / p.G) / p.lines_img;
-      const float* part = p.ws_part + k;
+  if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
+    // summed in a fixed order: NS consecutive threads share channel k, thread `slice` sums the blocks blo + slice,
+    // blo + slice + NS, ... loading 16 at a time so that their L2 latencies overlap (an image held by hundreds of blocks
+    // — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8), then the NS sums are
+    // combined by a fixed butterfly.  Block b's partial of image n sits at its slot n - (b's first image); every block
+    // after blo starts inside image n (its first line lies in (first line of n, last line of n]), so only blo's slot
+    // needs the division.
+    constexpr int NS = 4, BATCH = 16;
+    const long long jlo = n - (blo * p.L / p.G) / p.lines_img;
+    const int slice = t % NS;
+    for (int k0 = 0; k0 < p.K; k0 += nthr / NS) {          // trip count uniform over the block (the shuffles below)
+      const int k = k0 + t / NS;
+      const float* part = p.ws_part + min(k, p.K - 1);
       float s = 0.0f;
-      for (long long b0 = blo; b0 <= bhi; b0 += 8) {
-        float v[8];
+      for (long long b0 = blo + slice; b0 <= bhi; b0 += NS * BATCH) {
+        float v[BATCH];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const long long b = b0 + e;
+        for (int e = 0; e < BATCH; ++e) {
+          const long long b = b0 + (long long)e * NS;
           v[e] = b <= bhi ? __ldcg(part + (b * p.J + (b == blo ? jlo : 0)) * 64) : 0.0f;
         }
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (b0 + e <= bhi) s += v[e];
+        for (int e = 0; e < BATCH; ++e) s += v[e];
       }
-      p.out[n * p.K + k] = s * p.inv_pq;
-    } else {
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (slice == 0 && k < p.K) p.out[n * p.K + k] = s * p.inv_pq;
+    }
+  } else {
+    for (int k = t; k < p.K; k += nthr) {
       unsigned* a = p.ws_max + n * p.K + k;
       p.out[n * p.K + k] = dec_max(__ldcg(a));
       *a = 0u;
@@ -1231,14 +1245,23 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
   FA_DIAG_STAMP(0);
-  wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
+  const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   WGInBound bound;
+  // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
+  // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them
+  if (LM != WG_LM_REG && L0 < L1) {
+    const WGPiece pc(p, L0, L1);
+    for (int t = 0; t < p.D; ++t) {
+      if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.n, pc.hbase, pc.wbase, bound);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  }
+  wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
-  const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
   const long long n_first = L0 / p.lines_img;
   const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
@@ -1295,7 +1318,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     if (n != cur_n) { flush(cur_n); cur_n = n; }
     __syncthreads();                                             // previous piece's wgmmas done in every warp
     if (LM != WG_LM_REG) {
-      for (int t = 0; t < p.D; ++t) {
+      for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
         if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
