@@ -77,6 +77,12 @@ for label, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
                 v = [loop[i] for i in loop if pieces[i] == k]
                 if v:
                     print(f"  blocks with {k} piece(s): {len(v)}, loop median {statistics.median(v):.1f} us")
+            nsm = torch.cuda.get_device_properties(0).multi_processor_count
+            for wv in range((G + nsm - 1) // nsm):   # launch waves: blocks wv * nsm .. (wv + 1) * nsm - 1
+                v = [loop[i] for i in loop if i // nsm == wv]
+                ex = [(after[i][4] - t0) / 1e3 for i in loop if i // nsm == wv]
+                print(f"  wave {wv} (blocks {wv * nsm}..{min(G, (wv + 1) * nsm) - 1}): loop median {statistics.median(v):.1f}"
+                      f" (min {min(v):.1f}, max {max(v):.1f}) us, exit median {statistics.median(ex):.1f} us")
             order = sorted(loop, key=loop.get)
             print("  fastest (block, SM, loop us):", [(i, sm_of[i], round(loop[i], 1)) for i in order[:6]])
             print("  slowest (block, SM, loop us):", [(i, sm_of[i], round(loop[i], 1)) for i in order[-6:]])

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <algorithm>
+#include <cstdio>
 #include "codes.h"
 #include "activation.cuh"
 
@@ -542,8 +543,14 @@ struct WGParams {
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
   long long L, lines_img; int G, J;
+  // the lines [wg_line0(b), wg_line0(b + 1)) of block b: shares of L in proportion to a weight per launch wave (blocks
+  // v * wv_n .. (v + 1) * wv_n - 1 are wave v; wv_F[v] = the weight of the blocks before wave v, wv_F[4] = all)
+  int wv_n, wv_w[4]; long long wv_F[5];
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
+  // the A operands' sources, per K chunk h (the 16 bytes a setup thread stores) of op j: op_wo = offset of the chunk's
+  // first weight w[0][c0][r][s], op_wn = its valid channels (0..4 fp32, 0..8 16-bit) or -1 = the bias pair (b_hi, b_lo)
+  int op_wo[2][WG_MAXOPS], op_wn[2][WG_MAXOPS];
   // B descriptors, precomputed (fp32): low word = op_d + smem_base/16 + ((ring slot * slot16 + half * 128) & op_mask),
   // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
   unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
@@ -624,26 +631,6 @@ __device__ __forceinline__ void cp_wait_n(int n) {   // cp.async.wait_group need
     case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
   }
-}
-
-// A-operand value (weights / bias) of K unit u (an op's K chunk pair: op_u0 / op_u1) at row m = output channel, column
-// kk < 8 (input channel cg * 8 + kk of tap (r, s); the bias unit: (b_hi, b_lo, 0, ...))
-template <int DT>
-__device__ __forceinline__ float wg_opA(const WGParams& p, int u, int m, int kk) {
-  if (u == WG_UNIT_NONE || m >= p.K) return 0.0f;
-  if (u == WG_UNIT_BIAS) {
-    if (kk > 1 || p.bias == nullptr) return 0.0f;
-    const float b = __ldg(p.bias + m);
-    float bh;
-    if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
-    else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));
-    else bh = __half2float(__float2half_rn(b));
-    return kk == 0 ? bh : b - bh;
-  }
-  const int t = u / p.CG, cg = u - t * p.CG, r = t / p.S, s = t - r * p.S;
-  const int c = cg * 8 + kk;
-  if (c >= p.C) return 0.0f;
-  return load_elem_f<DT>(p.w, (((long long)m * p.C + c) * p.R + r) * p.S + s);
 }
 
 template <int DT>
@@ -1103,20 +1090,31 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
         *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q) = o;
   }
   // One 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of every op (4 fp32 /
-  // 8 16-bit values; for 16-bit chunk h is unit op_u{h}, for fp32 both chunks are op_u0's channels 4h..4h+3), so the unit
-  // arithmetic is once per op and warp-uniform.  OB ops' global loads are issued before any is used (in flight together).
-  // Measured: the per-value form (index divisions per value, 16 values per batch) took 14-16 us TF32 / 22-25 us bf16
-  // per block before its first copy (NOTES run 19).
+  // 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  OB ops' global loads are
+  // issued before any is used (in flight together).  Kept small on purpose: this code runs once per block, so its cost
+  // is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 13-19 us
+  // per block before the first row could start (NOTES run 19).
   constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
-  const int m = tid & 63, h = (tid >> 6) & 1;
+  const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
+  const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;
+#pragma unroll 1
   for (int j0 = tid >> 7; j0 < p.nops; j0 += OB * (nthr >> 7)) {
     float v[OB][KC];
 #pragma unroll
     for (int o = 0; o < OB; ++o) {
-      const int j = j0 + o * (nthr >> 7);
-      const int u = j >= p.nops ? WG_UNIT_NONE : (DT != FF_F32 && h) ? p.op_u1[j] : p.op_u0[j];
+      const int j = min(j0 + o * (nthr >> 7), WG_MAXOPS - 1);
+      const int cnt = (j0 + o * (nthr >> 7) < p.nops && m < p.K) ? p.op_wn[h][j] : 0;
+      const long long base = mrow + p.op_wo[h][j];
 #pragma unroll
-      for (int e = 0; e < KC; ++e) v[o][e] = wg_opA<DT>(p, u, m, (DT == FF_F32 ? 4 * h : 0) + e);
+      for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? load_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
+      if (cnt < 0 && p.bias != nullptr) {   // the bias pair: b_hi rounded to the operand type, b_lo = the rest
+        const float b = __ldg(p.bias + m);
+        float bh;
+        if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
+        else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));
+        else bh = __half2float(__float2half_rn(b));
+        v[o][0] = bh; v[o][1] = b - bh;
+      }
     }
 #pragma unroll
     for (int o = 0; o < OB; ++o) {
@@ -1131,10 +1129,9 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
         *reinterpret_cast<uint4*>(dst) = t;
         if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
           unsigned char* sa = smem + p.a_small_off + j * 2048 + m * 16 + h * 8;
-          const uint32_t* hi = &t.x;
           uint2 lo, full;
-          lo.x = pack2<FF_BF16>(v[o][0] - __uint_as_float(hi[0]), v[o][1] - __uint_as_float(hi[1]));
-          lo.y = pack2<FF_BF16>(v[o][2] - __uint_as_float(hi[2]), v[o][3] - __uint_as_float(hi[3]));
+          lo.x = pack2<FF_BF16>(v[o][0] - __uint_as_float(t.x), v[o][1] - __uint_as_float(t.y));
+          lo.y = pack2<FF_BF16>(v[o][2] - __uint_as_float(t.z), v[o][3] - __uint_as_float(t.w));
           full.x = pack2<FF_BF16>(v[o][0], v[o][1]);
           full.y = pack2<FF_BF16>(v[o][2], v[o][3]);
           *reinterpret_cast<uint2*>(sa) = lo;
@@ -1182,14 +1179,32 @@ struct WGPiece {
   }
 };
 
-// Blocks that hold lines of image n (block of line l: ceil((l + 1) G / L) - 1), and the work of the last of them to
+// First line of block b (b = G: L).  Blocks of one SM run at different speeds — the warp scheduler favours the older
+// blocks' warps; measured (NOTES run 19): with equal shares the third wave's blocks finished ~8 % after the first's —
+// so the shares are weighted per launch wave (knob FF_FUSED_A_WAVES); equal weights give b * L / G.
+__device__ __forceinline__ long long wg_line0(const WGParams& p, long long b) {
+  const int v = (int)min(b / p.wv_n, 3LL);
+  return p.L * (p.wv_F[v] + (b - (long long)v * p.wv_n) * p.wv_w[v]) / p.wv_F[4];
+}
+// the block holding line l (the last b with wg_line0(b) <= l): the inverse of the weighted shares, then a step or two
+__device__ __noinline__ long long wg_block_of(const WGParams& p, long long l) {
+  const long long f = l * p.wv_F[4] / p.L;
+  int v = 0;
+  while (v < 3 && p.wv_F[v + 1] <= f) ++v;
+  long long b = min((long long)v * p.wv_n + (p.wv_w[v] ? (f - p.wv_F[v]) / p.wv_w[v] : 0), (long long)p.G - 1);
+  while (b > 0 && wg_line0(p, b) > l) --b;
+  while (b + 1 < p.G && wg_line0(p, b + 1) <= l) ++b;
+  return b;
+}
+
+// Blocks that hold lines of image n (wg_block_of its first and last line), and the work of the last of them to
 // flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
 // (mean) or from the ordered-uint maxima, which it re-zeroes with the image's arrival counter (threads t of nthr).
 // POOL: the pool code when the caller has it at compile time, -1 to read p.pool.
 __device__ __forceinline__ void wg_image_blocks(const WGParams& p, long long n, long long& blo, long long& bhi) {
   const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
-  blo = ((la + 1) * p.G + p.L - 1) / p.L - 1;
-  bhi = ((lb + 1) * p.G + p.L - 1) / p.L - 1;
+  blo = wg_block_of(p, la);
+  bhi = wg_block_of(p, lb);
 }
 // Not inlined: it runs once per image and block at most, and inlined (with its batched loads) it cost the 16-bit
 // kernels' main loop 16-40 bytes of stack.
@@ -1204,7 +1219,7 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
     // after blo starts inside image n (its first line lies in (first line of n, last line of n]), so only blo's slot
     // needs the division.
     constexpr int NS = 4, BATCH = 16;
-    const long long jlo = n - (blo * p.L / p.G) / p.lines_img;
+    const long long jlo = n - wg_line0(p, blo) / p.lines_img;
     const int slice = t % NS;
     for (int k0 = 0; k0 < p.K; k0 += nthr / NS) {          // trip count uniform over the block (the shuffles below)
       const int k = k0 + t / NS;
@@ -1245,7 +1260,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
   FA_DIAG_STAMP(0);
-  const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
+  const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   WGInBound bound;
@@ -1480,7 +1495,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   if (tid == 0) flag_s = wbad;
   __syncthreads();
 
-  const long long L0 = (long long)blockIdx.x * p.L / p.G, L1 = (long long)(blockIdx.x + 1) * p.L / p.G;
+  const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
 
   if (wg == 0) {
@@ -1605,7 +1620,9 @@ struct Plan {
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; };
+// FF_FUSED_A_WAVES = "w0,w1,w2,w3": per-mille weights of the line shares of the wgmma kernel's launch waves (wg_line0;
+// each 500..2000, default 1000 each = equal shares).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; int waves[4]; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
@@ -1619,6 +1636,12 @@ const Knobs& knobs() {
     if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
     if (r.wsnc < 2 || r.wsnc > WS_MAX_NC) r.wsnc = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
+    for (int v = 0; v < 4; ++v) r.waves[v] = 1000;
+    if (const char* s = getenv("FF_FUSED_A_WAVES")) {   // per-mille weights of the launch waves' line shares (wg_line0)
+      int w[4], n = sscanf(s, "%d,%d,%d,%d", &w[0], &w[1], &w[2], &w[3]);
+      for (int v = 0; v < n && v < 4; ++v)
+        if (w[v] >= 500 && w[v] <= 2000) r.waves[v] = w[v];
+    }
     return r;
   }();
   return k;
@@ -1883,6 +1906,17 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   }
   p.nops = nops;
   if (nops != nops_pred) return w;
+  for (int j = 0; j < WG_MAXOPS; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const int u = (dtype != FF_F32 && h) ? p.op_u1[j] : p.op_u0[j], k0 = dtype == FF_F32 ? 4 * h : 0;
+      const int kc = dtype == FF_F32 ? 4 : 8;
+      p.op_wo[h][j] = 0; p.op_wn[h][j] = 0;
+      if (j >= nops || u == WG_UNIT_NONE) continue;
+      if (u == WG_UNIT_BIAS) { p.op_wn[h][j] = k0 == 0 ? -1 : 0; continue; }
+      const int t = u / p.CG, cg = u % p.CG, r = t / S, s = t % S, c0 = cg * 8 + k0;
+      p.op_wn[h][j] = std::max(0, std::min(kc, C - c0));
+      p.op_wo[h][j] = (c0 * R + r) * S + s;
+    }
   p.slot16 = (int)(slot >> 4);
   auto magic = [](int d, unsigned long long& m, int& s) {
     int l = 0; while ((1LL << l) < d) ++l;
@@ -1896,7 +1930,18 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   long long G = (long long)bps * di.nsm;   // ws: bps = 1, one persistent block per SM
   if (G > p.L) G = p.L;
   p.G = (int)G;
-  const long long per = (p.L + G - 1) / G;
+  // launch waves of nsm blocks, weighted (wg_line0): FF_FUSED_A_WAVES = "w0,w1,w2,w3" (per mille), else the default
+  p.wv_n = di.nsm;
+  const int* wts = knobs().waves;
+  long long wmax = 0;
+  p.wv_F[0] = 0;
+  for (int v = 0; v < 4; ++v) {
+    const long long nb = std::max(0LL, std::min<long long>(di.nsm, G - (long long)v * di.nsm));
+    p.wv_w[v] = nb > 0 ? wts[v] : 0;
+    p.wv_F[v + 1] = p.wv_F[v] + nb * p.wv_w[v];
+    if (nb > 0) wmax = std::max<long long>(wmax, wts[v]);
+  }
+  const long long per = (p.L * wmax + p.wv_F[4] - 1) / p.wv_F[4] + 1;   // most lines of a block
   p.J = (int)((per + p.lines_img - 1) / p.lines_img + 1);
   p.inv_pq = (float)(1.0 / ((double)p.P * (double)p.Q));
   const bool need_ws = (pool == FF_POOL_MAX) || deterministic;
