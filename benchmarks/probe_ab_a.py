@@ -4,7 +4,7 @@ comparison for kernel changes whose effect is a few percent.
 
     FF_AB_LIBS="old=/path/libfused_conv_act_pool.so,new=/path/..." PYTHONPATH=. python3 benchmarks/probe_ab_a.py
 Env: FF_AB_REPS (default 40); FF_PROBE_MODES / FF_PROBE_LAYOUTS as probe_fused_a.py.  Cases: the seed (atomic mean,
-GELU erf) per mode and layout, and N = 1 (deterministic mean, channels_last) for the fixed cost.
+GELU erf) per mode and layout, and N = 1 and 128 in the deterministic mode (the default of fused_model), channels_last.
 """
 import os
 
@@ -19,7 +19,7 @@ flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
 print("# environment:", environment())
 print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; median ms of {reps} interleaved reps, L2 flushed")
 cases = [(lbl, dt, prec, cl, 128, 0) for lbl, dt, prec in modes() for cl in layouts()]
-cases += [(lbl, dt, prec, 1, 1, 1) for lbl, dt, prec in modes() if lbl in ("tf32", "bf16")]
+cases += [(lbl, dt, prec, 1, n, 1) for lbl, dt, prec in modes() if lbl in ("tf32", "bf16") for n in (1, 128)]
 for label, dtype, prec, cl, n, det in cases:
     c = Case("ab", n, 8, 256, 256, 64, 3, 3)
     x, w, b = make_inputs(c, 5)

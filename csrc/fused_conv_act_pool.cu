@@ -19,7 +19,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <algorithm>
-#include <cstdio>
 #include "codes.h"
 #include "activation.cuh"
 
@@ -543,9 +542,6 @@ struct WGParams {
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
   long long L, lines_img; int G, J;
-  // the lines [wg_line0(b), wg_line0(b + 1)) of block b: shares of L in proportion to a weight per launch wave (blocks
-  // v * wv_n .. (v + 1) * wv_n - 1 are wave v; wv_F[v] = the weight of the blocks before wave v, wv_F[4] = all)
-  int wv_n, wv_w[4]; long long wv_F[5];
   float inv_pq;
   int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
   // the A operands' sources, per K chunk h (the 16 bytes a setup thread stores) of op j: op_wo = offset of the chunk's
@@ -1179,23 +1175,11 @@ struct WGPiece {
   }
 };
 
-// First line of block b (b = G: L).  Blocks of one SM run at different speeds — the warp scheduler favours the older
-// blocks' warps; measured (NOTES run 19): with equal shares the third wave's blocks finished ~8 % after the first's —
-// so the shares are weighted per launch wave (knob FF_FUSED_A_WAVES); equal weights give b * L / G.
-__device__ __forceinline__ long long wg_line0(const WGParams& p, long long b) {
-  const int v = (int)min(b / p.wv_n, 3LL);
-  return p.L * (p.wv_F[v] + (b - (long long)v * p.wv_n) * p.wv_w[v]) / p.wv_F[4];
-}
-// the block holding line l (the last b with wg_line0(b) <= l): the inverse of the weighted shares, then a step or two
-__device__ __noinline__ long long wg_block_of(const WGParams& p, long long l) {
-  const long long f = l * p.wv_F[4] / p.L;
-  int v = 0;
-  while (v < 3 && p.wv_F[v + 1] <= f) ++v;
-  long long b = min((long long)v * p.wv_n + (p.wv_w[v] ? (f - p.wv_F[v]) / p.wv_w[v] : 0), (long long)p.G - 1);
-  while (b > 0 && wg_line0(p, b) > l) --b;
-  while (b + 1 < p.G && wg_line0(p, b + 1) <= l) ++b;
-  return b;
-}
+// The lines of block b are [wg_line0(b), wg_line0(b + 1)): equal shares.  (Weighting them per launch wave — the third
+// wave's blocks of an SM finished ~8 % after the first's — made the kernel slower: NOTES run 19.)
+__device__ __forceinline__ long long wg_line0(const WGParams& p, long long b) { return b * p.L / p.G; }
+// the block holding line l: the last b with wg_line0(b) <= l
+__device__ __forceinline__ long long wg_block_of(const WGParams& p, long long l) { return ((l + 1) * p.G + p.L - 1) / p.L - 1; }
 
 // Blocks that hold lines of image n (wg_block_of its first and last line), and the work of the last of them to
 // flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
@@ -1213,12 +1197,12 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
   __threadfence();
   if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
     // summed in a fixed order: NS consecutive threads share channel k, thread `slice` sums the blocks blo + slice,
-    // blo + slice + NS, ... loading 16 at a time so that their L2 latencies overlap (an image held by hundreds of blocks
+    // blo + slice + NS, ... loading 32 at a time so that their L2 latencies overlap (an image held by hundreds of blocks
     // — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8), then the NS sums are
     // combined by a fixed butterfly.  Block b's partial of image n sits at its slot n - (b's first image); every block
     // after blo starts inside image n (its first line lies in (first line of n, last line of n]), so only blo's slot
     // needs the division.
-    constexpr int NS = 4, BATCH = 16;
+    constexpr int NS = 4, BATCH = 32;
     const long long jlo = n - wg_line0(p, blo) / p.lines_img;
     const int slice = t % NS;
     for (int k0 = 0; k0 < p.K; k0 += nthr / NS) {          // trip count uniform over the block (the shuffles below)
@@ -1312,18 +1296,25 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         }
       }
     }
+  };
+  // deterministic mean and max: the block announces its images (n_first .. its last) once, after its last line — one
+  // fence and two barriers per image at the end instead of at every image boundary, where they stalled all four warps
+  // with the next rows' copies in flight (NOTES run 19); the last block to arrive at an image finishes it
+  auto arrive = [&](long long n_last) {
     if (p.pool == FF_POOL_MEAN && !p.det) return;
     __threadfence();
     __syncthreads();
-    long long blo, bhi;
-    wg_image_blocks(p, n, blo, bhi);
-    if (tid == 0) {
-      const int old = atomicAdd(p.ws_cnt + n, 1);
-      last_s = (old == (int)(bhi - blo));
+    for (long long n = n_first; n <= n_last; ++n) {
+      long long blo, bhi;
+      wg_image_blocks(p, n, blo, bhi);
+      if (tid == 0) {
+        const int old = atomicAdd(p.ws_cnt + n, 1);
+        last_s = (old == (int)(bhi - blo));
+      }
+      __syncthreads();
+      if (last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
+      __syncthreads();
     }
-    __syncthreads();
-    if (last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
-    __syncthreads();
   };
 
   for (long long l = L0; l < L1;) {
@@ -1379,6 +1370,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   }
   FA_DIAG_STAMP(3);
   flush(cur_n);
+  arrive(cur_n);
   FA_DIAG_STAMP(4);
 #else
   __trap();
@@ -1620,9 +1612,7 @@ struct Plan {
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-// FF_FUSED_A_WAVES = "w0,w1,w2,w3": per-mille weights of the line shares of the wgmma kernel's launch waves (wg_line0;
-// each 500..2000, default 1000 each = equal shares).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; int waves[4]; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
@@ -1636,12 +1626,6 @@ const Knobs& knobs() {
     if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
     if (r.wsnc < 2 || r.wsnc > WS_MAX_NC) r.wsnc = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
-    for (int v = 0; v < 4; ++v) r.waves[v] = 1000;
-    if (const char* s = getenv("FF_FUSED_A_WAVES")) {   // per-mille weights of the launch waves' line shares (wg_line0)
-      int w[4], n = sscanf(s, "%d,%d,%d,%d", &w[0], &w[1], &w[2], &w[3]);
-      for (int v = 0; v < n && v < 4; ++v)
-        if (w[v] >= 500 && w[v] <= 2000) r.waves[v] = w[v];
-    }
     return r;
   }();
   return k;
@@ -1930,18 +1914,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   long long G = (long long)bps * di.nsm;   // ws: bps = 1, one persistent block per SM
   if (G > p.L) G = p.L;
   p.G = (int)G;
-  // launch waves of nsm blocks, weighted (wg_line0): FF_FUSED_A_WAVES = "w0,w1,w2,w3" (per mille), else the default
-  p.wv_n = di.nsm;
-  const int* wts = knobs().waves;
-  long long wmax = 0;
-  p.wv_F[0] = 0;
-  for (int v = 0; v < 4; ++v) {
-    const long long nb = std::max(0LL, std::min<long long>(di.nsm, G - (long long)v * di.nsm));
-    p.wv_w[v] = nb > 0 ? wts[v] : 0;
-    p.wv_F[v + 1] = p.wv_F[v] + nb * p.wv_w[v];
-    if (nb > 0) wmax = std::max<long long>(wmax, wts[v]);
-  }
-  const long long per = (p.L * wmax + p.wv_F[4] - 1) / p.wv_F[4] + 1;   // most lines of a block
+  const long long per = (p.L + G - 1) / G;
   p.J = (int)((per + p.lines_img - 1) / p.lines_img + 1);
   p.inv_pq = (float)(1.0 / ((double)p.P * (double)p.Q));
   const bool need_ws = (pool == FF_POOL_MAX) || deterministic;
