@@ -1233,23 +1233,6 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
   if (t == 0) p.ws_cnt[n] = 0;
 }
 
-// Deterministic mean and max (fa_wgmma_kernel): the block announces its images n_first .. n_last once, after its last
-// line — one fence and two barriers per image at the end instead of at every image boundary, where they stalled all
-// four warps with the next rows' copies in flight (NOTES run 19); the last block to arrive at an image finishes it.
-// Not inlined: inlined, it cost the fp32 kernels' main loop up to 90 bytes of stack.
-__device__ __noinline__ void wg_arrive_images(const WGParams& p, long long n_first, long long n_last, int tid, int* last_s) {
-  __threadfence();
-  __syncthreads();
-  for (long long n = n_first; n <= n_last; ++n) {
-    long long blo, bhi;
-    wg_image_blocks(p, n, blo, bhi);
-    if (tid == 0) *last_s = (atomicAdd(p.ws_cnt + n, 1) == (int)(bhi - blo));
-    __syncthreads();
-    if (*last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
-    __syncthreads();
-  }
-}
-
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
@@ -1313,6 +1296,18 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         }
       }
     }
+    if (p.pool == FF_POOL_MEAN && !p.det) return;
+    __threadfence();
+    __syncthreads();
+    long long blo, bhi;
+    wg_image_blocks(p, n, blo, bhi);
+    if (tid == 0) {
+      const int old = atomicAdd(p.ws_cnt + n, 1);
+      last_s = (old == (int)(bhi - blo));
+    }
+    __syncthreads();
+    if (last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
+    __syncthreads();
   };
 
   for (long long l = L0; l < L1;) {
@@ -1368,7 +1363,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   }
   FA_DIAG_STAMP(3);
   flush(cur_n);
-  if (p.pool != FF_POOL_MEAN || p.det) wg_arrive_images(p, n_first, cur_n, tid, &last_s);
   FA_DIAG_STAMP(4);
 #else
   __trap();
