@@ -1073,70 +1073,8 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
 // weights, or the bias in one op; every entry (1, 1, 0, ...) like the ones block),
 // and the weights (+ bias op) as K-major core matrices, op j at j * 2 KB, [k chunk][64 ch][16 B]; every weight and
 // bias value goes through bound.
-// The A operands, one 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of
-// every op (4 fp32 / 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  A
-// batch of OB ops (j0, j0 + js, ...) is loaded (wg_opA_load: all its global loads in flight together), then converted
-// and stored (wg_opA_store).  Kept small on purpose: this code runs once per block, so its cost is the instruction
-// fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 13-19 us per block before
-// the first row could start (NOTES run 19).
-template <int DT> constexpr int wg_kc() { return DT == FF_F32 ? 4 : 8; }
-template <int DT, int OB>
-__device__ __forceinline__ void wg_opA_load(const WGParams& p, int j0, int js, int m, int h, float (&v)[OB][wg_kc<DT>()]) {
-  constexpr int KC = wg_kc<DT>();
-  const int cs = p.R * p.S;
-  const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;
-#pragma unroll
-  for (int o = 0; o < OB; ++o) {
-    const int j = min(j0 + o * js, WG_MAXOPS - 1);
-    const int cnt = (j0 + o * js < p.nops && m < p.K) ? p.op_wn[h][j] : 0;
-    const long long base = mrow + p.op_wo[h][j];
-#pragma unroll
-    for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? load_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
-    if (cnt < 0 && p.bias != nullptr) {   // the bias pair: b_hi rounded to the operand type, b_lo = the rest
-      const float b = __ldg(p.bias + m);
-      float bh;
-      if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
-      else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));
-      else bh = __half2float(__float2half_rn(b));
-      v[o][0] = bh; v[o][1] = b - bh;
-    }
-  }
-}
-template <int DT, bool SPLIT, int OB>
-__device__ __forceinline__ void wg_opA_store(const WGParams& p, unsigned char* smem, int j0, int js, int m, int h,
-                                             const float (&v)[OB][wg_kc<DT>()], WGInBound& bound) {
-#pragma unroll
-  for (int o = 0; o < OB; ++o) {
-    const int j = j0 + o * js;
-    if (j >= p.nops) break;
-    unsigned char* dst = smem + j * 2048 + h * 1024 + m * 16;
-#pragma unroll
-    for (int e = 0; e < wg_kc<DT>(); ++e) bound.add(v[o][e]);
-    if (DT == FF_F32) {
-      uint4 t;
-      t.x = f2tf32(v[o][0]); t.y = f2tf32(v[o][1]); t.z = f2tf32(v[o][2]); t.w = f2tf32(v[o][3]);
-      *reinterpret_cast<uint4*>(dst) = t;
-      if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
-        unsigned char* sa = smem + p.a_small_off + j * 2048 + m * 16 + h * 8;
-        uint2 lo, full;
-        lo.x = pack2<FF_BF16>(v[o][0] - __uint_as_float(t.x), v[o][1] - __uint_as_float(t.y));
-        lo.y = pack2<FF_BF16>(v[o][2] - __uint_as_float(t.z), v[o][3] - __uint_as_float(t.w));
-        full.x = pack2<FF_BF16>(v[o][0], v[o][1]);
-        full.y = pack2<FF_BF16>(v[o][2], v[o][3]);
-        *reinterpret_cast<uint2*>(sa) = lo;
-        *reinterpret_cast<uint2*>(sa + 1024) = full;
-      }
-    } else {
-      uint4 t;
-      t.x = pack2<DT>(v[o][0], v[o][1]); t.y = pack2<DT>(v[o][2], v[o][3]);
-      t.z = pack2<DT>(v[o][4], v[o][5]); t.w = pack2<DT>(v[o][6], v[o][7]);
-      *reinterpret_cast<uint4*>(dst) = t;
-    }
-  }
-}
-// the bias op's ones block and (16-bit) the ones plane after each ring slot's channel planes
-template <int DT>
-__device__ __forceinline__ void wg_setup_ones(const WGParams& p, unsigned char* smem, int tid, int nthr) {
+template <int DT, bool SPLIT>
+__device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned char* smem, int tid, int nthr, WGInBound& bound) {
   uint4 o;   // one K-major row of ones: channels 0 and 1 = 1.0, the rest 0
   if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
   else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
@@ -1147,22 +1085,62 @@ __device__ __forceinline__ void wg_setup_ones(const WGParams& p, unsigned char* 
       for (int q = tid * 16; q < p.plane_bytes; q += nthr * 16)
         *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q) = o;
   }
-}
-// ops j0, j0 + js, ... (js = threads / 128) in batches of OB
-template <int DT, bool SPLIT, int OB>
-__device__ __forceinline__ void wg_opA_from(const WGParams& p, unsigned char* smem, int j0, int js, int m, int h,
-                                            WGInBound& bound) {
+  // One 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of every op (4 fp32 /
+  // 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  OB ops' global loads are
+  // issued before any is used (in flight together).  Kept small on purpose: this code runs once per block, so its cost
+  // is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 13-19 us
+  // per block before the first row could start (NOTES run 19).
+  constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
+  const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
+  const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;
 #pragma unroll 1
-  for (; j0 < p.nops; j0 += OB * js) {
-    float v[OB][wg_kc<DT>()];
-    wg_opA_load<DT, OB>(p, j0, js, m, h, v);
-    wg_opA_store<DT, SPLIT, OB>(p, smem, j0, js, m, h, v, bound);
+  for (int j0 = tid >> 7; j0 < p.nops; j0 += OB * (nthr >> 7)) {
+    float v[OB][KC];
+#pragma unroll
+    for (int o = 0; o < OB; ++o) {
+      const int j = min(j0 + o * (nthr >> 7), WG_MAXOPS - 1);
+      const int cnt = (j0 + o * (nthr >> 7) < p.nops && m < p.K) ? p.op_wn[h][j] : 0;
+      const long long base = mrow + p.op_wo[h][j];
+#pragma unroll
+      for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? load_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
+      if (cnt < 0 && p.bias != nullptr) {   // the bias pair: b_hi rounded to the operand type, b_lo = the rest
+        const float b = __ldg(p.bias + m);
+        float bh;
+        if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
+        else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));
+        else bh = __half2float(__float2half_rn(b));
+        v[o][0] = bh; v[o][1] = b - bh;
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < OB; ++o) {
+      const int j = j0 + o * (nthr >> 7);
+      if (j >= p.nops) break;
+      unsigned char* dst = smem + j * 2048 + h * 1024 + m * 16;
+#pragma unroll
+      for (int e = 0; e < KC; ++e) bound.add(v[o][e]);
+      if (DT == FF_F32) {
+        uint4 t;
+        t.x = f2tf32(v[o][0]); t.y = f2tf32(v[o][1]); t.z = f2tf32(v[o][2]); t.w = f2tf32(v[o][3]);
+        *reinterpret_cast<uint4*>(dst) = t;
+        if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
+          unsigned char* sa = smem + p.a_small_off + j * 2048 + m * 16 + h * 8;
+          uint2 lo, full;
+          lo.x = pack2<FF_BF16>(v[o][0] - __uint_as_float(t.x), v[o][1] - __uint_as_float(t.y));
+          lo.y = pack2<FF_BF16>(v[o][2] - __uint_as_float(t.z), v[o][3] - __uint_as_float(t.w));
+          full.x = pack2<FF_BF16>(v[o][0], v[o][1]);
+          full.y = pack2<FF_BF16>(v[o][2], v[o][3]);
+          *reinterpret_cast<uint2*>(sa) = lo;
+          *reinterpret_cast<uint2*>(sa + 1024) = full;
+        }
+      } else {
+        uint4 t;
+        t.x = pack2<DT>(v[o][0], v[o][1]); t.y = pack2<DT>(v[o][2], v[o][3]);
+        t.z = pack2<DT>(v[o][4], v[o][5]); t.w = pack2<DT>(v[o][6], v[o][7]);
+        *reinterpret_cast<uint4*>(dst) = t;
+      }
+    }
   }
-}
-template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned char* smem, int tid, int nthr, WGInBound& bound) {
-  wg_setup_ones<DT>(p, smem, tid, nthr);
-  wg_opA_from<DT, SPLIT, DT == FF_F32 ? 4 : 2>(p, smem, tid >> 7, nthr >> 7, tid & 63, (tid >> 6) & 1, bound);
 }
 
 // A thread's partials of channel m0 + 8h over its pixel pair, reduced over the quad (tig 0..3) that shares the
@@ -1270,12 +1248,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   WGInBound bound;
-  // the first ops' weights are loaded, then the first piece's first D row groups go out, both before the rest of the
-  // setup, so that their latencies overlap it (the ring, the A operands, the ones plane and the descriptor table are
-  // disjoint shared memory); the line loop skips those row groups.  Straight-line kernels load all their ops at once.
-  constexpr int OB0 = NOPS > 0 ? NOPS : 4;
-  float wv[OB0][wg_kc<DT>()];
-  wg_opA_load<DT, OB0>(p, 0, 1, tid & 63, tid >> 6, wv);
+  // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
+  // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them
   if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
@@ -1284,9 +1258,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     }
   }
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
-  wg_setup_ones<DT>(p, smem, tid, 128);
-  wg_opA_store<DT, SPLIT, OB0>(p, smem, 0, 1, tid & 63, tid >> 6, wv, bound);
-  if (NOPS == 0) wg_opA_from<DT, SPLIT, 4>(p, smem, OB0, 1, tid & 63, tid >> 6, bound);
+  wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
   const long long n_first = L0 / p.lines_img;
