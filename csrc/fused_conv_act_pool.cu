@@ -750,13 +750,24 @@ template <int DT, bool SPLIT, int NOPS>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
                                          int half) {
 #ifdef FA_HAVE_WGMMA
+  // straight-line kernels read the whole row of descriptor words first, so that the shared-memory latencies overlap
+  // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, NOTES run 19); not the ieee kernel (SPLIT),
+  // whose 246 registers grew to 254 with it and whose NCHW time by 5 %
+  constexpr bool PRE = NOPS > 0 && !SPLIT;
+  constexpr int NL = PRE ? NOPS : 1;
+  uint32_t dl[NL];
+  const uint32_t* drow = dtab + (rs * 2 + half) * WG_DSTRIDE(NOPS);
+  if (PRE) {
+#pragma unroll
+    for (int j = 0; j < NL; ++j) dl[j] = drow[j];
+  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   wg_fence();
 #pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
-    const uint64_t desc = (uint64_t)dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] | ((uint64_t)p.op_hi[j] << 32);
+    const uint64_t desc = (uint64_t)(PRE ? dl[j < NL ? j : 0] : drow[j]) | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if (DT == FF_BF16) {
