@@ -11,7 +11,7 @@ import os
 import torch
 
 from fullfuse.measure import environment
-from probe_fused_a import DT, ACTS, Case, load_lib, make_inputs, modes, layouts, prep, run_kernel
+from probe_fused_a import load_lib, layouts, modes, seed_call, seed_case
 
 libs = [(item.split("=", 1)[0], load_lib(item.split("=", 1)[1])) for item in os.environ["FF_AB_LIBS"].split(",")]
 reps = int(os.environ.get("FF_AB_REPS", "40"))
@@ -21,17 +21,10 @@ print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; median ms of {
 cases = [(lbl, dt, prec, cl, 128, 0) for lbl, dt, prec in modes() for cl in layouts()]
 cases += [(lbl, dt, prec, 1, n, 1) for lbl, dt, prec in modes() if lbl in ("tf32", "bf16") for n in (1, 128)]
 for label, dtype, prec, cl, n, det in cases:
-    c = Case("ab", n, 8, 256, 256, 64, 3, 3)
-    x, w, b = make_inputs(c, 5)
-    _, xin, wd = prep(x, w, dtype, cl)
-    a = c.args(DT[dtype], cl, ACTS["gelu_erf"], 0, prec, det)
-    out = torch.zeros(n, 64, device="cuda")
+    case = seed_case(n, dtype, cl, 5)   # one input for every library
     calls = []
     for name, lib in libs:
-        ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
-
-        def call(lib=lib, ws=ws):
-            run_kernel(lib, c, xin, wd, b, dtype, cl, "gelu_erf", 0, prec, det, out, ws)
+        call = seed_call(lib, case, dtype, cl, prec, det)
         for _ in range(3):
             call()
         calls.append((name, call))

@@ -15,20 +15,14 @@ import os
 import torch
 
 from fullfuse.measure import environment, time_cuda
-from probe_fused_a import ACTS, DT, Case, load_lib, make_inputs, prep, run_kernel
+from probe_fused_a import load_lib, seed_call, seed_case
 
 lib = load_lib()
 NCU = os.environ.get("FF_FIXED_NCU") == "1"
 
 
-def setup(n, dtype, seed):
-    c = Case("fixed", n, 8, 256, 256, 64, 3, 3)
-    x, w, b = make_inputs(c, seed)
-    _, xin, wd = prep(x, w, dtype, 1)
-    a = c.args(DT[dtype], 1, ACTS["gelu_erf"], 0, 0, 1)   # channels_last, mean, precision 0 (tf32), deterministic
-    ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
-    out = torch.empty(n, 64, device="cuda")
-    return lambda: run_kernel(lib, c, xin, wd, b, dtype, 1, "gelu_erf", 0, 0, 1, out, ws)
+def setup(n, dtype, seed):   # channels_last, precision 0 (tf32), deterministic mean
+    return seed_call(lib, seed_case(n, dtype, 1, seed), dtype, 1, 0, 1)
 
 
 print("# environment:", environment())

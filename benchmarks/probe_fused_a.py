@@ -107,6 +107,23 @@ def run_kernel(lib, c, xin, win, b, dtype, cl, act, pool, prec, det, out=None, w
     return out, None
 
 
+def seed_case(n, dtype, cl, seed):
+    """The seed problem (C 8 -> K 64, 3x3, 256x256) with n images: (case, input in its layout, weights, bias)."""
+    c = Case("seed", n, 8, 256, 256, 64, 3, 3)
+    x, w, b = make_inputs(c, seed)
+    _, xin, wd = prep(x, w, dtype, cl)
+    return c, xin, wd, b
+
+
+def seed_call(lib, case, dtype, cl, prec, det):
+    """A closure that runs the fused kernel of ``lib`` on ``case`` (GELU erf, mean pool) with its own workspace."""
+    c, xin, wd, b = case
+    a = c.args(DT[dtype], cl, ACTS["gelu_erf"], 0, prec, det)
+    ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
+    out = torch.zeros(c.N, c.K, device="cuda")
+    return lambda: run_kernel(lib, c, xin, wd, b, dtype, cl, "gelu_erf", 0, prec, det, out, ws)
+
+
 def modes():
     # (label, dtype, prec); FF_PROBE_MODES=tf32,bf16 restricts
     allm = [("tf32", torch.float32, 0), ("ieee", torch.float32, 1), ("bf16", torch.bfloat16, 0), ("fp16", torch.float16, 0)]

@@ -12,7 +12,7 @@ from collections import Counter
 import torch
 
 from fullfuse.measure import environment, time_cuda
-from probe_fused_a import ACTS, DT, Case, load_lib, make_inputs, prep, run_kernel
+from probe_fused_a import load_lib, seed_call, seed_case
 
 lib = load_lib()
 lib.ff_fused_a_diag_times.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -33,15 +33,7 @@ def q(v):
 print("# environment:", environment())
 for label, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16)):
     for n, det in ((1, 1), (8, 1), (128, 1), (128, 0)):
-        c = Case("timeline", n, 8, 256, 256, 64, 3, 3)
-        x, w, b = make_inputs(c, 3)
-        _, xin, wd = prep(x, w, dtype, 1)
-        a = c.args(DT[dtype], 1, ACTS["gelu_erf"], 0, 0, det)
-        ws = torch.zeros(max(lib.ff_fused_conv_act_pool_workspace_bytes(*a), 16), dtype=torch.uint8, device="cuda")
-        out = torch.zeros(n, 64, device="cuda")
-
-        def call():
-            run_kernel(lib, c, xin, wd, b, dtype, 1, "gelu_erf", 0, 0, det, out, ws)
+        call = seed_call(lib, seed_case(n, dtype, 1, 3), dtype, 1, 0, det)
         ms = time_cuda(call, repeats=10)["median_ms"]
         before = stamps()
         time_cuda(call, repeats=1, warmup=1)   # the last call's stamps: flushed, lead, as timed

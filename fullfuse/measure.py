@@ -8,7 +8,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -37,7 +37,7 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
 
 def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True,
               per_run: bool = False, host_lead_us: float = HOST_LEAD_US,
-              prepare: Callable[[], object] = None) -> Dict[str, object]:
+              prepare: Optional[Callable[[], object]] = None) -> Dict[str, object]:
     """Median and min in ms of ``fn`` timed with CUDA events, after warm-up, flushing the L2 before each run and
     giving the host ``host_lead_us`` to queue the call before its start event (HOST_LEAD_US; 0: none).
     per_run: also every run's time ("runs_ms") and the host time of its call of ``fn`` ("host_us").
