@@ -13,6 +13,7 @@
 //     precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
 //     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
 //     = one filter tap (r,s) x 8 input channels; tile [chgroup][row][col][8 ch]; epilogue per 64ch x 16px tile.
+#include <cuda.h>   // CUtensorMap (the driver function that fills it is looked up at run time: no libcuda link)
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -525,7 +526,12 @@ constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 op
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
 // ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
-enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4 };
+// TVEC / TNCHW = fp32 channels_last (C % 8 == 0) / NCHW (W % 4 == 0) through the tensor-memory-access engine (TMA,
+// wg_tma_row): one thread issues a row's few bulk copies instead of every thread its 16-byte ones (the copies' issue and
+// index arithmetic were ~70-100 instructions per tile and warp, NOTES run 19 item 9); TVEC lands in the slot's own layout,
+// TNCHW in a staging buffer that the post-copy pass transposes into the slot.
+enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4, WG_LM_TVEC = 5, WG_LM_TNCHW = 6 };
+constexpr bool wg_lm_tma(int lm) { return lm == WG_LM_TVEC || lm == WG_LM_TNCHW; }
 // Each channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack (the
 // NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
 constexpr int WG_PAD = 8;
@@ -533,6 +539,7 @@ constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 constexpr int WS_MAX_RB = 24;      // ring slots of the warp-specialised kernel (fa_ws_kernel), at most
 
 struct WGParams {
+  CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 4 ch, C/4, W, H, N) or 4-d (TNCHW: W, H, C, N) tensor
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
@@ -552,6 +559,12 @@ struct WGParams {
   unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
   int op_rd[WG_MAXOPS], slot16;
   float* ws_part; unsigned* ws_max; int* ws_cnt;
+  // TMA loaders: boxes of tma_bc columns (tma_nbox per plane / channel group), tma_bytes per row; NST stages with one
+  // mbarrier each at bar_off (TVEC: the RB ring slots themselves; TNCHW: stage_bytes each at stage_off)
+  // TNCHW: boxes start tma_delta columns before wbase, at a multiple of 4 columns (the TMA unit refuses a box whose innermost
+  // coordinate is not 16-byte aligned: illegal instruction), and tma_cols counts those columns too
+  int tma_nbox, tma_bc, tma_bytes, tma_cols, tma_delta, NST, stage_off, stage_bytes, bar_off;
+  unsigned long long mST, mBC; int sST, sBC;
 };
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
@@ -793,6 +806,34 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool o
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
+__device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" :: "r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_n(uint32_t a, unsigned n) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}" :: "r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, unsigned parity) {
+  asm volatile("{\n.reg .pred P1;\nWS_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               "@!P1 bra WS_WAIT;\n}" :: "r"(a), "r"(parity) : "memory");
+}
+// the mbarrier's single arrival, announcing `bytes` of bulk copies that complete its phase
+__device__ __forceinline__ void mbar_expect_tx(uint32_t a, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(a), "r"(bytes) : "memory");
+}
+// one TMA box of the tensor map `map` (a __grid_constant__ parameter) at the given coordinates (innermost first) into
+// shared memory at dst (128-byte aligned); elements outside the tensor arrive as zeros
+__device__ __forceinline__ void tma_load4(uint32_t dst, const void* map, uint32_t bar, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load5(uint32_t dst, const void* map, uint32_t bar, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
+}
 
 // precision ieee, the small part of the ring slot: per 8-channel group two bf16 planes, bf16(x) then bf16(x - x_hi)
 // (x_hi = tf32(x)), both 0 where x_hi is not finite (Inf / NaN then reach the result through x_hi w_hi alone, as in
@@ -829,6 +870,53 @@ struct WGInBound {
     return f <= 0x1p50f && (DT == FF_BF16 ? m <= 0x5880u : DT == FF_F16 ? m < 0x7c00u : true);   // bf16 2^50; fp16 finite
   }
 };
+
+// fp32 NCHW loaders: v[e] = 4 columns of channel 4 hp + e -> 4 columns x 4 channels at blk (plane hp), rounded to tf32,
+// bounded; ieee also the column's bf16 small part
+template <bool SPLIT>
+__device__ __forceinline__ void wg_store_cols4(const WGParams& p, uint32_t blk, int hp, const uint32_t (&v)[4][4], WGInBound& bound) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t b[4];
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[e] = __uint_as_float(v[e][i]);
+      b[e] = f2tf32(x[e]);
+      bound.add(x[e]);
+    }
+    asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+    if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
+      uint32_t xb[2], xl[2];
+      wg_small_pairs(x, b, xb, xl);
+      const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
+      asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
+      asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
+    }
+  }
+}
+
+// TNCHW post-copy pass of one row: the stage holds [channel group][box][8 ch][tma_bc columns] from column wbase - tma_delta
+// (TMA, wg_tma_row), which goes to slot position WG_PAD - tma_delta (the slack before the row); task =
+// (plane hp, 4-column group j), plane-fastest: the 8 threads of a 16-byte shared-memory phase load 4 groups of each of
+// two planes, which lie 16 tma_bc = 64 bytes apart modulo 128 (tma_bc = 4 mod 8): conflict-free; they store into the
+// slot's planes 32 bytes apart modulo 128 (2-way, as NCHW4).
+template <bool SPLIT>
+__device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, uint32_t stg, WGInBound& bound) {
+  const int HP = 2 * p.CG, ng = (p.tma_cols + 3) >> 2;
+  for (int task = threadIdx.x; task < HP * ng; task += 128) {
+    int hp, j;
+    if (p.CG == 1) { hp = task & 1; j = task >> 1; }
+    else { j = fdiv(task, p.mHP, p.sHP); hp = task - j * HP; }
+    const int c0 = 4 * j, b = fdiv(c0, p.mBC, p.sBC);
+    const uint32_t src = stg + (uint32_t)((((hp >> 1) * p.tma_nbox + b) * 8 + (hp & 1) * 4) * p.tma_bc * 4 + (c0 - b * p.tma_bc) * 4);
+    uint32_t v[4][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(src + e * p.tma_bc * 4));
+    wg_store_cols4<SPLIT>(p, slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD - p.tma_delta + c0) * 16), hp, v, bound);
+  }
+}
 
 // NCHW8 loader (16-bit; fp32's NCHW4 below is the same with G = 4 and written out: its ieee build measured 5 % slower
 // through this helper), one input row: tasks of (plane pl of G channels, G-column group), G = 16 / element size.
@@ -880,7 +968,7 @@ template <int DT, bool SPLIT, int LM, int MODE>
 __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, WGInBound& bound) {
   const int tid = threadIdx.x;
   const bool hok = (h >= 0 && h < p.H);
-  if (LM == WG_LM_VEC) {
+  if (LM == WG_LM_VEC || LM == WG_LM_TVEC) {   // TVEC: MODE 1 only (its copies are wg_tma_row's)
     constexpr int CPP = (DT == FF_F32) ? 2 : 1;
     constexpr int ESZ = (DT == FF_F32) ? 4 : 2;
     // one 16-byte chunk: channels cg * 8 + half * 4 .. (fp32) or cg * 8 .. (16-bit) of column col; src = its element
@@ -914,8 +1002,11 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
     const long long rowoff = ((n * p.H + h) * p.W + wbase) * p.C;   // element offset of column 0 of this row
     if (p.CG == 1) {
       // C == 8: a thread's chunks are every (128 / CPP)-th column at a fixed half, so its destination, source and
-      // column advance by constants (the generic loop below spent ~45 instructions per chunk on index arithmetic)
-      const int half = (CPP == 2) ? (tid & 1) : 0, col0 = (CPP == 2) ? (tid >> 1) : tid;
+      // column advance by constants (the generic loop below spent ~45 instructions per chunk on index arithmetic).
+      // TVEC's planes are 128-byte aligned (TMA), so its 8-thread phases take 8 columns of one plane (conflict-free);
+      // VEC's alternate the planes, which start 64 bytes apart modulo 128.
+      const int half = (CPP == 2) ? (LM == WG_LM_TVEC ? (tid >> 3) & 1 : tid & 1) : 0;
+      const int col0 = (CPP == 2) ? (LM == WG_LM_TVEC ? (tid & 7) | ((tid >> 4) << 3) : tid >> 1) : tid;
       constexpr int CSTEP = 128 / CPP;
       uint32_t dst = slot + (uint32_t)(half * p.plane_bytes + (WG_PAD + col0) * 16);
       long long src = rowoff + col0 * 8 + half * 4;
@@ -964,25 +1055,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + (j >> 1)) & 3) * 16));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          uint32_t b[4];
-          float x[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            x[e] = __uint_as_float(v[e][i]);
-            b[e] = f2tf32(x[e]);
-            bound.add(x[e]);
-          }
-          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
-          if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
-            uint32_t xb[2], xl[2];
-            wg_small_pairs(x, b, xb, xl);
-            const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
-            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
-            asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
-          }
-        }
+        wg_store_cols4<SPLIT>(p, blk, hp, v, bound);
       }
     }
   } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group, 8 columns)
@@ -1077,6 +1150,41 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
   const int jlo = (t == 0) ? 0 : (t - 1) * p.sh + span + 1, jhi = t * p.sh + span;
   for (int j = jlo; j <= jhi; ++j)
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
+}
+
+// TMA loaders (one thread): input row j of the piece (row h of image n from column wbase) into its stage st = j % NST,
+// announced on the stage's mbarrier.  TVEC: the stage is ring slot j % RB itself (NST == RB) and each box lands
+// 4 channels x tma_bc columns where the slot's layout has them; TNCHW: stage st at stage_off, [channel group][box][8 ch]
+// [tma_bc columns].  Rows, columns and channels outside the input arrive as zeros.
+template <int LM>
+__device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, long long n,
+                                           int h, int wbase) {
+  const int st = j - p.NST * fdiv(j, p.mST, p.sST);
+  const uint32_t bar = bar0 + 8u * st;
+  mbar_expect_tx(bar, (unsigned)p.tma_bytes);
+  for (int g = 0; g < (LM == WG_LM_TVEC ? 2 * p.CG : p.CG); ++g)
+    for (int b = 0; b < p.tma_nbox; ++b) {
+      if (LM == WG_LM_TVEC)
+        tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + b * p.tma_bc) * 16), &p.tmap, bar, 0, g,
+                  wbase + b * p.tma_bc, h, (int)n);
+      else
+        tma_load4(stage0 + (uint32_t)(st * p.stage_bytes + (g * p.tma_nbox + b) * 32 * p.tma_bc), &p.tmap, bar,
+                  wbase - p.tma_delta + b * p.tma_bc, h, g * 8, (int)n);
+    }
+}
+// All threads: wait for row j's stage (tph = the stages' phase bits), then its post-copy pass into ring slot j % RB.
+template <int DT, bool SPLIT, int LM>
+__device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, uint32_t& tph,
+                                            WGInBound& bound) {
+  const int st = j - p.NST * fdiv(j, p.mST, p.sST);
+  mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
+  tph ^= 1u << st;
+  if (LM == WG_LM_TVEC) {
+    wg_row<DT, SPLIT, WG_LM_TVEC, 1>(p, ring + (uint32_t)(st * p.slot_bytes), 0, 0, 0, bound);
+  } else {
+    const int rs = j - p.RB * fdiv(j, p.mRB, p.sRB);
+    wg_tnchw_row<SPLIT>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
+  }
 }
 
 // Block setup of both wgmma kernels, threads tid of nthr: the bias op's ones block (8 rows x 16 B, SBO = LBO = 0;
@@ -1248,7 +1356,12 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr bool TMA = wg_lm_tma(LM);
+  // TMA destinations must be 128-byte aligned; the dynamic shared memory starts after the static (1040 bytes on sm_90),
+  // whatever alignment the declaration asks for, so the TMA kernels move their layout up to the next 128 bytes (wg_plan
+  // adds them)
+  unsigned char* const smem = smem_raw + (TMA ? (128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u : 0u);
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
   __shared__ int last_s;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
@@ -1260,8 +1373,26 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   WGInBound bound;
   // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
-  // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them
-  if (LM != WG_LM_REG && L0 < L1) {
+  // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them.
+  // TMA: the first `pre` rows (as many as the stages hold), after thread 0 initialised the stages' mbarriers.
+  const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.bar_off;
+  const uint32_t stage0 = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.stage_off;
+  const int span = (p.R - 1) * p.dh;
+  uint32_t tph = 0u;   // TMA: phase bit of each stage's mbarrier
+  int pre = 0;
+  if constexpr (TMA) {
+    if (tid == 0) {
+      for (int s = 0; s < p.NST; ++s) mbar_init(bar0 + 8u * s, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    if (L0 < L1) {
+      const WGPiece pc(p, L0, L1);
+      pre = min(p.NST, (min(p.D, pc.np) - 1) * p.sh + span + 1);
+      if (tid == 0)
+        for (int j = 0; j < pre; ++j) wg_tma_row<LM>(p, ring, stage0, bar0, j, pc.n, pc.hbase + j, pc.wbase);
+    }
+  } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
       if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.n, pc.hbase, pc.wbase, bound);
@@ -1327,7 +1458,27 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const int np = pc.np, qv = pc.qv, hbase = pc.hbase, wbase = pc.wbase;
     if (n != cur_n) { flush(cur_n); cur_n = n; }
     __syncthreads();                                             // previous piece's wgmmas done in every warp
-    if (LM != WG_LM_REG) {
+    if constexpr (TMA) {
+      // rows of groups 0 .. D-1 go out as stages free up (TNCHW has fewer stages than group 0 has rows: a barrier
+      // before a stage is refilled, once or twice per piece); group 0's rows are waited for and post-processed
+      const int nahead = (min(p.D, np) - 1) * p.sh + span + 1;
+      int issued = (l == L0) ? pre : 0;
+      for (int j = 0; j <= span; ++j) {
+        const int want = min(j + p.NST, nahead);
+        if (issued < want) {
+          if (j > 0) __syncthreads();
+          if (tid == 0)
+            for (int r = issued; r < want; ++r) wg_tma_row<LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
+          issued = want;
+        }
+        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tph, bound);
+      }
+      if (issued < nahead) {
+        __syncthreads();
+        if (tid == 0)
+          for (int r = issued; r < nahead; ++r) wg_tma_row<LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
+      }
+    } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
         if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
@@ -1338,7 +1489,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     // post-copy pass (MODE 1: tf32 rounding, NCHW transposes, the input bound) of row group t + 1 and the copies of
     // group t + D run while row t's wgmmas do: only the barrier stays between rows
     const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
-    if (LM != WG_LM_REG) {
+    if (LM != WG_LM_REG && !TMA) {
       cp_wait_n(p.D - 1);
 #ifdef FF_FUSED_A_DIAG
       if (first_rows) { FA_DIAG_STAMP(2); first_rows = false; }
@@ -1355,13 +1506,22 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #pragma unroll 1
       for (int half = 0; half < pc.nhalf; ++half) {
         if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-        if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-          if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
-          if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
-        }
-        if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
-          cp_wait_n(p.D - 1);
-          if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
+        if constexpr (TMA) {
+          if (half == 0 && tid == 0 && t + p.D < np)   // group t + D (TVEC: into the ring slots row t - 1 left)
+            for (int r = (t + p.D - 1) * p.sh + span + 1; r <= (t + p.D) * p.sh + span; ++r)
+              wg_tma_row<LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
+          if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
+            for (int r = t * p.sh + span + 1; r <= (t + 1) * p.sh + span; ++r)
+              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tph, bound);
+        } else {
+          if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
+            if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
+            if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
+          }
+          if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
+            cp_wait_n(p.D - 1);
+            if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
+          }
         }
         if (!WS_DIAG(12)) wg_wait0();
         if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
@@ -1369,7 +1529,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
     }
-    if (LM != WG_LM_REG) asm volatile("cp.async.wait_all;" ::: "memory");
+    if (LM != WG_LM_REG && !TMA) asm volatile("cp.async.wait_all;" ::: "memory");
     l += np;
   }
   FA_DIAG_STAMP(3);
@@ -1405,20 +1565,6 @@ constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
 [[maybe_unused]] constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
 enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
 
-__device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t a) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" :: "r"(a) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_n(uint32_t a, unsigned n) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}" :: "r"(a), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t a, unsigned parity) {
-  asm volatile("{\n.reg .pred P1;\nWS_WAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-               "@!P1 bra WS_WAIT;\n}" :: "r"(a), "r"(parity) : "memory");
-}
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
 
@@ -1613,16 +1759,17 @@ struct Plan {
 // FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
 // FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
+// FF_FUSED_A_TMA = 0 keeps fp32 input on the per-thread 16-byte copies (VEC / NCHW4) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
-            get("FF_FUSED_A_MINBPS", 2)};
+            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
@@ -1749,6 +1896,7 @@ int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_
 // ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
 struct WGPlan {
   bool ok, ws;   // ws: the warp-specialised kernel (fa_ws_kernel), one block per SM
+  int lm, bps;   // the input loader (WG_LM_*) the layout is for; blocks per SM
   const char* why;   // set when the shape is beyond this kernel's capacity (for the user's message)
   WGParams prm;
   size_t smem, ws_cnt_bytes, ws_bytes;
@@ -1760,11 +1908,13 @@ int wg_straight_ops(int dtype, int nops) {
   return (dtype == FF_F32 ? nops == WG_OPS3X3 : nops == WG_PAIR16_OPS) ? nops : 0;
 }
 
-WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
-               int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base) {
+WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
+                  int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm) {
   WGPlan w{};
   w.ok = false;
   w.why = nullptr;
+  w.lm = lm;
+  const bool tvec = lm == WG_LM_TVEC, tnchw = lm == WG_LM_TNCHW, tma = tvec || tnchw;
   if (base.why || knobs().impl != 0) return w;
   const DevInfo di = dev_info();
   if (!(di.major == 9 && di.minor == 0)) return w;
@@ -1780,9 +1930,23 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
+  // TMA boxes of at most 256 columns: TVEC's tma_bc % 8 == 0 (each box lands 128-byte aligned in its plane), TNCHW's
+  // tma_bc % 8 == 4 (the stage's two 4-channel halves 64 bytes apart modulo 128, wg_tnchw_row)
+  const int tdelta = tnchw ? ((-pw) % 4 + 4) % 4 : 0;   // wbase mod 4 (segments start at multiples of 256 columns)
+  const long long cols = (long long)WG_NT + (long long)(S - 1) * dw + tdelta;   // the columns a row's ops read (+ delta)
+  int nbox = 0, bc = 0;
+  if (tma) {
+    for (nbox = (int)((cols + 255) / 256);; ++nbox) {
+      bc = (int)((cols + nbox - 1) / nbox);
+      bc = tvec ? (bc + 7) / 8 * 8 : (bc + 3) / 8 * 8 + 4;
+      if (bc <= 256) break;
+    }
+  }
   // a channel plane: slack both sides (NCHW4 / NCHW8 groups overhang), then fp32 planes start 64 (channels_last: the
-  // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 32 bytes (NCHW4: see there) apart modulo 128
-  const long long plane = ((long long)p.TWa + 2 * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 32);
+  // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 32 bytes (NCHW4: see there) apart modulo 128;
+  // TVEC: 128-byte aligned planes of the slack and the TMA boxes
+  const long long plane = tvec ? ((long long)WG_PAD + (long long)nbox * bc) * 16
+                               : ((long long)p.TWa + 2 * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 32);
   p.plane_bytes = (int)plane;
   p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
@@ -1805,7 +1969,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
   // the warp-specialised kernel: straight-line ops only (10 fp32, 6 16-bit), every input row read by some output row,
   // ring sequence numbers of a block's rows < 2^30
-  const bool ws = knobs().ws && nops_line > 0 && sh <= span + 1 && lines_per_block * (sh + span + 1) < (1LL << 30);
+  const bool ws = !tma && knobs().ws && nops_line > 0 && sh <= span + 1 && lines_per_block * (sh + span + 1) < (1LL << 30);
   w.ws = ws;
   p.nc = knobs().wsnc;
 #ifdef FF_FUSED_A_DIAG
@@ -1814,6 +1978,13 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   const long long need = (long long)sh + span + 1;     // ring slots: the rows of one output row + the next row's first
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
   auto dtab_bytes = [&](long long slots) { return slots * 2 * WG_DSTRIDE(nops_line) * 4; };   // B descriptor table (wg_dtab_fill)
+  // TMA: TNCHW's stages (D = 2 row groups in flight, sh rows each) and the stages' mbarriers (TVEC: one per ring slot),
+  // + 2 x 128 bytes to align the stages and the whole layout (fa_wgmma_kernel)
+  const int tnchw_d = 2;
+  const long long stage_bytes = tnchw ? (long long)p.CG * nbox * 32 * bc : 0, nst_tnchw = (long long)tnchw_d * sh;
+  auto tma_bytes = [&](long long slots) {
+    return !tma ? 0LL : tvec ? 8 * slots + 256 : nst_tnchw * (stage_bytes + 8) + 256;
+  };
   // blocks per SM: the knob (3xTF32: at most 2; ws: 1), fewer when the ring of a large filter / many channels needs it;
   // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
   int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
@@ -1821,7 +1992,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
     return 232448LL / b - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
   };
   const int bps_asked = bps;
-  while (bps > 1 && need * slot + ONES + dtab_bytes(need) > budget_of(bps)) --bps;
+  while (bps > 1 && need * slot + ONES + dtab_bytes(need) + tma_bytes(need) > budget_of(bps)) --bps;
   // one block per SM, no other block to fill its MMA and epilogue gaps: measured slower than cuDNN + the fused
   // epilogue kernel (benchmarks/NOTES.md run 17: 3x3 over 24 / 32 channels), so such shapes run the fallback
   if (bps < std::min(bps_asked, knobs().minbps)) {
@@ -1831,28 +2002,40 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   }
   const long long budget = budget_of(bps);
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
-  if (rb * slot + ONES + dtab_bytes(rb) > budget || rb > 64) {
+  if (rb * slot + ONES + dtab_bytes(rb) + tma_bytes(rb) > budget || rb > 64) {
     w.why = "fused_conv_act_pool: the sm_90 kernel's weights and ring of input rows (filter height x channels x 256 "
             "columns) do not fit in shared memory";
     return w;
   }
   const int rbmax = ws ? knobs().wsrb : knobs().rb;
-  while (rb + 1 <= rbmax && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) <= budget) ++rb;
+  while (!tnchw && rb + 1 <= rbmax && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) + tma_bytes(rb + 1) <= budget) ++rb;
   if (ws && rb > WS_MAX_RB) return w;
   p.RB = (int)rb;
   if (ws) {   // rows of copies in flight: the producer may wait on the slot of row j + D while row j is not yet handed over
     p.D = (int)std::min<long long>(knobs().wslag, rb - span - 1);
+  } else if (tnchw) {
+    p.D = tnchw_d;
   } else {
     p.D = (int)((rb - 1 - span) / sh);
     if (p.D > 8) p.D = 8;
   }
   if (p.D < 1) return w;
+  w.bps = bps;
   p.slot_bytes = (int)slot;
   p.a_small_off = (int)(nops_pred * 2048);
   p.ring_off = (int)abytes;
   p.ones_off = (int)(abytes + rb * slot);
   p.dtab_off = (int)(abytes + rb * slot + ONES);
   w.smem = (size_t)(abytes + rb * slot + ONES + dtab_bytes(rb));
+  if (tma) {   // [stages][mbarriers] after the descriptor table
+    p.NST = tvec ? (int)rb : (int)nst_tnchw;
+    p.stage_off = (int)((w.smem + 127) / 128 * 128);
+    p.stage_bytes = (int)stage_bytes;
+    p.bar_off = p.stage_off + p.NST * p.stage_bytes;
+    w.smem = (size_t)p.bar_off + 8 * (size_t)p.NST + 128;   // + the kernel's alignment of its layout to 128 bytes
+    p.tma_nbox = nbox; p.tma_bc = bc; p.tma_cols = (int)cols; p.tma_delta = tdelta;
+    p.tma_bytes = tvec ? 2 * p.CG * nbox * bc * 16 : p.CG * nbox * bc * 32;
+  }
   // ops
   int nops = 0;
   for (int j = 0; j < WG_MAXOPS; ++j) {
@@ -1914,6 +2097,10 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   magic(p.CG * 2, p.mHP, p.sHP);
   magic(p.nq, p.mNQ, p.sNQ);
   magic(p.RB, p.mRB, p.sRB);
+  if (tma) {
+    magic(p.NST, p.mST, p.sST);
+    magic(p.tma_bc, p.mBC, p.sBC);
+  }
   long long G = (long long)bps * di.nsm;   // ws: bps = 1, one persistent block per SM
   if (G > p.L) G = p.L;
   p.G = (int)G;
@@ -1929,14 +2116,31 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   return w;
 }
 
+// The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
+// loader it replaces, else that one (VEC / NCHW4).
+WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
+               int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm) {
+  auto plan = [&](int l) {
+    return wg_plan_lm(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                      deterministic, base, l);
+  };
+  if (!wg_lm_tma(lm)) return plan(lm);
+  const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : WG_LM_NCHW4);
+  if (!a.ok || a.ws) return a;
+  const WGPlan t = plan(lm);
+  return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
+}
+
 template <int DT, bool SPLIT, int LM>
 int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  if (ws) {   // wg_plan picked it only for the straight-line op count
-    auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return (int)e;
-    kern<<<(unsigned)prm.G, 128 * (1 + prm.nc), smem, stream>>>(prm);
-    return (int)cudaGetLastError();
+  if constexpr (!wg_lm_tma(LM)) {
+    if (ws) {   // wg_plan picked it only for the straight-line op count (and never with a TMA loader)
+      auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS>;
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return (int)e;
+      kern<<<(unsigned)prm.G, 128 * (1 + prm.nc), smem, stream>>>(prm);
+      return (int)cudaGetLastError();
+    }
   }
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op, 6) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
@@ -1958,6 +2162,10 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
 template <int DT, bool SPLIT>
 int wg_launch_dt(int lm, bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
+  if constexpr (DT == FF_F32) {
+    if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(false, prm, smem, stream);
+    if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(false, prm, smem, stream);
+  }
   if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(ws, prm, smem, stream);
   if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(ws, prm, smem, stream);
   return wg_launch_t<DT, SPLIT, LM_ANY>(ws, prm, smem, stream);
@@ -1970,27 +2178,69 @@ int wg_launch(int dtype, int precision, int lm, bool ws, const WGParams& prm, si
                                    : wg_launch_dt<FF_F32, false>(lm, ws, prm, smem, stream);
 }
 
-// Input loader: channels_last with C % 8 == 0 -> VEC; NCHW with W % 4 (fp32) / 8 (16-bit) == 0 -> NCHW4 / NCHW8;
-// else ELEM (fp32) / REG (16-bit).  The 16-byte loaders need a 16-byte-aligned input; knobs switch them off.
+// Input loader: channels_last with C % 8 == 0 -> VEC (fp32: TVEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 -> NCHW4
+// (fp32: TNCHW) / NCHW8; else ELEM (fp32) / REG (16-bit).  The 16-byte and TMA loaders need a 16-byte-aligned input;
+// knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
 int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
+  if (f32 && aligned && knobs().tma && !knobs().ws) {
+    if (channels_last && C % 8 == 0) return WG_LM_TVEC;
+    if (!channels_last && W % 4 == 0 && knobs().nchw4) return WG_LM_TNCHW;
+  }
   if (channels_last && C % 8 == 0 && aligned && (f32 || knobs().vec16)) return WG_LM_VEC;
   if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
     return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
   return f32 ? WG_LM_ELEM : WG_LM_REG;
 }
+// The TMA loaders' tensor map of input x (wg_tma_row), through the driver's cuTensorMapEncodeTiled looked up at run
+// time; false if it is not there or refuses (the caller then plans the copy loader).  TVEC: NHWC as (4 channels, C/4,
+// W, H, N), box 4 x 1 x tma_bc; TNCHW: NCHW as (W, H, C, N), box tma_bc x 1 x 8 channels (channels >= C read as zeros).
+bool wg_encode_tmap(WGParams& q, int lm, const void* x) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult qr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr) != cudaSuccess ||
+        qr != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (!encode) return false;
+  const cuuint64_t W = (cuuint64_t)q.W, H = (cuuint64_t)q.H, C = (cuuint64_t)q.C, N = (cuuint64_t)q.N;
+  const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+  CUresult r;
+  if (lm == WG_LM_TVEC) {
+    const cuuint64_t dims[5] = {4, C / 4, W, H, N};
+    const cuuint64_t strides[4] = {16, C * 4, W * C * 4, H * W * C * 4};
+    const cuuint32_t box[5] = {4, 1, (cuuint32_t)q.tma_bc, 1, 1};
+    r = encode(&q.tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, const_cast<void*>(x), dims, strides, box, ones,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  } else {
+    const cuuint64_t dims[4] = {W, H, C, N};
+    const cuuint64_t strides[3] = {W * 4, H * W * 4, C * H * W * 4};
+    const cuuint32_t box[4] = {(cuuint32_t)q.tma_bc, 1, 8, 1};
+    r = encode(&q.tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, const_cast<void*>(x), dims, strides, box, ones,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
+  return r == CUDA_SUCCESS;
+}
+
 // Which kernel serves a call: the sm_90 wgmma plan when it can, else the mma.sync plan; why = the reason neither can
 // (invalid call, or beyond both kernels: then the wgmma kernel's capacity message where it had one).
 struct Choice { Plan pl; WGPlan wp; const char* why; };
 Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
-              int pw, int dh, int dw, int activation, int pool, int precision, int deterministic) {
+              int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, int lm) {
   Choice c{};
   c.pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                    deterministic);
   c.why = c.pl.why;
   if (c.why) return c;
   c.wp = wg_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                 deterministic, c.pl);
+                 deterministic, c.pl, lm);
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
 }
@@ -2002,14 +2252,14 @@ const char* ff_fused_conv_act_pool_unsupported(int dtype, int channels_last, lon
                                                int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
                                                int pool, int precision, int deterministic) {
   return choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                deterministic).why;
+                deterministic, wg_loader(dtype, channels_last, C, W, nullptr)).why;
 }
 
 size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
                                               int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
                                               int pool, int precision, int deterministic) {
   const Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                          deterministic);
+                          deterministic, wg_loader(dtype, channels_last, C, W, nullptr));
   return c.why ? 0 : c.wp.ok ? c.wp.ws_bytes : c.pl.ws_bytes;
 }
 
@@ -2018,7 +2268,10 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
                            int dw, int activation, int pool, int precision, int deterministic, void* workspace,
                            cudaStream_t stream) {
   Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                    deterministic);
+                    deterministic, wg_loader(dtype, channels_last, C, W, x));
+  if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, x))   // no TMA after all: the copy loader
+    c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic,
+               c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : WG_LM_NCHW4);
   if (c.why) return (int)cudaErrorNotSupported;
   const Plan& pl = c.pl;
   {
@@ -2033,7 +2286,7 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
-      return wg_launch(dtype, precision, wg_loader(dtype, channels_last, C, W, x), wp.ws, q, wp.smem, stream);
+      return wg_launch(dtype, precision, wp.lm, wp.ws, q, wp.smem, stream);
     }
   }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
