@@ -1152,38 +1152,66 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
 
+// TNCHW post-copy pass of one row, 16-bit: the stage holds [channel group][box][8 ch][tma_bc columns] from column
+// wbase - tma_delta; each 8 x 8 block (8 channels x 8 columns) becomes 8 slot entries [column][8 ch] through one
+// ldmatrix.trans and one stmatrix (x4: a warp moves four blocks per instruction pair, block = column group j x channel
+// group cg, cg fastest).  The stage's channel rows lie tma_bc * 2 = 16 bytes modulo 128 apart (tma_bc = 8 mod 64), so the 8
+// rows of a block come from 8 bank groups; a block's 8 entries are 128 contiguous bytes of the slot.  The stage is
+// complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (NOTES run 17 item 9).
+__device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, WGInBound& bound) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
+  const int nb = p.CG * ((p.tma_cols + 7) >> 3);
+  for (int b0 = 4 * warp; b0 < nb; b0 += 16) {   // warp-uniform; lanes past the end repeat the last block (same bytes)
+    const int blk = min(b0 + q, nb - 1);
+    const int j = p.CG == 1 ? blk : fdiv(blk, p.mCG, p.sCG), cg = blk - j * p.CG;
+    const int c0 = 8 * j, bx = fdiv(c0, p.mBC, p.sBC);
+    const uint32_t src = stg + (uint32_t)(((cg * p.tma_nbox + bx) * 8 + r) * p.tma_bc * 2 + (c0 - bx * p.tma_bc) * 2);
+    uint32_t v[4];
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(src));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) bound.add2(v[k]);
+    const uint32_t dst = slot + (uint32_t)(cg * p.plane_bytes + (WG_PAD - p.tma_delta + c0 + r) * 16);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
+                 :: "r"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+  }
+}
+
 // TMA loaders (one thread): input row j of the piece (row h of image n from column wbase) into its stage st = j % NST,
 // announced on the stage's mbarrier.  TVEC: the stage is ring slot j % RB itself (NST == RB) and each box lands
-// 4 channels x tma_bc columns where the slot's layout has them; TNCHW: stage st at stage_off, [channel group][box][8 ch]
-// [tma_bc columns].  Rows, columns and channels outside the input arrive as zeros.
-template <int LM>
+// 16 bytes of channels (4 fp32 / 8 16-bit) x tma_bc columns where the slot's layout has them; TNCHW: stage st at
+// stage_off, [channel group][box][8 ch][tma_bc columns].  Rows, columns and channels outside the input arrive as zeros.
+template <int DT, int LM>
 __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, long long n,
                                            int h, int wbase) {
+  constexpr int ESZ = DT == FF_F32 ? 4 : 2;
   const int st = j - p.NST * fdiv(j, p.mST, p.sST);
   const uint32_t bar = bar0 + 8u * st;
   mbar_expect_tx(bar, (unsigned)p.tma_bytes);
-  for (int g = 0; g < (LM == WG_LM_TVEC ? 2 * p.CG : p.CG); ++g)
+  for (int g = 0; g < (LM == WG_LM_TVEC ? p.CG * (8 / (16 / ESZ)) : p.CG); ++g)
     for (int b = 0; b < p.tma_nbox; ++b) {
       if (LM == WG_LM_TVEC)
         tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + b * p.tma_bc) * 16), &p.tmap, bar, 0, g,
                   wbase + b * p.tma_bc, h, (int)n);
       else
-        tma_load4(stage0 + (uint32_t)(st * p.stage_bytes + (g * p.tma_nbox + b) * 32 * p.tma_bc), &p.tmap, bar,
+        tma_load4(stage0 + (uint32_t)(st * p.stage_bytes + (g * p.tma_nbox + b) * 8 * ESZ * p.tma_bc), &p.tmap, bar,
                   wbase - p.tma_delta + b * p.tma_bc, h, g * 8, (int)n);
     }
 }
-// All threads: wait for row j's stage (tph = the stages' phase bits), then its post-copy pass into ring slot j % RB.
+// All threads: wait for row j's stage (tph = the stages' phase bits), then its post-copy pass into ring slot j % RB
+// (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).
 template <int DT, bool SPLIT, int LM>
 __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, uint32_t& tph,
-                                            WGInBound& bound) {
+                                            bool post, WGInBound& bound) {
   const int st = j - p.NST * fdiv(j, p.mST, p.sST);
   mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
   tph ^= 1u << st;
   if (LM == WG_LM_TVEC) {
-    wg_row<DT, SPLIT, WG_LM_TVEC, 1>(p, ring + (uint32_t)(st * p.slot_bytes), 0, 0, 0, bound);
+    if (DT == FF_F32 || post) wg_row<DT, SPLIT, WG_LM_TVEC, 1>(p, ring + (uint32_t)(st * p.slot_bytes), 0, 0, 0, bound);
   } else {
     const int rs = j - p.RB * fdiv(j, p.mRB, p.sRB);
-    wg_tnchw_row<SPLIT>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
+    if (DT == FF_F32) wg_tnchw_row<SPLIT>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
+    else wg_tnchw16_row(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
   }
 }
 
@@ -1371,6 +1399,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
+  const bool tpost = DT == FF_F32 || gelu_fast;   // TMA: post-copy pass of 16-bit TVEC (the bound) only when used
   WGInBound bound;
   // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
   // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them.
@@ -1390,7 +1419,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const WGPiece pc(p, L0, L1);
       pre = min(p.NST, (min(p.D, pc.np) - 1) * p.sh + span + 1);
       if (tid == 0)
-        for (int j = 0; j < pre; ++j) wg_tma_row<LM>(p, ring, stage0, bar0, j, pc.n, pc.hbase + j, pc.wbase);
+        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.n, pc.hbase + j, pc.wbase);
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece pc(p, L0, L1);
@@ -1468,15 +1497,15 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         if (issued < want) {
           if (j > 0) __syncthreads();
           if (tid == 0)
-            for (int r = issued; r < want; ++r) wg_tma_row<LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
+            for (int r = issued; r < want; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
           issued = want;
         }
-        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tph, bound);
+        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tph, tpost, bound);
       }
       if (issued < nahead) {
         __syncthreads();
         if (tid == 0)
-          for (int r = issued; r < nahead; ++r) wg_tma_row<LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
+          for (int r = issued; r < nahead; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
@@ -1509,10 +1538,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         if constexpr (TMA) {
           if (half == 0 && tid == 0 && t + p.D < np)   // group t + D (TVEC: into the ring slots row t - 1 left)
             for (int r = (t + p.D - 1) * p.sh + span + 1; r <= (t + p.D) * p.sh + span; ++r)
-              wg_tma_row<LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
+              wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
           if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
             for (int r = t * p.sh + span + 1; r <= (t + 1) * p.sh + span; ++r)
-              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tph, bound);
+              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tph, tpost, bound);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
             if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
@@ -1930,15 +1959,17 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
-  // TMA boxes of at most 256 columns: TVEC's tma_bc % 8 == 0 (each box lands 128-byte aligned in its plane), TNCHW's
-  // tma_bc % 8 == 4 (the stage's two 4-channel halves 64 bytes apart modulo 128, wg_tnchw_row)
-  const int tdelta = tnchw ? ((-pw) % 4 + 4) % 4 : 0;   // wbase mod 4 (segments start at multiples of 256 columns)
+  // TMA boxes of at most 256 columns: TVEC's tma_bc % 8 == 0 (each box lands 128-byte aligned in its plane); TNCHW fp32
+  // tma_bc % 8 == 4 (the stage's two 4-channel halves 64 bytes apart modulo 128, wg_tnchw_row), 16-bit tma_bc % 64 == 8
+  // (channel rows 16 bytes apart modulo 128, wg_tnchw16_row)
+  const int cpb = dtype == FF_F32 ? 4 : 8;   // columns per 16 bytes of NCHW input: TNCHW boxes start at a multiple
+  const int tdelta = tnchw ? ((-pw) % cpb + cpb) % cpb : 0;   // wbase mod cpb (segments start at multiples of 256 columns)
   const long long cols = (long long)WG_NT + (long long)(S - 1) * dw + tdelta;   // the columns a row's ops read (+ delta)
   int nbox = 0, bc = 0;
   if (tma) {
     for (nbox = (int)((cols + 255) / 256);; ++nbox) {
       bc = (int)((cols + nbox - 1) / nbox);
-      bc = tvec ? (bc + 7) / 8 * 8 : (bc + 3) / 8 * 8 + 4;
+      bc = tvec ? (bc + 7) / 8 * 8 : dtype == FF_F32 ? (bc + 3) / 8 * 8 + 4 : (bc + 55) / 64 * 64 + 8;
       if (bc <= 256) break;
     }
   }
@@ -1981,7 +2012,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   // TMA: TNCHW's stages (D = 2 row groups in flight, sh rows each) and the stages' mbarriers (TVEC: one per ring slot),
   // + 2 x 128 bytes to align the stages and the whole layout (fa_wgmma_kernel)
   const int tnchw_d = 2;
-  const long long stage_bytes = tnchw ? (long long)p.CG * nbox * 32 * bc : 0, nst_tnchw = (long long)tnchw_d * sh;
+  const long long stage_bytes = tnchw ? (long long)p.CG * nbox * 8 * bc * (dtype == FF_F32 ? 4 : 2) : 0;
+  const long long nst_tnchw = (long long)tnchw_d * sh;
   auto tma_bytes = [&](long long slots) {
     return !tma ? 0LL : tvec ? 8 * slots + 256 : nst_tnchw * (stage_bytes + 8) + 256;
   };
@@ -2034,7 +2066,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
     p.bar_off = p.stage_off + p.NST * p.stage_bytes;
     w.smem = (size_t)p.bar_off + 8 * (size_t)p.NST + 128;   // + the kernel's alignment of its layout to 128 bytes
     p.tma_nbox = nbox; p.tma_bc = bc; p.tma_cols = (int)cols; p.tma_delta = tdelta;
-    p.tma_bytes = tvec ? 2 * p.CG * nbox * bc * 16 : p.CG * nbox * bc * 32;
+    p.tma_bytes = tvec ? p.CG * (dtype == FF_F32 ? 2 : 1) * nbox * bc * 16 : (int)stage_bytes;
   }
   // ops
   int nops = 0;
@@ -2125,7 +2157,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
                       deterministic, base, l);
   };
   if (!wg_lm_tma(lm)) return plan(lm);
-  const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : WG_LM_NCHW4);
+  const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
   if (!a.ok || a.ws) return a;
   const WGPlan t = plan(lm);
   return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
@@ -2162,10 +2194,8 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
 template <int DT, bool SPLIT>
 int wg_launch_dt(int lm, bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
-  if constexpr (DT == FF_F32) {
-    if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(false, prm, smem, stream);
-    if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(false, prm, smem, stream);
-  }
+  if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(false, prm, smem, stream);
+  if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(false, prm, smem, stream);
   if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(ws, prm, smem, stream);
   if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(ws, prm, smem, stream);
   return wg_launch_t<DT, SPLIT, LM_ANY>(ws, prm, smem, stream);
@@ -2178,14 +2208,14 @@ int wg_launch(int dtype, int precision, int lm, bool ws, const WGParams& prm, si
                                    : wg_launch_dt<FF_F32, false>(lm, ws, prm, smem, stream);
 }
 
-// Input loader: channels_last with C % 8 == 0 -> VEC (fp32: TVEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 -> NCHW4
-// (fp32: TNCHW) / NCHW8; else ELEM (fp32) / REG (16-bit).  The 16-byte and TMA loaders need a 16-byte-aligned input;
-// knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
+// Input loader: channels_last with C % 8 == 0 -> TVEC (knob off: VEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 ->
+// TNCHW (knob off: NCHW4 / NCHW8); else ELEM (fp32) / REG (16-bit).  The 16-byte and TMA loaders need a 16-byte-aligned
+// input; knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
 int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
-  if (f32 && aligned && knobs().tma && !knobs().ws) {
+  if (aligned && knobs().tma && !knobs().ws && (f32 || knobs().vec16)) {
     if (channels_last && C % 8 == 0) return WG_LM_TVEC;
-    if (!channels_last && W % 4 == 0 && knobs().nchw4) return WG_LM_TNCHW;
+    if (!channels_last && W % (f32 ? 4 : 8) == 0 && (!f32 || knobs().nchw4)) return WG_LM_TNCHW;
   }
   if (channels_last && C % 8 == 0 && aligned && (f32 || knobs().vec16)) return WG_LM_VEC;
   if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
@@ -2193,9 +2223,10 @@ int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
   return f32 ? WG_LM_ELEM : WG_LM_REG;
 }
 // The TMA loaders' tensor map of input x (wg_tma_row), through the driver's cuTensorMapEncodeTiled looked up at run
-// time; false if it is not there or refuses (the caller then plans the copy loader).  TVEC: NHWC as (4 channels, C/4,
-// W, H, N), box 4 x 1 x tma_bc; TNCHW: NCHW as (W, H, C, N), box tma_bc x 1 x 8 channels (channels >= C read as zeros).
-bool wg_encode_tmap(WGParams& q, int lm, const void* x) {
+// time; false if it is not there or refuses (the caller then plans the copy loader).  TVEC: NHWC as (16 bytes of
+// channels, C / that, W, H, N), box 16 bytes x 1 x tma_bc; TNCHW: NCHW as (W, H, C, N), box tma_bc x 1 x 8 channels
+// (channels >= C read as zeros).  16-bit input moves as uint16.
+bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                               const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                               CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -2209,20 +2240,22 @@ bool wg_encode_tmap(WGParams& q, int lm, const void* x) {
   }();
   if (!encode) return false;
   const cuuint64_t W = (cuuint64_t)q.W, H = (cuuint64_t)q.H, C = (cuuint64_t)q.C, N = (cuuint64_t)q.N;
+  const cuuint64_t es = dtype == FF_F32 ? 4 : 2, cq = 16 / es;
+  const CUtensorMapDataType ty = dtype == FF_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
   const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
   CUresult r;
   if (lm == WG_LM_TVEC) {
-    const cuuint64_t dims[5] = {4, C / 4, W, H, N};
-    const cuuint64_t strides[4] = {16, C * 4, W * C * 4, H * W * C * 4};
-    const cuuint32_t box[5] = {4, 1, (cuuint32_t)q.tma_bc, 1, 1};
-    r = encode(&q.tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, const_cast<void*>(x), dims, strides, box, ones,
+    const cuuint64_t dims[5] = {cq, C / cq, W, H, N};
+    const cuuint64_t strides[4] = {16, C * es, W * C * es, H * W * C * es};
+    const cuuint32_t box[5] = {(cuuint32_t)cq, 1, (cuuint32_t)q.tma_bc, 1, 1};
+    r = encode(&q.tmap, ty, 5, const_cast<void*>(x), dims, strides, box, ones,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   } else {
     const cuuint64_t dims[4] = {W, H, C, N};
-    const cuuint64_t strides[3] = {W * 4, H * W * 4, C * H * W * 4};
+    const cuuint64_t strides[3] = {W * es, H * W * es, C * H * W * es};
     const cuuint32_t box[4] = {(cuuint32_t)q.tma_bc, 1, 8, 1};
-    r = encode(&q.tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, const_cast<void*>(x), dims, strides, box, ones,
+    r = encode(&q.tmap, ty, 4, const_cast<void*>(x), dims, strides, box, ones,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   }
@@ -2269,9 +2302,9 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
                            cudaStream_t stream) {
   Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                     deterministic, wg_loader(dtype, channels_last, C, W, x));
-  if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, x))   // no TMA after all: the copy loader
+  if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, dtype, x))   // no TMA after all: the copy loader
     c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic,
-               c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : WG_LM_NCHW4);
+               c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
   if (c.why) return (int)cudaErrorNotSupported;
   const Plan& pl = c.pl;
   {
