@@ -2,6 +2,8 @@
 bad inputs, determinism, NaN/Inf behaviour and a dense sweep of the fast GELU.  Skipped without CUDA."""
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -49,6 +51,31 @@ def test_fused_path_matches_float64(case, combo):
     except fullfuse.UnsupportedError as exc:
         pytest.skip(str(exc))
     assert result["ok"], f"{result} (seed {SEED})"
+
+
+def test_fused_a_copy_loaders_without_tma():
+    """FF_FUSED_A_TMA=0: family A's input through the per-thread 16-byte copy loaders (VEC, NCHW4, NCHW8), which serve
+    wherever a TMA loader's layout does not fit beside the ring or its tensor map cannot be made.  The library reads its
+    knobs once per process, hence a child process."""
+    code = (
+        "import fullfuse\n"
+        "from fullfuse.check import cases, run_case\n"
+        "bad, ran = [], 0\n"
+        "for case in cases('A'):\n"
+        "    for dtype, prec in (('float32', 'tf32'), ('float32', 'ieee'), ('bfloat16', 'auto')):\n"
+        "        for cl in (False, True):\n"
+        "            try:\n"
+        f"                r = run_case(case, path='fused', dtype=dtype, precision=prec, channels_last=cl, seed={SEED})\n"
+        "            except fullfuse.UnsupportedError:\n"
+        "                continue\n"
+        "            ran += 1\n"
+        "            if not r['ok']:\n"
+        "                bad.append((case.name, dtype, prec, cl, r))\n"
+        "print('ran', ran, 'bad', bad)\n"
+        "assert ran and not bad\n")
+    env = dict(os.environ, FF_FUSED_A_TMA="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"seed {SEED}: " + proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def _seed_input(family, dtype=torch.float32, channels_last=False):
