@@ -526,7 +526,7 @@ constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 op
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
 // ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
-// TVEC / TNCHW = fp32 channels_last (C % 8 == 0) / NCHW (W % 4 == 0) through the tensor-memory-access engine (TMA,
+// TVEC / TNCHW = channels_last (C % 8 == 0) / NCHW (W % 4 fp32, % 8 16-bit) through the tensor-memory-access engine (TMA,
 // wg_tma_row): one thread issues a row's few bulk copies instead of every thread its 16-byte ones (the copies' issue and
 // index arithmetic were ~70-100 instructions per tile and warp, NOTES run 19 item 9); TVEC lands in the slot's own layout,
 // TNCHW in a staging buffer that the post-copy pass transposes into the slot.
@@ -539,7 +539,7 @@ constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 constexpr int WS_MAX_RB = 24;      // ring slots of the warp-specialised kernel (fa_ws_kernel), at most
 
 struct WGParams {
-  CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 4 ch, C/4, W, H, N) or 4-d (TNCHW: W, H, C, N) tensor
+  CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 16 bytes of channels, the rest, W, H, N) or 4-d (TNCHW: W, H, C, N) tensor
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
@@ -561,8 +561,8 @@ struct WGParams {
   float* ws_part; unsigned* ws_max; int* ws_cnt;
   // TMA loaders: boxes of tma_bc columns (tma_nbox per plane / channel group), tma_bytes per row; NST stages with one
   // mbarrier each at bar_off (TVEC: the RB ring slots themselves; TNCHW: stage_bytes each at stage_off)
-  // TNCHW: boxes start tma_delta columns before wbase, at a multiple of 4 columns (the TMA unit refuses a box whose innermost
-  // coordinate is not 16-byte aligned: illegal instruction), and tma_cols counts those columns too
+  // TNCHW: boxes start tma_delta columns before wbase, at a 16-byte boundary (a box whose innermost coordinate was not
+  // 16-byte aligned raised an illegal instruction on the H200), and tma_cols counts those columns too
   int tma_nbox, tma_bc, tma_bytes, tma_cols, tma_delta, NST, stage_off, stage_bytes, bar_off;
   unsigned long long mST, mBC; int sST, sBC;
 };
@@ -1141,13 +1141,14 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
   }
 }
 
-// rows (relative to the piece) that output row t needs first: (hi(t-1), hi(t)], hi(t) = t*sh + (R-1)*dh
+// the last input row (relative to the piece) output row t reads: row group t = the rows (hi(t - 1), hi(t)] (group 0
+// from row 0), the ones output row t needs first
+__device__ __forceinline__ int wg_group_hi(const WGParams& p, int t) { return t * p.sh + (p.R - 1) * p.dh; }
 template <int DT, bool SPLIT, int LM, int MODE>
 __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase, int wbase,
                                          WGInBound& bound) {
   if (t >= np) return;
-  const int span = (p.R - 1) * p.dh;
-  const int jlo = (t == 0) ? 0 : (t - 1) * p.sh + span + 1, jhi = t * p.sh + span;
+  const int jlo = (t == 0) ? 0 : wg_group_hi(p, t - 1) + 1, jhi = wg_group_hi(p, t);
   for (int j = jlo; j <= jhi; ++j)
     wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
@@ -1235,7 +1236,7 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   // One 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of every op (4 fp32 /
   // 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  OB ops' global loads are
   // issued before any is used (in flight together).  Kept small on purpose: this code runs once per block, so its cost
-  // is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 13-19 us
+  // is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 14-25 us
   // per block before the first row could start (NOTES run 19).
   constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
   const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
@@ -1406,7 +1407,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   // TMA: the first `pre` rows (as many as the stages hold), after thread 0 initialised the stages' mbarriers.
   const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.bar_off;
   const uint32_t stage0 = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.stage_off;
-  const int span = (p.R - 1) * p.dh;
   uint32_t tph = 0u;   // TMA: phase bit of each stage's mbarrier
   int pre = 0;
   if constexpr (TMA) {
@@ -1417,7 +1417,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     }
     if (L0 < L1) {
       const WGPiece pc(p, L0, L1);
-      pre = min(p.NST, (min(p.D, pc.np) - 1) * p.sh + span + 1);
+      pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
         for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.n, pc.hbase + j, pc.wbase);
     }
@@ -1490,9 +1490,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     if constexpr (TMA) {
       // rows of groups 0 .. D-1 go out as stages free up (TNCHW has fewer stages than group 0 has rows: a barrier
       // before a stage is refilled, once or twice per piece); group 0's rows are waited for and post-processed
-      const int nahead = (min(p.D, np) - 1) * p.sh + span + 1;
+      const int nahead = wg_group_hi(p, min(p.D, np) - 1) + 1;
       int issued = (l == L0) ? pre : 0;
-      for (int j = 0; j <= span; ++j) {
+      for (int j = 0; j <= wg_group_hi(p, 0); ++j) {
         const int want = min(j + p.NST, nahead);
         if (issued < want) {
           if (j > 0) __syncthreads();
@@ -1537,10 +1537,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if constexpr (TMA) {
           if (half == 0 && tid == 0 && t + p.D < np)   // group t + D (TVEC: into the ring slots row t - 1 left)
-            for (int r = (t + p.D - 1) * p.sh + span + 1; r <= (t + p.D) * p.sh + span; ++r)
+            for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r)
               wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
           if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
-            for (int r = t * p.sh + span + 1; r <= (t + 1) * p.sh + span; ++r)
+            for (int r = wg_group_hi(p, t) + 1; r <= wg_group_hi(p, t + 1); ++r)
               wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tph, tpost, bound);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
@@ -1788,7 +1788,7 @@ struct Plan {
 // FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
 // FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
 // default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
-// FF_FUSED_A_TMA = 0 keeps fp32 input on the per-thread 16-byte copies (VEC / NCHW4) instead of the TMA loaders.
+// FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
 struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma; };
@@ -2149,7 +2149,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
 }
 
 // The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
-// loader it replaces, else that one (VEC / NCHW4).
+// loader it replaces, else that one (VEC / NCHW4 / NCHW8).
 WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
                int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm) {
   auto plan = [&](int l) {
@@ -2233,9 +2233,12 @@ bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
   static const Encode encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult qr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr) != cudaSuccess ||
-        qr != cudaDriverEntryPointSuccess)
-      fn = nullptr;
+#if CUDART_VERSION >= 12050   // the versioned lookup (the unversioned one is deprecated from CUDA 12.5 on)
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr);
+#else                         // CUDA 12.0 - 12.4 (the README's nvcc >= 12)
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &qr);
+#endif
+    if (e != cudaSuccess || qr != cudaDriverEntryPointSuccess) fn = nullptr;
     return reinterpret_cast<Encode>(fn);
   }();
   if (!encode) return false;
