@@ -543,6 +543,7 @@ struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
+  int h2; float h2_kt;   // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2); R*S*C products per output
   int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
@@ -653,6 +654,51 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
+// 16-bit input, GELU (erf), mean pooling: the epilogue in packed half precision, its sum on the tensor cores.
+// Reduces over the tile's 128 pixels per channel (the pool's sum), so that on the H200 almost none of its work is on the
+// FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two times,
+// HFMA2 runs beside it ~94 % hidden).  Per pair of values (two pixels of one channel): x -> f16x2 twice (relu'd, and
+// plain), nu = -|x| (LOP3), Phi(-|x|) = 2^P5(|x|) by 5 HFMA2 in nu and ex2.approx.f16x2, g = relu(x) - |x| Phi(-|x|) by
+// one HFMA2 (fast_gelu.md's form, fp16 arithmetic); the g pairs of a 16-pixel block are an m16n8k16 A fragment as they
+// lie (the accumulator layout of m64nN is the A layout of m16n8k16: rows = channels m0, m0 + 8, k = pixels), and one
+// mma.sync against a B of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, summed over
+// the quad's pixels too).  Accuracy (benchmarks/gelu_h2_check.py, every fp16 x and 6 M random fp32 x against float64):
+// |g - gelu(x)| <= 1.2e-3 max(1, |x|) (~2 fp16 ulps), i.e. fp16 rounding of the conv output and of the GELU, as PyTorch
+// rounds both to the input's 16-bit type; the sums are fp32.  Valid only while |x| < 65504 (fp16 range): the caller
+// takes this path only while the block's inputs and weights bound every conv output below 60000 (wg_h2_fits).
+__device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
+  uint32_t rl, hx, q;
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(rl) : "f"(hi), "f"(lo));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
+  const uint32_t nu = hx | 0x80008000u;   // -|x|; the coefficients of P5(u) = P5(-nu) carry the signs (-1)^i
+  uint32_t r = h2_fma(0x10171017u, nu, 0x1f6e1f6eu);
+  r = h2_fma(r, nu, 0x2aaf2aafu);
+  r = h2_fma(r, nu, 0xb75bb75bu);
+  r = h2_fma(r, nu, 0x3c9b3c9bu);
+  r = h2_fma(r, nu, 0xbc00bc00u);
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
+  return h2_fma(nu, q, rl);
+}
+__device__ __forceinline__ void wg_epi_h2(const float (&acc)[64], float (&dm)[4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {   // pixel blocks 2j, 2j + 1 (16 pixels)
+    uint32_t a[4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
+      const int i = 2 * j + (f >> 1), e = (f & 1) * 2;
+      a[f] = h2_gelu(acc[4 * i + e], acc[4 * i + e + 1]);
+    }
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
+                 : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
+  }
+}
+
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
 // padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
 // has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
@@ -715,8 +761,10 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Max
 // pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
+// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm instead of red.
 template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast) {
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
+                                           int tig, bool fast, bool h2) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   if (p.pool == FF_POOL_MEAN && !SPLIT) {
@@ -728,7 +776,8 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
           for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
         }
     }
-    wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    if (DT != FF_F32 && h2) wg_epi_h2(acc, dm);
+    else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
     // fp32 kernels do not carry that code
@@ -864,6 +913,12 @@ struct WGInBound {
   uint32_t h = 0u;      // per-half max of 16-bit magnitude bits
   __device__ __forceinline__ void add(float v) { f = ff_max_nan(f, fabsf(v)); }
   __device__ __forceinline__ void add2(uint32_t w) { h = __vmaxu2(h, w & 0x7fff7fffu); }
+  // the largest 16-bit input magnitude staged, as a float (NaN when a NaN was staged)
+  template <int DT>
+  __device__ __forceinline__ float in16() const {
+    const uint32_t m = max(h & 0xffffu, h >> 16);
+    return DT == FF_BF16 ? __uint_as_float(m << 16) : __half2float(__ushort_as_half((unsigned short)m));
+  }
   template <int DT>
   __device__ __forceinline__ bool ok() const {
     const uint32_t m = max(h & 0xffffu, h >> 16);
@@ -1430,6 +1485,19 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   }
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
+  // wg_epi_h2 needs every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
+  // largest weight / bias (every block stages them all) a row may take it while its inputs stay <= h2_thr (-1: never)
+  const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
+  float h2_thr = -1.0f;
+  if (h2_cap) {
+    __shared__ unsigned h2w_s[4];
+    const unsigned wb = __reduce_max_sync(0xffffffffu, __float_as_uint(bound.f));   // f >= 0 or NaN: uint order
+    if (lane == 0) h2w_s[warp] = wb;
+    __syncthreads();
+    const float fw = __uint_as_float(max(max(h2w_s[0], h2w_s[1]), max(h2w_s[2], h2w_s[3])));
+    if (fw <= 0x1p100f) h2_thr = fminf((60000.0f / fw - 1.0f) / p.h2_kt, 65504.0f);
+  }
+  float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
   const long long n_first = L0 / p.lines_img;
@@ -1451,6 +1519,11 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 
   auto flush = [&](long long n) {
     float v[2];
+    if (h2_cap) {   // the tensor-core sums (already over the quad) join lane tig 0's partials
+#pragma unroll
+      for (int h = 0; h < 2; ++h) red[h][0] += tig == 0 ? dm[2 * h] : 0.0f;
+      dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) v[h] = wg_quad_reduce(red[h], p.pool == FF_POOL_MEAN, red_init);
     if (tig == 0) {
@@ -1528,7 +1601,17 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
       if (!WS_DIAG(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      const bool in_ok = WS_DIAG(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;   // the rows of output row t are in (and bounded?)
+      // the rows of output row t are in (and bounded? small enough for wg_epi_h2?)
+      bool h2 = false, in_ok;
+      if (WS_DIAG(11)) {
+        in_ok = bound.ok<DT>();
+        h2 = h2_cap && bound.in16<DT>() <= h2_thr;
+      } else if (h2_cap) {
+        h2 = __syncthreads_and(bound.in16<DT>() <= h2_thr) != 0;
+        in_ok = h2 || __syncthreads_and(bound.ok<DT>()) != 0;
+      } else {
+        in_ok = __syncthreads_and(bound.ok<DT>()) != 0;
+      }
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
@@ -1553,7 +1636,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           }
         }
         if (!WS_DIAG(12)) wg_wait0();
-        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, qv - half * (WG_NT / 2), tig, fast);
+        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1715,6 +1798,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     const long long n_first = L0 / p.lines_img;
     const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
+    float dm_ws[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (wg_epi_h2 is not used here)
     float acc[64];
     long long cur_n = n_first;
     int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
@@ -1751,7 +1835,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
               sl = (sl + 1 == p.RB) ? 0 : sl + 1;
             }
           }
-          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, pc.qv - half * (WG_NT / 2), tig, fast);
+          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, dm_ws, pc.qv - half * (WG_NT / 2), tig, fast, false);
         }
       }
       s_in += pc.nrows;
@@ -1791,14 +1875,14 @@ struct Plan {
 // FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
-            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1)};
+            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
@@ -2322,6 +2406,8 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.ws_max = (wp.ws_bytes && pool == FF_POOL_MAX) ? (unsigned*)(ws + wp.ws_cnt_bytes) : nullptr;
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
+      q.h2 = dtype != FF_F32 && activation == FF_ACT_GELU_ERF && pool == FF_POOL_MEAN && knobs().h2 ? 1 : 0;
+      q.h2_kt = (float)R * (float)S * (float)C;
       return wg_launch(dtype, precision, wp.lm, wp.ws, q, wp.smem, stream);
     }
   }

@@ -274,6 +274,58 @@ def test_fused_a_gelu_dense_sweep(pool):
     assert fused.plans[0].last_path == "fused"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_a_16bit_gelu_dense_sweep(dtype):
+    """16-bit input, GELU, mean: the fused A kernel's half-precision epilogue (wg_epi_h2; its arithmetic is emulated
+    in tests/test_gelu_h2.py).  A 1x1 conv of weight 1 is the identity, one value per image, every value of the dtype in
+    [-20, 20] plus large ones (fp16 up to 6e4: over the kernel's 60000 guard, so those images take the fp32 GELU):
+    |out - gelu(x)| <= (1.2e-3 + the output's rounding to the dtype) * max(1, |x|) against float64."""
+    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval().to(dtype)
+    fused = fullfuse.fused_model(model, path="fused")
+    vals = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    vals = vals[torch.isfinite(vals) & (vals.abs() <= 20)]
+    big = torch.tensor([100.0, 1000.0, 3e4, 5.9e4, 6e4, 6.5e4] + ([1e6, 1e20] if dtype == torch.bfloat16 else []),
+                       device="cuda", dtype=dtype)
+    x = torch.cat([vals, big, -big]).view(-1, 1, 1, 1)
+    with torch.no_grad():
+        got = fused(x).view(-1).double()
+    assert fused.plans[0].last_path == "fused"
+    x64 = x.view(-1).double()
+    ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
+    half_ulp = 2.0 ** -9 if dtype == torch.bfloat16 else 2.0 ** -11
+    worst = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
+    assert worst <= 1.2e-3 + half_ulp, worst
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_a_16bit_conv_outputs_beyond_fp16(dtype, channels_last):
+    """Conv outputs over fp16's range (here ~2e5 at a few pixels) while the pooled means stay small: the kernel must not
+    take its half-precision epilogue there (it would turn those pixels into inf); the result matches float64."""
+    g = torch.Generator("cuda").manual_seed(SEED)
+    conv = nn.Conv2d(8, 16, 3).cuda()
+    with torch.no_grad():
+        conv.weight.uniform_(0.5, 1.0, generator=g)
+    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval().to(dtype)
+    fused = fullfuse.fused_model(model, path="fused")
+    x = torch.randn(4, 8, 66, 200, device="cuda", generator=g)
+    x[1, :, 30:33, 40:43] = 3000.0                       # one output pixel sees 72 x 3000 x ~0.75
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    with torch.no_grad():
+        got = fused(x).double()
+    assert fused.plans[0].last_path == "fused"
+    ref = nn.Sequential(nn.Conv2d(8, 16, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).cuda().double()
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    with torch.no_grad(), cudnn_conv_precision("ieee"):
+        want = ref(x.double())
+    assert torch.isfinite(got).all() and want[1].min() > 50   # the ~2e5 pixels dominate image 1
+    err = ((got - want).norm() / want.norm()).item()
+    assert err <= TOLERANCE["bfloat16" if dtype == torch.bfloat16 else "float16"], err
+
+
 @pytest.mark.parametrize("pool", ["mean", "max"])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -1,0 +1,74 @@
+"""The half-precision GELU of the fused A kernel's 16-bit epilogue (h2_gelu / wg_epi_h2 in
+csrc/fused_conv_act_pool.cu), emulated operation by operation in fp16 arithmetic on the CPU: every finite fp16 input
+and 1 M random fp32 inputs against a float64 GELU, with MUFU.EX2.F16 modelled exact and at its documented +-2^-9.9
+relative error.  The GPU tests run the kernel itself (test_gpu.py::test_fused_a_16bit_gelu_dense_sweep)."""
+import math
+import re
+from pathlib import Path
+
+import torch
+
+# fp16 bits of P5's coefficients times (-1)^i (the kernel evaluates P5(u) in nu = -u), c5 first, as in the kernel
+COEF_BITS = (0x1017, 0x1F6E, 0x2AAF, 0xB75B, 0x3C9B, 0xBC00)
+BOUND = 1.2e-3   # |g - gelu(x)| <= BOUND * max(1, |x|), the figure stated in the kernel's comment and the README
+SRC = Path(__file__).resolve().parents[1] / "csrc" / "fused_conv_act_pool.cu"
+
+
+def _h(bits):
+    return torch.tensor([bits - (1 << 16) if bits >= 1 << 15 else bits], dtype=torch.int16).view(torch.float16).double()
+
+
+def _f16(t):
+    return t.to(torch.float16).double()
+
+
+def gelu_h2(x32: torch.Tensor, ex2_rel: float = 0.0) -> torch.Tensor:
+    """g = relu(x) - |x| 2^P5(|x|) with every step rounded to fp16 as the kernel's f16x2 instructions round it."""
+    rl = _f16(x32.clamp(min=0).double())            # cvt.rn.relu.f16x2.f32
+    nu = -_f16(x32.double()).abs()                    # cvt.rn.f16x2.f32, | 0x80008000
+    c = [_h(b) for b in COEF_BITS]
+    r = _f16(c[0] * nu + c[1])                        # fma.rn.f16x2: exact product and sum, one rounding
+    for ci in c[2:]:
+        r = _f16(r * nu + ci)
+    q = _f16(torch.exp2(r) * (1.0 + ex2_rel))         # ex2.approx.f16x2
+    return _f16(nu * q + rl)
+
+
+def _inputs():
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    every_fp16 = bits[torch.isfinite(bits)]
+    g = torch.Generator().manual_seed(0)
+    return torch.cat([every_fp16, torch.randn(1 << 20, generator=g) * 3, torch.rand(1 << 18, generator=g) * 40 - 20])
+
+
+def test_half_gelu_error_bound():
+    x = _inputs()
+    x64 = x.double()
+    ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
+    for rel in (0.0, 2 ** -9.9, -(2 ** -9.9)):
+        got = gelu_h2(x, rel)
+        assert torch.isfinite(got).all()
+        err = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
+        assert err <= BOUND, (rel, err)
+
+
+def test_half_gelu_mean_bias_is_small():
+    """What the pooled mean sees: the systematic part of the error over normal inputs stays far under the 16-bit
+    tolerances (bf16 1e-2, fp16 2e-3)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1 << 21, generator=g)
+    for scale in (0.3, 1.0, 3.0):
+        xs = x * scale
+        x64 = xs.double()
+        ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
+        bias = ((gelu_h2(xs).mean() - ref.mean()) / ref.mean()).abs().item()
+        assert bias < 5e-4, (scale, bias)
+
+
+def test_kernel_uses_these_coefficients():
+    """The emulation above is of the kernel's own constants: each appears in h2_gelu as a packed f16x2 literal."""
+    src = SRC.read_text()
+    body = src[src.index("uint32_t h2_gelu("):]
+    body = body[body.index("uint32_t r = h2_fma("):body.index("\n}\n")]   # the Horner steps, c5 first
+    found = [int(m, 16) & 0xFFFF for m in re.findall(r"0x([0-9a-f]{4})\1u", body)]
+    assert tuple(b & 0xFFFF for b in COEF_BITS) == tuple(found), found
