@@ -22,15 +22,20 @@ def _f16(t):
     return t.to(torch.float16).double()
 
 
-def gelu_h2(x32: torch.Tensor, ex2_rel: float = 0.0) -> torch.Tensor:
-    """g = relu(x) - |x| 2^P5(|x|) with every step rounded to fp16 as the kernel's f16x2 instructions round it."""
+def _ex2_rn(r, rel):
+    return _f16(torch.exp2(r) * (1.0 + rel))
+
+
+def gelu_h2(x32: torch.Tensor, ex2_rel: float = 0.0, ex2=_ex2_rn) -> torch.Tensor:
+    """g = relu(x) - |x| 2^P5(|x|) with every step rounded to fp16 as the kernel's f16x2 instructions round it;
+    ex2(r, rel) models MUFU.EX2.F16 (default: the exact power rounded to nearest, times 1 + rel)."""
     rl = _f16(x32.clamp(min=0).double())            # cvt.rn.relu.f16x2.f32
     nu = -_f16(x32.double()).abs()                    # cvt.rn.f16x2.f32, | 0x80008000
     c = [_h(b) for b in COEF_BITS]
     r = _f16(c[0] * nu + c[1])                        # fma.rn.f16x2: exact product and sum, one rounding
     for ci in c[2:]:
         r = _f16(r * nu + ci)
-    q = _f16(torch.exp2(r) * (1.0 + ex2_rel))         # ex2.approx.f16x2
+    q = ex2(r, ex2_rel)                               # ex2.approx.f16x2
     return _f16(nu * q + rl)
 
 
