@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -46,6 +46,12 @@ for stage in "$@"; do
       ncu --clock-control none -k regex:"fa_(wgmma|ws)" --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
         --page source --csv --print-source sass python3 benchmarks/profile_fused_a.py ncu > "$OUT/ncu_a_sass.csv" 2>&1
       gzip -f "$OUT/ncu_a_sass.csv"; ls -la "$OUT" ;;
+    ncu-a16)   # Nsight Compute on the fused family-A kernel with bf16 input (the half-precision epilogue): stalls and pipe use
+      ncu --clock-control none -k regex:fa_wgmma --launch-skip 2 --launch-count 2 --import-source no \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+        --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy \
+        --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active \
+        python3 benchmarks/profile_fused_a.py ncu bf16 > "$OUT/ncu_a_bf16.txt" 2>&1; tail -5 "$OUT/ncu_a_bf16.txt" ;;
     profile-b)   # Nsight Compute on the fused family-B kernel at the seed (probe, FF_PROBE_NCU=1: channels_last launch first)
       for d in float32 bfloat16; do
         FF_PROBE_NCU=1 FF_PROBE_DTYPES=$d ncu --clock-control none -k regex:fb_kernel --launch-count 1 --import-source no \

@@ -1,5 +1,5 @@
 """Seed problem A through the product path, for profiling: `python3 benchmarks/profile_fused_a.py ncu` runs the fused
-kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time [tf32|ieee]` times the product call per
+kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time [tf32|ieee|bf16|fp16]` times the product call per
 launch (CUDA events, L2 flushed) against the same call replayed from a CUDA graph, which splits host time from GPU
 time."""
 from __future__ import annotations
@@ -12,6 +12,10 @@ from fullfuse.measure import time_cuda
 from fullfuse.ops import conv_act_pool
 
 
+PRECISION = sys.argv[2] if len(sys.argv) > 2 else "tf32"   # or bf16 / fp16: the inputs in that dtype
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION, torch.float32)
+
+
 def seed_inputs(channels_last: bool):
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(128, 8, 256, 256, device="cuda", generator=g)
@@ -19,14 +23,11 @@ def seed_inputs(channels_last: bool):
         x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(64, 8, 3, 3, device="cuda", generator=g) * 0.1
     b = torch.randn(64, device="cuda", generator=g) * 0.1
-    return x, w, b
-
-
-PRECISION = sys.argv[2] if len(sys.argv) > 2 else "tf32"
+    return x.to(DTYPE), w.to(DTYPE), b
 
 
 def call(x, w, b):
-    return conv_act_pool(x, w, b, path="fused", precision=PRECISION)
+    return conv_act_pool(x, w, b, path="fused", precision=PRECISION if DTYPE == torch.float32 else "auto")
 
 
 def main(mode: str):

@@ -1,7 +1,9 @@
 """The half-precision GELU of the fused A kernel's 16-bit epilogue (h2_gelu / wg_epi_h2 in
 csrc/fused_conv_act_pool.cu), emulated operation by operation in fp16 arithmetic on the CPU: every finite fp16 input
 and 1 M random fp32 inputs against a float64 GELU, with MUFU.EX2.F16 modelled exact and at its documented +-2^-9.9
-relative error.  The GPU tests run the kernel itself (test_gpu.py::test_fused_a_16bit_gelu_dense_sweep)."""
+relative error.  MUFU.EX2.F16 is modelled as the exact power rounded toward zero, which is what the H200 returns (its
+results equal this emulation bit for bit on every fp16 input in [-20, 20], benchmarks/diag_gelu_h2.py), and as rounded to
+nearest.  The GPU tests run the kernel itself (test_gpu.py::test_fused_a_16bit_gelu_dense_sweep)."""
 import math
 import re
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import torch
 
 # fp16 bits of P5's coefficients times (-1)^i (the kernel evaluates P5(u) in nu = -u), c5 first, as in the kernel
-COEF_BITS = (0x1017, 0x1F6E, 0x2AAF, 0xB75B, 0x3C9B, 0xBC00)
+COEF_BITS = (0x1017, 0x1F6E, 0x2AAF, 0xB759, 0x3C9B, 0xBBFF)
 BOUND = 1.2e-3   # |g - gelu(x)| <= BOUND * max(1, |x|), the figure stated in the kernel's comment and the README
 SRC = Path(__file__).resolve().parents[1] / "csrc" / "fused_conv_act_pool.cu"
 
@@ -22,13 +24,19 @@ def _f16(t):
     return t.to(torch.float16).double()
 
 
-def _ex2_rn(r, rel):
+def ex2_rn(r, rel=0.0):
     return _f16(torch.exp2(r) * (1.0 + rel))
 
 
-def gelu_h2(x32: torch.Tensor, ex2_rel: float = 0.0, ex2=_ex2_rn) -> torch.Tensor:
+def ex2_rz(r, rel=0.0):
+    e = torch.exp2(r) * (1.0 + rel)
+    h = e.to(torch.float16)
+    return torch.where(h.double().abs() > e.abs(), torch.nextafter(h, torch.zeros_like(h)), h).double()
+
+
+def gelu_h2(x32: torch.Tensor, ex2_rel: float = 0.0, ex2=ex2_rz) -> torch.Tensor:
     """g = relu(x) - |x| 2^P5(|x|) with every step rounded to fp16 as the kernel's f16x2 instructions round it;
-    ex2(r, rel) models MUFU.EX2.F16 (default: the exact power rounded to nearest, times 1 + rel)."""
+    ex2(r, rel) models MUFU.EX2.F16 (default: the exact power times 1 + rel, rounded toward zero)."""
     rl = _f16(x32.clamp(min=0).double())            # cvt.rn.relu.f16x2.f32
     nu = -_f16(x32.double()).abs()                    # cvt.rn.f16x2.f32, | 0x80008000
     c = [_h(b) for b in COEF_BITS]
@@ -50,24 +58,26 @@ def test_half_gelu_error_bound():
     x = _inputs()
     x64 = x.double()
     ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
-    for rel in (0.0, 2 ** -9.9, -(2 ** -9.9)):
-        got = gelu_h2(x, rel)
-        assert torch.isfinite(got).all()
-        err = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
-        assert err <= BOUND, (rel, err)
+    for ex2 in (ex2_rz, ex2_rn):
+        for rel in (0.0, 2 ** -9.9, -(2 ** -9.9)):
+            got = gelu_h2(x, rel, ex2)
+            assert torch.isfinite(got).all()
+            err = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
+            assert err <= BOUND, (ex2.__name__, rel, err)
 
 
 def test_half_gelu_mean_bias_is_small():
     """What the pooled mean sees: the systematic part of the error over normal inputs stays far under the 16-bit
-    tolerances (bf16 1e-2, fp16 2e-3)."""
+    tolerances (bf16 1e-2, fp16 2e-3): under 1.5e-4 of the mean (the coefficients were chosen for that; with
+    fast_gelu.md's coefficients merely rounded to fp16 it was 1.1e-3 at scale 0.3)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1 << 21, generator=g)
-    for scale in (0.3, 1.0, 3.0):
+    for scale in (0.3, 0.6, 1.0, 3.0):
         xs = x * scale
         x64 = xs.double()
         ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
         bias = ((gelu_h2(xs).mean() - ref.mean()) / ref.mean()).abs().item()
-        assert bias < 5e-4, (scale, bias)
+        assert bias < 1.5e-4, (scale, bias)
 
 
 def test_kernel_uses_these_coefficients():

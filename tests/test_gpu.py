@@ -295,7 +295,7 @@ def test_fused_a_16bit_gelu_dense_sweep(dtype):
     assert fused.plans[0].last_path == "fused"
     x64 = x.view(-1).double()
     ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
-    half_ulp = 2.0 ** -9 if dtype == torch.bfloat16 else 2.0 ** -11
+    half_ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11   # of |out| <= max(1, |x|): 8 / 11 significant bits
     worst = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
     assert worst <= 1.2e-3 + half_ulp, worst
 
