@@ -2266,14 +2266,13 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op, 6) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
-  // 16-bit the 168-register build of the general chain; the straight-line kernels of both dtypes have a 128-register
-  // build for knob FF_FUSED_A_BPS = 4.  (wg_plan may run fewer blocks per SM than a build allows.)
+  // 16-bit only the 168-register build.  (wg_plan may run fewer blocks per SM than a build allows.)
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS;
   auto kern = wg_straight_ops(DT, prm.nops) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
-              : (SPLIT || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
-                                           : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, 4>;
+              : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
+                                                  : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
