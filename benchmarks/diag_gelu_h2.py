@@ -1,4 +1,4 @@
-"""Diagnostic (device): the fused A kernel's half-precision GELU (wg_h2_pack / wg_h2_rest) value by value against its fp16
+"""Diagnostic (device): the fused A kernel's half-precision GELU (wg_epi_h2) value by value against its fp16
 emulation (tests/test_gelu_h2.py) and float64.  Through the C API (fp32 output = the kernel's f16 g exactly): a 1x1
 conv over 8 channels whose weight picks channel 0, one pixel per image, every fp16 value in [-20, 20].  Prints the
 error bound, the signed mean error, and how often the kernel's bits equal the emulation with MUFU.EX2.F16 modelled as

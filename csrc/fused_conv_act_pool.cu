@@ -543,7 +543,7 @@ struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
-  int h2, pipe16; float h2_kt;   // 16-bit GELU mean: the half-precision epilogue allowed (wg_h2_*), its row pipelined; R*S*C products per output
+  int h2; float h2_kt;   // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2); R*S*C products per output
   int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
@@ -657,79 +657,50 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 // 16-bit input, GELU (erf), mean pooling: the epilogue in packed half precision, its sum on the tensor cores.
 // Reduces over the tile's 128 pixels per channel (the pool's sum), so that on the H200 almost none of its work is on the
 // FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two times,
-// HFMA2 runs beside it ~94 % hidden).  gelu(x) = relu(x) - |x| Phi(-|x|) (fast_gelu.md's form) in two sums:
-//   wg_h2_pack: per pair of values (two pixels of one channel) relu(x) and x to f16x2 (one cvt each); the relu pairs of
-//     a 16-pixel block are an m16n8k16 A fragment as they lie (the accumulator layout of m64nN is the A layout of
-//     m16n8k16: rows = channels m0, m0 + 8, k = pixels), so one mma.sync against a B of ones adds them into the fp32
-//     accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, summed over the quad's pixels too).  After it the 64 fp32
-//     accumulators are free: the caller may start the next wgmma chain into them (NOTES run 21).
-//   wg_h2_rest: from the 32 x pairs, nu = -|x| (LOP3), Phi(-|x|) = 2^P5(|x|) by 5 HFMA2 in nu and ex2.approx.f16x2,
-//     c = nu q (HMUL2), added into dm by one more mma.sync per 16 pixels.
-// Accuracy (tests/test_gelu_h2.py emulates it step by step, every fp16 x and 1.3 M random fp32 x against float64; the
-// H200's results equal that emulation bit for bit, benchmarks/diag_gelu_h2.py): |relu + c - gelu(x)| <= 1.2e-3 max(1, |x|)
-// (~2 fp16 ulps: fp16 rounding of the conv output and of the GELU, where PyTorch rounds both to the input's 16-bit type);
-// the sums are fp32.  Valid only while |x| < 65504 (fp16 range): the caller takes this path only while the block's
-// inputs and weights bound every conv output below 60000 (h2_thr in fa_wgmma_kernel).
+// HFMA2 runs beside it ~94 % hidden).  Per pair of values (two pixels of one channel): x -> f16x2 twice (relu'd, and
+// plain), nu = -|x| (LOP3), Phi(-|x|) = 2^P5(|x|) by 5 HFMA2 in nu and ex2.approx.f16x2, g = relu(x) - |x| Phi(-|x|) by
+// one HFMA2 (fast_gelu.md's form, fp16 arithmetic); the g pairs of a 16-pixel block are an m16n8k16 A fragment as they
+// lie (the accumulator layout of m64nN is the A layout of m16n8k16: rows = channels m0, m0 + 8, k = pixels), and one
+// mma.sync against a B of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, summed over
+// the quad's pixels too).  Accuracy (tests/test_gelu_h2.py emulates it step by step, every fp16 x and 1.3 M random fp32
+// x against float64; the H200's results equal that emulation bit for bit, benchmarks/diag_gelu_h2.py):
+// |g - gelu(x)| <= 1.2e-3 max(1, |x|) (~2 fp16 ulps: fp16 rounding of the conv output and of the GELU, where PyTorch rounds
+// both to the input's 16-bit type); the sums are fp32.  Valid only while |x| < 65504 (fp16 range): the caller
+// takes this path only while the block's inputs and weights bound every conv output below 60000 (wg_h2_fits).
 __device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-__device__ __forceinline__ void h2_sum16(float (&dm)[4], const uint32_t (&a)[4]) {   // dm += A . ones (m16n8k16)
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
-               : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
-}
-// -|x| Phi(-|x|) of one x pair.  The coefficients of P5(u) = P5(-nu) carry the signs (-1)^i: fast_gelu.md's rounded
-// to fp16, with c0 and c2 moved one fp16 step (-1 -> -0.99951, -0.45972 -> -0.45923) so that the pooled mean's bias
-// stays under 1e-4 over normal inputs of scale 0.3-3: MUFU.EX2.F16 rounds toward zero (measured bit for bit on the
-// H200, benchmarks/diag_gelu_h2.py), which alone would bias q by -2^-11 on average (tests/test_gelu_h2.py).
-__device__ __forceinline__ uint32_t h2_gelu_corr(uint32_t hx) {
+__device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
+  uint32_t rl, hx, q;
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(rl) : "f"(hi), "f"(lo));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
+  // -|x|; the coefficients of P5(u) = P5(-nu) carry the signs (-1)^i.  They are fast_gelu.md's rounded to fp16, with
+  // c0 and c2 moved one fp16 step (-1 -> -0.99951, -0.45972 -> -0.45923) so that the pooled mean's bias stays under
+  // 1e-4 over normal inputs of scale 0.3-3: MUFU.EX2.F16 rounds toward zero (measured bit for bit on the H200,
+  // benchmarks/diag_gelu_h2.py), which alone would bias q by -2^-11 on average (tests/test_gelu_h2.py)
   const uint32_t nu = hx | 0x80008000u;
   uint32_t r = h2_fma(0x10171017u, nu, 0x1f6e1f6eu);
   r = h2_fma(r, nu, 0x2aaf2aafu);
   r = h2_fma(r, nu, 0xb759b759u);
   r = h2_fma(r, nu, 0x3c9b3c9bu);
   r = h2_fma(r, nu, 0xbbffbbffu);
-  uint32_t q, c;
   asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(c) : "r"(nu), "r"(q));
-  return c;
+  return h2_fma(nu, q, rl);
 }
-// A fragment f of 16-pixel block j: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15) = accumulators
-// 4i + e, 4i + e + 1 with i = 2j + f / 2, e = 2 (f & 1)
-__device__ __forceinline__ void wg_h2_pack(const float (&acc)[64], uint32_t (&hx)[32], float (&dm)[4]) {
+__device__ __forceinline__ void wg_epi_h2(const float (&acc)[64], float (&dm)[4]) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t rl[4];
+  for (int j = 0; j < 8; ++j) {   // pixel blocks 2j, 2j + 1 (16 pixels)
+    uint32_t a[4];
 #pragma unroll
-    for (int f = 0; f < 4; ++f) {
+    for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
       const int i = 2 * j + (f >> 1), e = (f & 1) * 2;
-      asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(rl[f]) : "f"(acc[4 * i + e + 1]), "f"(acc[4 * i + e]));
-      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx[4 * j + f]) : "f"(acc[4 * i + e + 1]), "f"(acc[4 * i + e]));
+      a[f] = h2_gelu(acc[4 * i + e], acc[4 * i + e + 1]);
     }
-    h2_sum16(dm, rl);
-  }
-}
-__device__ __forceinline__ void wg_h2_rest(const uint32_t (&hx)[32], float (&dm)[4]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t c[4];
-#pragma unroll
-    for (int f = 0; f < 4; ++f) c[f] = h2_gelu_corr(hx[4 * j + f]);
-    h2_sum16(dm, c);
-  }
-}
-
-// Mean pooling: a partial tile's padding accumulators (pixels >= qv) to zero, which every activation maps to (+-)0
-__device__ __forceinline__ void wg_zero_padding(float (&acc)[64], int qv, int tig) {
-  if (qv < WG_NT / 2) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (8 * i + 8 > qv) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
-      }
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
+                 : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
   }
 }
 
@@ -795,19 +766,23 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Max
 // pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
-// h2: the half-precision GELU (wg_h2_pack + wg_h2_rest, 16-bit input only) adds into dm instead of red.
+// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm instead of red.
 template <int DT, bool SPLIT>
 __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
                                            int tig, bool fast, bool h2) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   if (p.pool == FF_POOL_MEAN && !SPLIT) {
-    wg_zero_padding(acc, qv, tig);
-    if (DT != FF_F32 && h2) {
-      uint32_t hx[32];
-      wg_h2_pack(acc, hx, dm);
-      wg_h2_rest(hx, dm);
-    } else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    if (qv < WG_NT / 2) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (8 * i + 8 > qv) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
+        }
+    }
+    if (DT != FF_F32 && h2) wg_epi_h2(acc, dm);
+    else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
     // fp32 kernels do not carry that code
@@ -1515,7 +1490,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   }
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
-  // wg_h2_* need every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
+  // wg_epi_h2 needs every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
   // largest weight / bias (every block stages them all) a row may take it while its inputs stay <= h2_thr (-1: never)
   const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
   float h2_thr = -1.0f;
@@ -1527,7 +1502,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const float fw = __uint_as_float(max(max(h2w_s[0], h2w_s[1]), max(h2w_s[2], h2w_s[3])));
     if (fw <= 0x1p100f) h2_thr = fminf((60000.0f / fw - 1.0f) / p.h2_kt, 65504.0f);
   }
-  float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_h2_*'s sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
+  float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
   const long long n_first = L0 / p.lines_img;
@@ -1631,7 +1606,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
       if (!WS_DIAG(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      // the rows of output row t are in (and bounded? small enough for wg_h2_*?)
+      // the rows of output row t are in (and bounded? small enough for wg_epi_h2?)
       bool h2 = false, in_ok;
       if (WS_DIAG(11)) {
         in_ok = bound.ok<DT>();
@@ -1645,8 +1620,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
-      // the copies / TMA boxes of later rows and the post-copy pass of the next one, after half `half`'s wgmmas went out
-      auto row_loads = [&](int half) {
+#pragma unroll 1
+      for (int half = 0; half < pc.nhalf; ++half) {
+        if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if constexpr (TMA) {
           if (half == 0 && tid == 0 && t + p.D < np)   // group t + D (TVEC: into the ring slots row t - 1 left)
             for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r)
@@ -1664,36 +1640,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
             if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
           }
         }
-      };
-      bool piped = false;
-      if constexpr (DT != FF_F32) {
-        // 16-bit h2, both halves: half 1's wgmmas go out as soon as half 0's accumulators are packed (wg_h2_pack), so
-        // the rest of half 0's epilogue (wg_h2_rest: the polynomial and MUFU work) runs beside this block's own MMAs
-        if (h2 && pc.nhalf == 2 && p.pipe16 && !WS_DIAG(10) && !WS_DIAG(12)) {
-          piped = true;
-          uint32_t hx[32];
-          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, 0);
-          row_loads(0);
-          wg_wait0();
-          wg_zero_padding(acc, qv, tig);
-          wg_h2_pack(acc, hx, dm);
-          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, 1);
-          row_loads(1);
-          wg_h2_rest(hx, dm);
-          wg_wait0();
-          wg_zero_padding(acc, qv - WG_NT / 2, tig);
-          wg_h2_pack(acc, hx, dm);
-          wg_h2_rest(hx, dm);
-        }
-      }
-      if (!piped) {
-#pragma unroll 1
-        for (int half = 0; half < pc.nhalf; ++half) {
-          if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-          row_loads(half);
-          if (!WS_DIAG(12)) wg_wait0();
-          if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2);
-        }
+        if (!WS_DIAG(12)) wg_wait0();
+        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1855,7 +1803,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     const long long n_first = L0 / p.lines_img;
     const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
-    float dm_ws[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (the h2 epilogue is not used here)
+    float dm_ws[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (wg_epi_h2 is not used here)
     float acc[64];
     long long cur_n = n_first;
     int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
@@ -1932,15 +1880,14 @@ struct Plan {
 // FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2, pipe16; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
-            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1),
-            get("FF_FUSED_A_PIPE16", 1)};
+            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
@@ -2466,7 +2413,6 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.fulltile = knobs().fulltile;
       q.h2 = dtype != FF_F32 && activation == FF_ACT_GELU_ERF && pool == FF_POOL_MEAN && knobs().h2 ? 1 : 0;
       q.h2_kt = (float)R * (float)S * (float)C;
-      q.pipe16 = knobs().pipe16 ? 1 : 0;
       return wg_launch(dtype, precision, wp.lm, wp.ws, q, wp.smem, stream);
     }
   }

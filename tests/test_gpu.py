@@ -276,7 +276,7 @@ def test_fused_a_gelu_dense_sweep(pool):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_a_16bit_gelu_dense_sweep(dtype):
-    """16-bit input, GELU, mean: the fused A kernel's half-precision epilogue (wg_h2_pack / wg_h2_rest; its arithmetic is emulated
+    """16-bit input, GELU, mean: the fused A kernel's half-precision epilogue (wg_epi_h2; its arithmetic is emulated
     in tests/test_gelu_h2.py).  A 1x1 conv of weight 1 is the identity, one value per image, every value of the dtype in
     [-20, 20] plus large ones (fp16 up to 6e4: over the kernel's 60000 guard, so those images take the fp32 GELU):
     |out - gelu(x)| <= (1.2e-3 + the output's rounding to the dtype) * max(1, |x|) against float64."""
