@@ -665,8 +665,8 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 // the quad's pixels too).  Accuracy (tests/test_gelu_h2.py emulates it step by step, every fp16 x and 1.3 M random fp32
 // x against float64; the H200's results equal that emulation bit for bit, benchmarks/diag_gelu_h2.py):
 // |g - gelu(x)| <= 1.2e-3 max(1, |x|) (~2 fp16 ulps: fp16 rounding of the conv output and of the GELU, where PyTorch rounds
-// both to the input's 16-bit type); the sums are fp32.  Valid only while |x| < 65504 (fp16 range): the caller
-// takes this path only while the block's inputs and weights bound every conv output below 60000 (wg_h2_fits).
+// both to the input's 16-bit type); the sums are fp32.  Valid only while |x| < 65504 (fp16 range): fa_wgmma_kernel
+// takes this path only while the block's inputs and weights bound every conv output below 60000 (h2_thr).
 __device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
