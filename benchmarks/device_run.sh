@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -30,6 +30,15 @@ for stage in "$@"; do
         (cd benchmarks && FF_FIXED_NCU=1 ncu --clock-control none --cache-control $cc -k regex:fa_wgmma --metrics gpu__time_duration.sum \
           python3 probe_fixed_a.py > "$OUT/ncu_fixed_a_cache_$cc.txt" 2>&1); grep -c duration "$OUT/ncu_fixed_a_cache_$cc.txt"
       done ;;
+    ab-a)   # fused A builds side by side in one process: FF_AB_LIBS="name=path,..." (carried), then this build as "new"
+      new=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))")
+      FF_AB_LIBS="${FF_AB_LIBS:+$FF_AB_LIBS,}new=$new" python3 benchmarks/probe_ab_a.py 2>&1 | tee "$OUT/probe_ab_a.txt" ;;
+    diag-h2)   # the kernel's 16-bit GELU value by value against its fp16 emulation (tests/test_gelu_h2.py)
+      FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \
+        python3 benchmarks/diag_gelu_h2.py 2>&1 | tee "$OUT/diag_gelu_h2.txt" ;;
+    micro-a)   # the load-free microbenchmarks (carried binaries .carry/pe, .carry/pw: probe_epilogue_a.cu, probe_wgmma_smem.cu)
+      .carry/pe 2>&1 | tee "$OUT/probe_epilogue_a.txt"
+      PW_OVERLAP_ONLY=1 PW_OVERLAP_NEW=1 .carry/pw 2>&1 | tee "$OUT/probe_overlap.txt" ;;
     probe) python3 benchmarks/probe_convt.py 2>&1 | tee "$OUT/probe_convt.txt" ;;
     probe-a)   # fused family-A kernel straight through ctypes: checks + seed timings, knob variants in child processes
       FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \

@@ -4,9 +4,10 @@
 // pixels — the fused kernel's sum — so each variant's result can be compared with the fp32 GELU's.
 // Question it answers: how much of the kernel's time per tile (NOTES run 17: bf16 1682, 'none' 1046 cycles per SM)
 // is the MMA + epilogue alternation itself, and what an epilogue without FP32-pipe work (half2 GELU, sums in half2 or
-// by a reduction wgmma against a ones matrix) would cost there.
+// by a reduction wgmma against a ones matrix) would cost there; since run 22 also the kernel's own 16-bit epilogue
+// (csrc/gelu_h2.cuh) beside the variants of its GELU that gelu_h2_variants.cuh collects, each with the MMAs and alone.
 //
-// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -o /tmp/pe benchmarks/probe_epilogue_a.cu
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks -o /tmp/pe benchmarks/probe_epilogue_a.cu
 // Run:   /tmp/pe    (one H100 / H200: cycles per tile per SM at the nominal clock, and each variant's relative
 //                    difference of the per-channel sums from the fp32 GELU's)
 #include <cuda_runtime.h>
@@ -20,6 +21,7 @@
 #include "activation.cuh"
 
 #include "wgmma_ss.cuh"
+#include "gelu_h2_variants.cuh"
 
 // reduction wgmma: D (64 x 8) += A (64 x 16 fp16, registers) . ones (16 x 8): every column = the row sums of A
 __device__ __forceinline__ void rs_sum_f16(float (&r)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b) {
@@ -36,7 +38,10 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
   return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 | (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
 }
 
-enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BRANCH = 5, E_F32_SELECT = 6 };
+enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BRANCH = 5, E_F32_SELECT = 6,
+       E_H2VAR = 16 };
+// E_H2VAR + V: the fused kernel's 16-bit epilogue with GELU variant V (gelu_h2_variants.cuh; V 0 = csrc/gelu_h2.cuh's
+// wg_epi_h2 itself), sums by mma.sync against ones
 // E_F32_BRANCH: the fused kernel's masking source (every other tile has 126 valid pixels, as the seed's second half-row):
 // per column block of 8 pixels a uniform test, the partial block masked per value (ptxas predicates these tests here,
 // where the fused kernel keeps them as branches); E_F32_SELECT: the same tiles, all 64 values straight-line and the
@@ -94,6 +99,7 @@ __global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd
   }
   float red[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
   float rsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t gk[32];
   for (int t = 0; t < ntiles; ++t) {
     if (BAR && (t & 1) == 0) __syncthreads();
@@ -109,9 +115,17 @@ __global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
+    if (!MMA) {   // epilogue alone: one LOP3 per value makes every tile's accumulators new (nothing to hoist)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = __int_as_float(__float_as_int(acc[i]) ^ (t & 1));
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-    if (EPI == E_NOTHING) {   // one value read, so that ptxas cannot drop the chain as dead (it does otherwise)
+    if (EPI == E_H2VAR) {
+      wg_epi_h2(acc, dm);
+    } else if (EPI > E_H2VAR) {
+      h2_var_epi<EPI - E_H2VAR>(acc, dm);
+    } else if (EPI == E_NOTHING) {   // one value read, so that ptxas cannot drop the chain as dead (it does otherwise)
       red[0][0] += acc[0];
     } else if (EPI == E_F32_BRANCH) {
       const int qv = (t & 1) ? qodd : 128;
@@ -179,7 +193,10 @@ __global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   float v[2];
-  if (EPI == E_H2MMA) {
+  if (EPI >= E_H2VAR) {
+    v[0] = tig == 0 ? dm[0] : 0.0f;
+    v[1] = tig == 0 ? dm[2] : 0.0f;
+  } else if (EPI == E_H2MMA) {
     v[0] = tig == 0 ? rsum[0] : 0.0f;   // every column of the reduction holds the row's sum: one quad lane reports it
     v[1] = tig == 0 ? rsum[2] : 0.0f;
   } else {
@@ -243,6 +260,17 @@ int main() {
   run<1, E_F32_SELECT, true>("bf16 fp32 GELU, masks: select", nsm, dout, nullptr, nullptr);
   run<1, E_H2TREE, true>("bf16 MMA + half2 GELU, tree", nsm, dout, nullptr, &ref16);
   run<1, E_H2MMA, true>("bf16 MMA + half2 GELU, wgmma", nsm, dout, nullptr, &ref16);
+  // the 16-bit epilogue's GELU variants (gelu_h2_variants.cuh), with the MMAs and alone
+  const char* vn[] = {"kernel (P3, relu max)", "run 21 (P5, relu cvt)", "no MUFU (poly 2^x)", "P5, relu max", "P5, relu PRMT",
+                      "P3, relu cvt", "half run 21, half poly"};
+  char nm[64];
+#define H2V(V)                                                                                   \
+  snprintf(nm, sizeof nm, "bf16 MMA + h2 %s", vn[V]); run<1, E_H2VAR + V, true>(nm, nsm, dout, nullptr, &ref16); \
+  snprintf(nm, sizeof nm, "h2 %s, alone", vn[V]); run<1, E_H2VAR + V, false>(nm, nsm, dout, nullptr, nullptr);
+  H2V(0) H2V(1) H2V(2) H2V(3) H2V(4) H2V(5) H2V(6)
+#undef H2V
+  run<1, E_H2VAR, true, true>("bf16 kernel h2 + row barrier", nsm, dout, nullptr, nullptr);
+  run<1, E_NONE, false>("sum alone", nsm, dout, nullptr, nullptr);
   run<1, E_F32, false>("fp32 GELU alone", nsm, dout, nullptr, nullptr);
   run<1, E_H2TREE, false>("half2 GELU, tree, alone", nsm, dout, nullptr, nullptr);
   run<1, E_H2MMA, false>("half2 GELU, wgmma, alone", nsm, dout, nullptr, nullptr);

@@ -4,7 +4,7 @@
 // Question it answers: is the ~150 cycles per op measured in the kernels (TF32 k8 and bf16 k16 alike: not the tensor
 // rate) the shared-memory read of operands in the no-swizzle (interleaved core matrix) layout?
 //
-// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/pw benchmarks/probe_wgmma_smem.cu
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks -o /tmp/pw benchmarks/probe_wgmma_smem.cu
 // Run:   /tmp/pw     (one H100/H200; prints cycles per wgmma per SM for each layout and warpgroup count)
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "wgmma_ss.cuh"
+#include "gelu_h2_variants.cuh"
 
 __device__ __forceinline__ void rs_tf32(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
@@ -153,7 +154,8 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // time with both would be the larger of the two alone.
 // flags bit 2: the MMA warpgroup runs bf16 k16 instead of TF32 k8; bit 3: the ALU loop has no EX2 (an FFMA in its
 // place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains); bit 5: an integer loop on the ALU pipe
-// (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2).  clk (if non-null): per block
+// (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2); bit 7: MUFU only (ex2.approx.f16x2 chains); bits
+// 8 / 9: run 21's 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial.  clk (if non-null): per block
 // {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
@@ -203,6 +205,33 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
         a = (a & 0x7fffffffu) | (a >> 17);
         acc += a;
         v[i] = a ^ (acc >> 11);
+      }
+    }
+    if (acc == 12345u) out[1] = (float)acc;
+  } else if ((flags & 2) && (XF & 128)) {   // MUFU only: ex2.approx.f16x2 chains (2 MUFU.EX2.F16 + PRMT, one LOP3)
+    uint32_t r[32], acc = 0u;
+    for (int i = 0; i < 32; ++i) r[i] = 0xb800b800u ^ (uint32_t)(tid * 7 + i);
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        uint32_t q;
+        asm volatile("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r[i]));
+        r[i] = q | 0x80008000u;
+      }
+    }
+    for (int i = 0; i < 32; ++i) acc ^= r[i];
+    if (acc == 12345u) out[1] = (float)acc;
+  } else if ((flags & 2) && (XF & (256 | 512))) {   // the fused kernel's 16-bit GELU (gelu_h2.cuh): MUFU / polynomial
+    float v[64];
+    uint32_t acc = 0u;
+    for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const uint32_t g = (XF & 256) ? h2_gelu_x<false, 0>(v[2 * i], v[2 * i + 1]) : h2_gelu_poly(v[2 * i], v[2 * i + 1]);
+        acc = h2_add(acc, g);
+        v[2 * i] = __int_as_float(__float_as_int(v[2 * i]) ^ 1);
+        v[2 * i + 1] = __int_as_float(__float_as_int(v[2 * i + 1]) ^ 1);
       }
     }
     if (acc == 12345u) out[1] = (float)acc;
@@ -257,7 +286,8 @@ void run_overlap(int nsm, float* dout, double ghz) {
   double mhz = 0;
   auto t = [&](int flags, int nthreads) {
     auto k = (flags & 4) ? overlap<4> : (flags & 8) ? overlap<8> : (flags & 16) ? overlap<16> : (flags & 32) ? overlap<32>
-           : (flags & 64) ? overlap<64> : overlap<0>;
+           : (flags & 64) ? overlap<64> : (flags & 128) ? overlap<128> : (flags & 256) ? overlap<256>
+           : (flags & 512) ? overlap<512> : overlap<0>;
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
     k<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags, nullptr);
     cudaEvent_t e0, e1;
@@ -274,9 +304,11 @@ void run_overlap(int nsm, float* dout, double ghz) {
     return ms;
   };
   const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
-                         "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop"};
-  const int extra[] = {0, 4, 8, 16, 32, 64};
-  for (int v = 0; v < 6; ++v)
+                         "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop", "TF32 k8 + MUFU f16x2 only",
+                         "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x"};
+  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512};
+  const int v0 = getenv("PW_OVERLAP_NEW") ? 6 : 0;   // only the loops added after run 21
+  for (int v = v0; v < 9; ++v)
     for (int nthreads : {256, 384}) {
       const float m = t(1 | extra[v], nthreads); const double mm = mhz;
       const float a = t(2 | extra[v], nthreads); const double am = mhz;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include "codes.h"
 #include "activation.cuh"
+#include "gelu_h2.cuh"   // wg_epi_h2: the 16-bit GELU + mean epilogue
 
 // --------------------------------------------------------------------------------------------------------------
 struct FAParams {
@@ -654,56 +655,6 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
-// 16-bit input, GELU (erf), mean pooling: the epilogue in packed half precision, its sum on the tensor cores.
-// Reduces over the tile's 128 pixels per channel (the pool's sum), so that on the H200 almost none of its work is on the
-// FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two times,
-// HFMA2 runs beside it ~94 % hidden).  Per pair of values (two pixels of one channel): x -> f16x2 twice (relu'd, and
-// plain), nu = -|x| (LOP3), Phi(-|x|) = 2^P5(|x|) by 5 HFMA2 in nu and ex2.approx.f16x2, g = relu(x) - |x| Phi(-|x|) by
-// one HFMA2 (fast_gelu.md's form, fp16 arithmetic); the g pairs of a 16-pixel block are an m16n8k16 A fragment as they
-// lie (the accumulator layout of m64nN is the A layout of m16n8k16: rows = channels m0, m0 + 8, k = pixels), and one
-// mma.sync against a B of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, summed over
-// the quad's pixels too).  Accuracy (tests/test_gelu_h2.py emulates it step by step, every fp16 x and 1.3 M random fp32
-// x against float64; the H200's results equal that emulation bit for bit, benchmarks/diag_gelu_h2.py):
-// |g - gelu(x)| <= 1.2e-3 max(1, |x|) (~2 fp16 ulps: fp16 rounding of the conv output and of the GELU, where PyTorch rounds
-// both to the input's 16-bit type); the sums are fp32.  Valid only while |x| < 65504 (fp16 range): fa_wgmma_kernel
-// takes this path only while the block's inputs and weights bound every conv output below 60000 (h2_thr).
-__device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
-  uint32_t rl, hx, q;
-  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(rl) : "f"(hi), "f"(lo));
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
-  // -|x|; the coefficients of P5(u) = P5(-nu) carry the signs (-1)^i.  They are fast_gelu.md's rounded to fp16, with
-  // c0 and c2 moved one fp16 step (-1 -> -0.99951, -0.45972 -> -0.45923) so that the pooled mean's bias stays under
-  // 1e-4 over normal inputs of scale 0.3-3: MUFU.EX2.F16 rounds toward zero (measured bit for bit on the H200,
-  // benchmarks/diag_gelu_h2.py), which alone would bias q by -2^-11 on average (tests/test_gelu_h2.py)
-  const uint32_t nu = hx | 0x80008000u;
-  uint32_t r = h2_fma(0x10171017u, nu, 0x1f6e1f6eu);
-  r = h2_fma(r, nu, 0x2aaf2aafu);
-  r = h2_fma(r, nu, 0xb759b759u);
-  r = h2_fma(r, nu, 0x3c9b3c9bu);
-  r = h2_fma(r, nu, 0xbbffbbffu);
-  asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
-  return h2_fma(nu, q, rl);
-}
-__device__ __forceinline__ void wg_epi_h2(const float (&acc)[64], float (&dm)[4]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {   // pixel blocks 2j, 2j + 1 (16 pixels)
-    uint32_t a[4];
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
-      const int i = 2 * j + (f >> 1), e = (f & 1) * 2;
-      a[f] = h2_gelu(acc[4 * i + e], acc[4 * i + e + 1]);
-    }
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
-                 : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
-  }
-}
-
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
 // padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
 // has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
@@ -766,9 +717,10 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Max
 // pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
-// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm instead of red.
+// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm[0..3] instead of red (dm unused otherwise:
+// fa_ws_kernel, which never takes it, passes nullptr).
 template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float* dm, int qv,
                                            int tig, bool fast, bool h2) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
@@ -781,7 +733,7 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
           for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
         }
     }
-    if (DT != FF_F32 && h2) wg_epi_h2(acc, dm);
+    if (DT != FF_F32 && h2) wg_epi_h2(acc, *reinterpret_cast<float(*)[4]>(dm));
     else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
@@ -918,15 +870,16 @@ struct WGInBound {
   uint32_t h = 0u;      // per-half max of 16-bit magnitude bits
   __device__ __forceinline__ void add(float v) { f = ff_max_nan(f, fabsf(v)); }
   __device__ __forceinline__ void add2(uint32_t w) { h = __vmaxu2(h, w & 0x7fff7fffu); }
+  __device__ __forceinline__ uint32_t m16() const { return max(h & 0xffffu, h >> 16); }   // the larger half's bits
   // the largest 16-bit input magnitude staged, as a float (NaN when a NaN was staged)
   template <int DT>
   __device__ __forceinline__ float in16() const {
-    const uint32_t m = max(h & 0xffffu, h >> 16);
+    const uint32_t m = m16();
     return DT == FF_BF16 ? __uint_as_float(m << 16) : __half2float(__ushort_as_half((unsigned short)m));
   }
   template <int DT>
   __device__ __forceinline__ bool ok() const {
-    const uint32_t m = max(h & 0xffffu, h >> 16);
+    const uint32_t m = m16();
     return f <= 0x1p50f && (DT == FF_BF16 ? m <= 0x5880u : DT == FF_F16 ? m < 0x7c00u : true);   // bf16 2^50; fp16 finite
   }
 };
@@ -1607,15 +1560,14 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     for (int t = 0; t < np; ++t) {
       if (!WS_DIAG(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       // the rows of output row t are in (and bounded? small enough for wg_epi_h2?)
-      bool h2 = false, in_ok;
+      const bool h2_mine = h2_cap && bound.in16<DT>() <= h2_thr;   // (WS_DIAG 11: this thread's view, no barrier)
+      bool h2, in_ok;
       if (WS_DIAG(11)) {
+        h2 = h2_mine;
         in_ok = bound.ok<DT>();
-        h2 = h2_cap && bound.in16<DT>() <= h2_thr;
-      } else if (h2_cap) {
-        h2 = __syncthreads_and(bound.in16<DT>() <= h2_thr) != 0;
-        in_ok = h2 || __syncthreads_and(bound.ok<DT>()) != 0;
       } else {
-        in_ok = __syncthreads_and(bound.ok<DT>()) != 0;
+        h2 = h2_cap && __syncthreads_and(h2_mine) != 0;
+        in_ok = h2 || __syncthreads_and(bound.ok<DT>()) != 0;
       }
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
@@ -1803,7 +1755,6 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     const long long n_first = L0 / p.lines_img;
     const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
-    float dm_ws[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (wg_epi_h2 is not used here)
     float acc[64];
     long long cur_n = n_first;
     int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
@@ -1840,7 +1791,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
               sl = (sl + 1 == p.RB) ? 0 : sl + 1;
             }
           }
-          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, dm_ws, pc.qv - half * (WG_NT / 2), tig, fast, false);
+          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, nullptr, pc.qv - half * (WG_NT / 2), tig, fast, false);
         }
       }
       s_in += pc.nrows;

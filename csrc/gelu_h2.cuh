@@ -1,0 +1,60 @@
+// GELU (erf) of two fp32 values in packed half precision, for the fused A kernel's 16-bit epilogue (wg_epi_h2 below,
+// called by fa_wgmma_kernel in fused_conv_act_pool.cu) and the microbenchmark benchmarks/probe_epilogue_a.cu.
+// wg_epi_h2 reduces over a tile's 128 pixels per output channel (the mean pool's sum), so that on the H200 none of its work
+// is on the FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two
+// times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: NOTES run 22).  Per pair of accumulators (two pixels of one
+// channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (LOP3), Phi(-|x|) = 2^P3(|x|) by 3 HFMA2 in nu
+// and ex2.approx.f16x2 (two MUFU.EX2.F16), g = relu(x) + nu Phi by one HFMA2: fast_gelu.md's form relu(x) - |x| 2^P(|x|),
+// with a degree-3 P fitted for fp16 accuracy (max |g error| on [0, 4] ~1e-4 in exact arithmetic; fast_gelu.md's degree 5
+// is for fp32) — 7 cycles per tile fewer than degree 5 with a second F2FP for relu (NOTES run 22, probe_epilogue_a.cu).
+// MUFU.EX2.F16 rounds toward zero (measured bit for bit on the H200, benchmarks/diag_gelu_h2.py); P's fp16 coefficients
+// are the fit's moved by a step or two so that this rounding does not bias the pooled mean (tests/test_gelu_h2.py).
+// Accuracy (tests/test_gelu_h2.py emulates every step, every fp16 x and 1.3 M random fp32 x against float64):
+// |g - gelu(x)| <= 1.2e-3 max(1, |x|) (~2 fp16 ulps: fp16 rounding of the conv output and of the GELU, where PyTorch
+// rounds both to the input's 16-bit type); mean bias over normal inputs of scale 0.3-3 under 1.5e-4.  Valid only while
+// |x| < 65504 (fp16 range): the kernel takes the 16-bit epilogue only while the block's inputs and weights bound every
+// conv output below 60000 (h2_thr in fa_wgmma_kernel).
+#pragma once
+#include <stdint.h>
+
+__device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
+  uint32_t hx, rl, q;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
+  asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
+  const uint32_t nu = hx | 0x80008000u;
+  // P3(u) in nu = -u: the coefficients carry the signs (-1)^i (0.0232, -0.5049, 1.1240, -1.0039)
+  uint32_t r = h2_fma(0x25ee25eeu, nu, 0xb80ab80au);
+  r = h2_fma(r, nu, 0x3c7f3c7fu);
+  r = h2_fma(r, nu, 0xbc04bc04u);
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
+  return h2_fma(nu, q, rl);
+}
+
+// One 64 x 128 tile (m64n128 accumulator layout: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0, 1}), GELU
+// then the sum over its 128 pixels per channel: the g pairs of 16 pixels are an m16n8k16 A fragment as they lie (the
+// m64nN accumulator layout is the m16n8k16 A layout: rows = channels m0, m0 + 8, k = pixels), so one mma.sync against a B
+// of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, already summed over the quad).
+// gelu(f, lo, hi): the pair's g as f16x2 (f = its place in the A fragment; the microbenchmarks pass variants).
+template <class G>
+__device__ __forceinline__ void wg_epi_h2_with(const float (&acc)[64], float (&dm)[4], G&& gelu) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {   // pixel blocks 2j, 2j + 1 (16 pixels)
+    uint32_t a[4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
+      const int i = 2 * j + (f >> 1), e = (f & 1) * 2;
+      a[f] = gelu(f, acc[4 * i + e], acc[4 * i + e + 1]);
+    }
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
+                 : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
+  }
+}
+__device__ __forceinline__ void wg_epi_h2(const float (&acc)[64], float (&dm)[4]) {
+  wg_epi_h2_with(acc, dm, [](int, float lo, float hi) { return h2_gelu(lo, hi); });
+}
