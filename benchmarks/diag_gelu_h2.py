@@ -42,7 +42,7 @@ for dtype in (torch.float16, torch.bfloat16):
               f"emu RN mean {((emu_rn - ref)[m]).mean():+.3e}, RZ mean {((emu_rz - ref)[m]).mean():+.3e}")
     diff = (got != emu_rz).nonzero().view(-1)[:8].tolist()   # where the kernel and the RZ emulation differ
     if diff:
-        print("   differs from RZ at " + ", ".join(f"x={v[i].item():+.6g} ({v[i].item():.3a}) got={got[i].item():+.6g} "
+        print("   differs from RZ at " + ", ".join(f"x={v[i].item():+.6g} ({v[i].item().hex()}) got={got[i].item():+.6g} "
                                              f"emuRZ={emu_rz[i].item():+.6g}" for i in diff))
     worst = err.abs().argsort(descending=True)[:6]
     for i in worst.tolist():
