@@ -523,6 +523,11 @@ constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
 constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops (bias in the spare chunk of tap (0, 2)'s op)
+// 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, then (0, 2) + (1, 2) as one
+// op whose two K chunks lie in two ring slots (LBO = the slots' distance; where the second row's slot comes first in the
+// ring, its K chunks are swapped: B starts at that slot and the op reads A block WG_COL16_OPS, the op's weights with
+// the two chunks swapped), then (2, 2) with the bias in its spare chunk: 5 ops of K 16 for 72 + bias instead of 6
+constexpr int WG_COL16_OPS = 5, WG_COL16_J = 3;
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
@@ -547,6 +552,7 @@ struct WGParams {
   int h2; float h2_kt;   // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2); R*S*C products per output
   int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
+  int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
@@ -747,14 +753,30 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
 // The B descriptor table (low words), entry (rs * 2 + h) * WG_DSTRIDE(NOPS) + j: op j for output-row ring slot rs and
 // half h reads ring slot (rs + op_rd[j]) % RB at column h * 128 (the bias op's ones block: op_mask 0, always the same
 // address).  Straight-line kernels (NOPS > 0) pack it NOPS ops wide, the general one WG_MAXOPS (wg_plan sizes it the same).
-#define WG_DSTRIDE(NOPS) ((NOPS) > 0 ? (NOPS) : WG_MAXOPS)
+// The column-pair op (col_j >= 0, 16-bit 3x3: WG_COL16_OPS) reads ring slots sl0 = (rs + op_rd) % RB and sl1 = (rs +
+// col_rd2) % RB: its entry starts at the lower of the two with LBO = their distance, and entry NOPS holds the low word of
+// its A descriptor (block col_j, or block na - 1 = the swapped one where sl1 < sl0).
+#define WG_DSTRIDE(NOPS) ((NOPS) == WG_COL16_OPS ? (NOPS) + 1 : (NOPS) > 0 ? (NOPS) : WG_MAXOPS)
 template <int NOPS>
 __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
   constexpr int DS = WG_DSTRIDE(NOPS);
   for (int i = threadIdx.x; i < p.RB * 2 * DS; i += blockDim.x) {
     const int j = i % DS, half = (i / DS) & 1, rs = i / (2 * DS);
-    int sl = rs + p.op_rd[j];
+    const int jo = (NOPS == WG_COL16_OPS && j == NOPS) ? p.col_j : j;   // entry NOPS: the column op's A word
+    int sl = rs + p.op_rd[jo];
     sl -= (sl >= p.RB) ? p.RB : 0;
+    if (NOPS == WG_COL16_OPS && jo == p.col_j) {
+      int sl1 = rs + p.col_rd2;
+      sl1 -= (sl1 >= p.RB) ? p.RB : 0;
+      const bool swap = sl1 < sl;
+      if (j == NOPS) {
+        dtab[i] = sbase16 + (uint32_t)(swap ? p.na - 1 : p.col_j) * (2048 >> 4) + ((1024u >> 4) << 16);
+      } else {
+        const int lo = swap ? sl1 : sl, gap = swap ? sl - sl1 : sl1 - sl;
+        dtab[i] = sbase16 + p.op_d[j] + (uint32_t)(lo * p.slot16 + half * (WG_NT / 2)) + ((uint32_t)(gap * p.slot16) << 16);
+      }
+      continue;
+    }
     dtab[i] = sbase16 + p.op_d[j] + ((uint32_t)(sl * p.slot16 + half * (WG_NT / 2)) & p.op_mask[j]);
   }
 }
@@ -773,7 +795,8 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
   // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, NOTES run 19); not the ieee kernel (SPLIT),
   // whose 246 registers grew to 254 with it and whose NCHW time by 5 %
   constexpr bool PRE = NOPS > 0 && !SPLIT;
-  constexpr int NL = PRE ? NOPS : 1;
+  constexpr bool COL = NOPS == WG_COL16_OPS;    // + the column op's A word (wg_dtab_fill)
+  constexpr int NL = PRE ? NOPS + (COL ? 1 : 0) : 1;
   uint32_t dl[NL];
   const uint32_t* drow = dtab + (rs * 2 + half) * WG_DSTRIDE(NOPS);
   if (PRE) {
@@ -787,7 +810,9 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
     const uint64_t desc = (uint64_t)(PRE ? dl[j < NL ? j : 0] : drow[j]) | ((uint64_t)p.op_hi[j] << 32);
-    const uint64_t da = (uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+    const uint64_t da = (COL && j == WG_COL16_J)
+                            ? ((uint64_t)dl[NL - 1] | ((uint64_t)(128 >> 4) << 32))
+                            : ((uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32));
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if (DT == FF_BF16) {
       wgh_bf16(acc, da, desc, j > 0);
@@ -1255,12 +1280,12 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
   const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;
 #pragma unroll 1
-  for (int j0 = tid >> 7; j0 < p.nops; j0 += OB * (nthr >> 7)) {
+  for (int j0 = tid >> 7; j0 < p.na; j0 += OB * (nthr >> 7)) {
     float v[OB][KC];
 #pragma unroll
     for (int o = 0; o < OB; ++o) {
       const int j = min(j0 + o * (nthr >> 7), WG_MAXOPS - 1);
-      const int cnt = (j0 + o * (nthr >> 7) < p.nops && m < p.K) ? p.op_wn[h][j] : 0;
+      const int cnt = (j0 + o * (nthr >> 7) < p.na && m < p.K) ? p.op_wn[h][j] : 0;
       const long long base = mrow + p.op_wo[h][j];
 #pragma unroll
       for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? load_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
@@ -1276,7 +1301,7 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
 #pragma unroll
     for (int o = 0; o < OB; ++o) {
       const int j = j0 + o * (nthr >> 7);
-      if (j >= p.nops) break;
+      if (j >= p.na) break;
       unsigned char* dst = smem + j * 2048 + h * 1024 + m * 16;
 #pragma unroll
       for (int e = 0; e < KC; ++e) bound.add(v[o][e]);
@@ -1831,14 +1856,14 @@ struct Plan {
 // FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2, col16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
-            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1)};
+            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
@@ -1972,9 +1997,10 @@ struct WGPlan {
 };
 
 // The op count a straight-line kernel (wgmma issue without a fence per op) exists for, else 0: fp32 3x3 over <= 8
-// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with two taps per op (6).  Others take the general kernel.
-int wg_straight_ops(int dtype, int nops) {
-  return (dtype == FF_F32 ? nops == WG_OPS3X3 : nops == WG_PAIR16_OPS) ? nops : 0;
+// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with the column pair (5, col; fa_ws_kernel: two taps per
+// op without it, 6).  Others (another 16-bit filter of 5 ops too) take the general kernel.
+int wg_straight_ops(int dtype, int nops, bool ws, bool col) {
+  return (dtype == FF_F32 ? nops == WG_OPS3X3 : ws ? nops == WG_PAIR16_OPS : col && nops == WG_COL16_OPS) ? nops : 0;
 }
 
 WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
@@ -2028,19 +2054,23 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   const long long span = (long long)(R - 1) * dh;
   // 16-bit: the bias rides in a spare K chunk (an op with one tap) when there is one, else in an op of its own
   const bool bias_spare = dtype != FF_F32 && (step_s == 1 || S % 2 == 1);
-  const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + (bias_spare ? 0 : 1);
+  // 16-bit 3x3, one channel group: taps (0, 2) and (1, 2) in one op (WG_COL16_OPS; not with fa_ws_kernel's knob)
+  const bool col16 = step_s == 2 && R == 3 && S == 3 && knobs().col16 && !knobs().ws;
+  const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + (bias_spare ? 0 : 1) - (col16 ? 1 : 0);
   if (nops_pred > WG_MAXOPS) {
     w.why = "fused_conv_act_pool: more than 64 K units of 8 input channels (R*S*ceil(C/8), + bias) for the sm_90 kernel";
     return w;
   }
-  const long long abytes = nops_pred * 2048 * (split ? 2 : 1);   // A operands: 2 KB per op (+ the ieee small ops)
-  const int nops_line = wg_straight_ops(dtype, (int)nops_pred);   // > 0: the straight-line kernel serves it
+  const long long na = nops_pred + (col16 ? 1 : 0);              // A blocks: + the column op's swapped copy
+  const long long abytes = na * 2048 * (split ? 2 : 1);   // A operands: 2 KB per op (+ the ieee small ops)
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
   const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
   // the warp-specialised kernel: straight-line ops only (10 fp32, 6 16-bit), every input row read by some output row,
   // ring sequence numbers of a block's rows < 2^30
-  const bool ws = !tma && knobs().ws && nops_line > 0 && sh <= span + 1 && lines_per_block * (sh + span + 1) < (1LL << 30);
+  const bool ws = !tma && knobs().ws && wg_straight_ops(dtype, (int)nops_pred, true, false) > 0 && sh <= span + 1 &&
+                  lines_per_block * (sh + span + 1) < (1LL << 30);
+  const int nops_line = wg_straight_ops(dtype, (int)nops_pred, ws, col16);   // > 0: a straight-line kernel serves it
   w.ws = ws;
   p.nc = knobs().wsnc;
 #ifdef FF_FUSED_A_DIAG
@@ -2132,6 +2162,30 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
         p.op_mask[nops] = 0xFFFFFFFFu; p.op_hi[nops] = 128 >> 4; p.op_rd[nops] = r * dh;
         ++nops;
       }
+  // the column pair (WG_COL16_OPS): the generic order above is (0,0)+(0,1), (0,2), (1,0)+(1,1), (1,2), (2,0)+(2,1),
+  // (2,2); now the row pairs, then (0,2) + (1,2) as op WG_COL16_J (its LBO and, where the rows' slots are in the other
+  // order, its swapped A block come from the descriptor table, wg_dtab_fill), then (2,2); A block 5 = the swapped copy
+  if (col16) {
+    if (nops != 6) return w;
+    const int order[6] = {0, 2, 4, 1, 5, 1};
+    int u0[6], u1[6], rd[6];
+    unsigned d[6], mk[6], hi[6];
+    for (int j = 0; j < 6; ++j) {
+      u0[j] = p.op_u0[order[j]]; u1[j] = p.op_u1[order[j]]; rd[j] = p.op_rd[order[j]];
+      d[j] = p.op_d[order[j]]; mk[j] = p.op_mask[order[j]]; hi[j] = p.op_hi[order[j]];
+    }
+    for (int j = 0; j < 6; ++j) {
+      p.op_u0[j] = u0[j]; p.op_u1[j] = u1[j]; p.op_rd[j] = rd[j]; p.op_d[j] = d[j]; p.op_mask[j] = mk[j]; p.op_hi[j] = hi[j];
+    }
+    const int tap12 = (1 * S + 2) * p.CG, tap02 = (0 * S + 2) * p.CG;
+    p.op_u1[WG_COL16_J] = tap12;
+    p.op_d[WG_COL16_J] &= 0xFFFFu;                 // LBO from the table
+    p.op_u0[WG_COL16_OPS] = tap12; p.op_u1[WG_COL16_OPS] = tap02;   // the swapped A block (not issued)
+    p.op_d[WG_COL16_OPS] = p.op_mask[WG_COL16_OPS] = p.op_hi[WG_COL16_OPS] = 0u; p.op_rd[WG_COL16_OPS] = 0;
+    nops = WG_COL16_OPS;
+  }
+  p.col_j = col16 ? WG_COL16_J : -1;
+  p.col_rd2 = dh;   // the column op's second row: tap row 1
   // bias: 16-bit, the second K chunk of the first op with one tap (it reads the ones plane); else an op of its own on
   // the ones block, every row and K chunk the same 16 bytes (LBO = SBO = 0)
   int spare = -1;
@@ -2147,13 +2201,14 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
     ++nops;
   }
   p.nops = nops;
+  p.na = nops + (col16 ? 1 : 0);
   if (nops != nops_pred) return w;
   for (int j = 0; j < WG_MAXOPS; ++j)
     for (int h = 0; h < 2; ++h) {
       const int u = (dtype != FF_F32 && h) ? p.op_u1[j] : p.op_u0[j], k0 = dtype == FF_F32 ? 4 * h : 0;
       const int kc = dtype == FF_F32 ? 4 : 8;
       p.op_wo[h][j] = 0; p.op_wn[h][j] = 0;
-      if (j >= nops || u == WG_UNIT_NONE) continue;
+      if (j >= p.na || u == WG_UNIT_NONE) continue;
       if (u == WG_UNIT_BIAS) { p.op_wn[h][j] = k0 == 0 ? -1 : 0; continue; }
       const int t = u / p.CG, cg = u % p.CG, r = t / S, s = t % S, c0 = cg * 8 + k0;
       p.op_wn[h][j] = std::max(0, std::min(kc, C - c0));
@@ -2214,14 +2269,14 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
       return (int)cudaGetLastError();
     }
   }
-  // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op, 6) get the
+  // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op, 5) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
   // 16-bit only the 168-register build.  (wg_plan may run fewer blocks per SM than a build allows.)
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
-  constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS;
-  auto kern = wg_straight_ops(DT, prm.nops) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
+  constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
+  auto kern = wg_straight_ops(DT, prm.nops, false, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
               : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
                                                   : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
