@@ -515,7 +515,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
 //   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads);
 //   the copies of a row group and the post-copy pass of the next one (tf32 rounding, NCHW transposes, the input
 //   bound) run while the current row's wgmmas do, so only a barrier stands between rows. The
-//   10 ops (16-bit: 7) of a 3x3 filter over <= 8 channels are issued as straight-line code with descriptors from a
+//   10 ops (16-bit: 5) of a 3x3 filter over <= 8 channels are issued as straight-line code with descriptors from a
 //   shared-memory table, so the HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
@@ -1847,7 +1847,8 @@ struct Plan {
 // FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
 // FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
-// FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two.
+// FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two;
+// FF_FUSED_A_COL16 = 0 keeps taps (0, 2) and (1, 2) of a 16-bit 3x3 filter in ops of their own (6 ops, the general kernel).
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
 // FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
@@ -2066,8 +2067,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
   const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
-  // the warp-specialised kernel: straight-line ops only (10 fp32, 6 16-bit), every input row read by some output row,
-  // ring sequence numbers of a block's rows < 2^30
+  // the warp-specialised kernel: straight-line ops only (10 fp32, 6 16-bit: no column pair), every input row read by
+  // some output row, ring sequence numbers of a block's rows < 2^30
   const bool ws = !tma && knobs().ws && wg_straight_ops(dtype, (int)nops_pred, true, false) > 0 && sh <= span + 1 &&
                   lines_per_block * (sh + span + 1) < (1LL << 30);
   const int nops_line = wg_straight_ops(dtype, (int)nops_pred, ws, col16);   // > 0: a straight-line kernel serves it
