@@ -61,19 +61,23 @@ __device__ __forceinline__ __half2 gelu_h2(__half2 h) {
 }
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
-template <int DT, int EPI, bool MMA, bool BAR = false>   // DT 0: tf32 (10 ops), 1: bf16 (6 ops); BAR: a block barrier every 2 tiles (a row)
-__global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd) {   // qodd: valid pixels of odd tiles (126)
+// DT 0: tf32 (10 ops), 1: bf16 (6 ops); BAR: a block barrier every 2 tiles (a row).  NWG: warpgroups per block (3 blocks
+// of 1 per SM, or 1 block of 3 sharing the operands), each running the whole tile loop of one block slot; PP (NWG > 1):
+// FA3's ping-pong, the warpgroups issue their wgmma chains in turn (named barrier 1 + w: warpgroup w waits for w - 1's
+// issue), so that one runs its MMAs while the others run their epilogues
+template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
+__global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntiles, int qodd) {   // qodd: valid pixels of odd tiles (126)
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   // A: weights ~ U(-1/sqrt(72), 1/sqrt(72)) as nn.Conv2d's default init; B: inputs ~ U(-1.7, 1.7) (unit variance)
   auto rnd = [](uint32_t i) { i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f; };
-  for (int i = tid; i < B_OFF / 2; i += 128) {
+  for (int i = tid + (wg ? B_OFF : 0); i < B_OFF / 2; i += 128) {   // (warpgroup 0 writes the operands)
     const float v = rnd(i) * 2.0f * 0.1179f;
     if (DT == 1) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(v);
     else if (i < B_OFF / 4) reinterpret_cast<float*>(sm)[i] = v;
   }
-  for (int i = tid; i < 2 * PLANE / 4; i += 128) {
+  for (int i = tid + (wg ? 2 * PLANE : 0); i < 2 * PLANE / 4; i += 128) {
     const float v = rnd(i + 777777) * 2.0f * 1.7f;
     if (DT == 1) { reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(v);
                    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(rnd(i + 999) * 3.4f); }
@@ -101,11 +105,13 @@ __global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd
   float rsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t gk[32];
+  if (PP && wg == NWG - 1) asm volatile("bar.arrive 1, 256;" ::: "memory");   // warpgroup 0 issues first
   for (int t = 0; t < ntiles; ++t) {
     if (BAR && (t & 1) == 0) __syncthreads();
     if (MMA) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+      if (PP) asm volatile("bar.sync %0, 256;" :: "r"(1 + wg) : "memory");
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < NOPS; ++j) {
@@ -113,6 +119,8 @@ __global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd
         else ss_tf32(acc, da[j], db[j], j > 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if (PP && !(wg == NWG - 1 && t == ntiles - 1))   // (the last turn has no taker)
+        asm volatile("bar.arrive %0, 256;" :: "r"(1 + (wg + 1) % NWG) : "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
     if (!MMA) {   // epilogue alone: one LOP3 per value makes every tile's accumulators new (nothing to hoist)
@@ -208,23 +216,23 @@ __global__ void __launch_bounds__(128, 3) tiles(float* out, int ntiles, int qodd
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
   if (tig == 0) {
-    out[blockIdx.x * 64 + 16 * warp + g] = v[0];
-    out[blockIdx.x * 64 + 16 * warp + g + 8] = v[1];
+    out[(blockIdx.x * NWG + wg) * 64 + 16 * warp + g] = v[0];
+    out[(blockIdx.x * NWG + wg) * 64 + 16 * warp + g + 8] = v[1];
   }
 }
 
-template <int DT, int EPI, bool MMA, bool BAR = false>
+template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
 void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const std::vector<float>* ref) {
-  auto k = tiles<DT, EPI, MMA, BAR>;
+  auto k = tiles<DT, EPI, MMA, BAR, NWG, PP>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-  const int nblk = nsm * 3, ntiles = 492;
-  k<<<nblk, 128, SMEM>>>(dout, 8, 126);
+  const int nblk = nsm * 3 / NWG, ntiles = 492;
+  k<<<nblk, 128 * NWG, SMEM>>>(dout, 8, 126);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0); cudaEventCreate(&e1);
   std::vector<float> ms;
   for (int r = 0; r < 15; ++r) {
     cudaEventRecord(e0);
-    k<<<nblk, 128, SMEM>>>(dout, ntiles, 126);
+    k<<<nblk, 128 * NWG, SMEM>>>(dout, ntiles, 126);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float m = 0; cudaEventElapsedTime(&m, e0, e1);
@@ -270,6 +278,12 @@ int main() {
   H2V(0) H2V(1) H2V(2) H2V(3) H2V(4) H2V(5) H2V(6)
 #undef H2V
   run<1, E_H2VAR, true, true>("bf16 kernel h2 + row barrier", nsm, dout, nullptr, nullptr);
+  // one block of 3 warpgroups per SM, without and with the ping-pong of their wgmma issue
+  run<1, E_H2VAR, true, false, 3, false>("bf16 kernel h2, 1 block x 3 WG", nsm, dout, nullptr, &ref16);
+  run<1, E_H2VAR, true, false, 3, true>("bf16 kernel h2, 3 WG ping-pong", nsm, dout, nullptr, &ref16);
+  run<1, E_NONE, true, false, 3, true>("bf16 'none', 3 WG ping-pong", nsm, dout, nullptr, nullptr);
+  run<1, E_F32, true, false, 3, false>("bf16 fp32 GELU, 1 block x 3 WG", nsm, dout, nullptr, nullptr);
+  run<1, E_F32, true, false, 3, true>("bf16 fp32 GELU, 3 WG ping-pong", nsm, dout, nullptr, nullptr);
   run<1, E_NONE, false>("sum alone", nsm, dout, nullptr, nullptr);
   run<1, E_F32, false>("fp32 GELU alone", nsm, dout, nullptr, nullptr);
   run<1, E_H2TREE, false>("half2 GELU, tree, alone", nsm, dout, nullptr, nullptr);
@@ -277,6 +291,7 @@ int main() {
   run<0, E_NOTHING, true>("tf32 MMA only (10 ops)", nsm, dout, nullptr, nullptr);
   run<0, E_NONE, true>("tf32 MMA + sum ('none')", nsm, dout, nullptr, nullptr);
   run<0, E_F32, true>("tf32 MMA + fp32 GELU", nsm, dout, &ref32, nullptr);
+  run<0, E_F32, true, false, 3, true>("tf32 fp32 GELU, 3 WG ping-pong", nsm, dout, nullptr, &ref32);
   run<0, E_F32_BRANCH, true>("tf32 fp32 GELU, masks: branch", nsm, dout, nullptr, nullptr);
   run<0, E_F32_SELECT, true>("tf32 fp32 GELU, masks: select", nsm, dout, nullptr, nullptr);
   run<0, E_H2TREE, true>("tf32 MMA + half2 GELU, tree", nsm, dout, nullptr, &ref32);
