@@ -723,10 +723,9 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Max
 // pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
-// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm[0..3] instead of red (dm unused otherwise:
-// fa_ws_kernel, which never takes it, passes nullptr).
+// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm[0..3] instead of red.
 template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float* dm, int qv,
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
                                            int tig, bool fast, bool h2) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
@@ -739,7 +738,7 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
           for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
         }
     }
-    if (DT != FF_F32 && h2) wg_epi_h2(acc, *reinterpret_cast<float(*)[4]>(dm));
+    if (DT != FF_F32 && h2) wg_epi_h2(acc, dm);
     else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
@@ -1420,6 +1419,22 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
 }
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
+// wg_epi_h2 needs every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
+// largest weight / bias (every block stages them all: bound.f after wg_setup_operands, reduced over the block's nw <= NW
+// warps here, one __syncthreads) a row may take it while its inputs stay <= the returned threshold (-1: never)
+template <int NW>
+__device__ __forceinline__ float wg_h2_threshold(const WGParams& p, const WGInBound& bound, int warp, int lane, int nw = NW) {
+  __shared__ unsigned h2w_s[NW];
+  const unsigned wb = __reduce_max_sync(0xffffffffu, __float_as_uint(bound.f));   // f >= 0 or NaN: uint order
+  if (lane == 0) h2w_s[warp] = wb;
+  __syncthreads();
+  unsigned mw = h2w_s[0];
+#pragma unroll
+  for (int i = 1; i < NW; ++i) mw = i < nw ? max(mw, h2w_s[i]) : mw;
+  const float fw = __uint_as_float(mw);
+  return fw <= 0x1p100f ? fminf((60000.0f / fw - 1.0f) / p.h2_kt, 65504.0f) : -1.0f;
+}
+
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
@@ -1468,18 +1483,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   }
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
-  // wg_epi_h2 needs every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
-  // largest weight / bias (every block stages them all) a row may take it while its inputs stay <= h2_thr (-1: never)
+  // the 16-bit epilogue (wg_epi_h2) while the rows' inputs stay <= h2_thr (wg_h2_threshold)
   const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
-  float h2_thr = -1.0f;
-  if (h2_cap) {
-    __shared__ unsigned h2w_s[4];
-    const unsigned wb = __reduce_max_sync(0xffffffffu, __float_as_uint(bound.f));   // f >= 0 or NaN: uint order
-    if (lane == 0) h2w_s[warp] = wb;
-    __syncthreads();
-    const float fw = __uint_as_float(max(max(h2w_s[0], h2w_s[1]), max(h2w_s[2], h2w_s[3])));
-    if (fw <= 0x1p100f) h2_thr = fminf((60000.0f / fw - 1.0f) / p.h2_kt, 65504.0f);
-  }
+  const float h2_thr = h2_cap ? wg_h2_threshold<4>(p, bound, warp, lane) : -1.0f;
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
@@ -1645,7 +1651,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 //   WG1 .. WGnc = consumers: items (half-rows of 128 pixels, 64 x 128 accumulators) go to them round-robin; named
 //     barriers order their wgmma issue (item i's consumer issues after item i - 1's did) so the tensor cores run one
 //     consumer's MMAs while the others run their epilogues (FA3's ping-pong; an epilogue of one warp per scheduler
-//     takes ~3x an item's MMAs, hence 3 consumers by default).
+//     takes ~3x an item's MMAs, hence 3 consumers by default).  16-bit GELU means take wg_epi_h2 as fa_wgmma_kernel
+//     does (NOTES run 22: with it, one block of 3 warpgroups in ping-pong measured ~8 % cheaper per tile than 3 blocks
+//     in the load-free microbenchmark), but with 6 ops (no column pair) and the copy loaders (no TMA).
 // Reduces, like fa_wgmma_kernel, over the output pixels of each image per channel: each consumer thread keeps its
 // channels' running sums / maxima in registers; at an image boundary the consumers meet at a named barrier, their
 // partials are combined in shared memory and leave the chip as one partial per block (fa_ws_flush).
@@ -1705,7 +1713,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bars[2 * WS_MAX_RB];   // full[RB], empty[RB]
   __shared__ float part[64 * WS_MAX_NC];
-  __shared__ int flag_s, last_s;
+  __shared__ int flag_s, h2bad_s, last_s;
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(bars), empty0 = full0 + 8u * WS_MAX_RB;
@@ -1727,18 +1735,22 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   const int wbad = __syncthreads_or(!bound.ok<DT>());
-  if (tid == 0) flag_s = wbad;
+  if (tid == 0) { flag_s = wbad; h2bad_s = 0; }
   __syncthreads();
 
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
+  // the 16-bit epilogue (wg_epi_h2) for the items read after h2bad_s was last seen 0: the producer sets it (for good)
+  // once a row's inputs exceed h2_thr, before it hands that row over
+  const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
+  const float h2_thr = h2_cap ? wg_h2_threshold<WS_MAX_THREADS / 32>(p, bound, tid >> 5, tid & 31, (int)(blockDim.x >> 5)) : -1.0f;
 
   if (wg == 0) {
     // ================= producer =================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(WS_REG_PRODUCER));
     const int LAG = (LM == WG_LM_REG) ? 0 : p.D;
     const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
-    bool flagged = false;
+    bool flagged = false, h2flagged = false;
     int s_in = 0;                                 // ring sequence number of the piece's first input row
     for (long long l = L0; l < L1;) {
       const WGPiece pc(p, l, L1);
@@ -1764,6 +1776,10 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             if (mode1 && !WS_DIAG(0) && !WS_DIAG(4)) wg_row<DT, SPLIT, LM, 1>(p, ring + (uint32_t)(slot_done * p.slot_bytes), pc.n, pc.hbase + jj, pc.wbase, bound);
           }
           if (!flagged && !bound.ok<DT>()) { flagged = true; *reinterpret_cast<volatile int*>(&flag_s) = 1; }
+          if (h2_cap && !h2flagged && !(bound.in16<DT>() <= h2_thr)) {
+            h2flagged = true;
+            *reinterpret_cast<volatile int*>(&h2bad_s) = 1;
+          }
           if (!WS_DIAG(3)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           mbar_arrive(full0 + 8u * slot_done);
           slot_done = (slot_done + 1 == p.RB) ? 0 : slot_done + 1;
@@ -1780,11 +1796,17 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     const long long n_first = L0 / p.lines_img;
     const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
+    float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};       // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
     float acc[64];
     long long cur_n = n_first;
     int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
     if (c == p.nc - 1 && !WS_DIAG(2)) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
     auto flush = [&](long long n) {
+      if (h2_cap) {   // the tensor-core sums (already over the quad) join lane tig 0's partials
+#pragma unroll
+        for (int h = 0; h < 2; ++h) red[h][0] += tig == 0 ? dm[2 * h] : 0.0f;
+        dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
+      }
       if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
       else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
     };
@@ -1805,6 +1827,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             }
           }
           const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
+          const bool h2 = h2_cap && *reinterpret_cast<volatile int*>(&h2bad_s) == 0;
           if (!WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
           wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
           if (!WS_DIAG(2)) bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
@@ -1816,7 +1839,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
               sl = (sl + 1 == p.RB) ? 0 : sl + 1;
             }
           }
-          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, nullptr, pc.qv - half * (WG_NT / 2), tig, fast, false);
+          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, pc.qv - half * (WG_NT / 2), tig, fast, h2);
         }
       }
       s_in += pc.nrows;
