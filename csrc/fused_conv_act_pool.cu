@@ -523,11 +523,11 @@ constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
 constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops (bias in the spare chunk of tap (0, 2)'s op)
-// 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, then (0, 2) + (1, 2) as one
-// op whose two K chunks lie in two ring slots (LBO = the slots' distance; where the second row's slot comes first in the
-// ring, its K chunks are swapped: B starts at that slot and the op reads A block WG_COL16_OPS, the op's weights with
-// the two chunks swapped), then (2, 2) with the bias in its spare chunk: 5 ops of K 16 for 72 + bias instead of 6
-constexpr int WG_COL16_OPS = 5, WG_COL16_J = 3;
+// 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
+// spare chunk, then (0, 2) + (1, 2) as one op whose two K chunks lie in two ring slots (LBO = the slots' distance; where
+// the second row's slot comes first in the ring, its K chunks are swapped: B starts at that slot and the op reads A block
+// WG_COL16_OPS, the op's weights with the two chunks swapped): 5 ops of K 16 for 72 + bias instead of 6
+constexpr int WG_COL16_OPS = 5, WG_COL16_J = 4;
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
@@ -1418,6 +1418,13 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
   if (t == 0) p.ws_cnt[n] = 0;
 }
 
+// The 16-bit epilogue's tensor-core sums (dm, already over the quad) join lane tig 0's partials at an image's flush.
+__device__ __forceinline__ void wg_h2_fold(float (&red)[2][2], float (&dm)[4], int tig) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) red[h][0] += tig == 0 ? dm[2 * h] : 0.0f;
+  dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
+}
+
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
 // wg_epi_h2 needs every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
 // largest weight / bias (every block stages them all: bound.f after wg_setup_operands, reduced over the block's nw <= NW
@@ -1508,11 +1515,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 
   auto flush = [&](long long n) {
     float v[2];
-    if (h2_cap) {   // the tensor-core sums (already over the quad) join lane tig 0's partials
-#pragma unroll
-      for (int h = 0; h < 2; ++h) red[h][0] += tig == 0 ? dm[2 * h] : 0.0f;
-      dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
-    }
+    if (h2_cap) wg_h2_fold(red, dm, tig);
 #pragma unroll
     for (int h = 0; h < 2; ++h) v[h] = wg_quad_reduce(red[h], p.pool == FF_POOL_MEAN, red_init);
     if (tig == 0) {
@@ -1802,11 +1805,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
     if (c == p.nc - 1 && !WS_DIAG(2)) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
     auto flush = [&](long long n) {
-      if (h2_cap) {   // the tensor-core sums (already over the quad) join lane tig 0's partials
-#pragma unroll
-        for (int h = 0; h < 2; ++h) red[h][0] += tig == 0 ? dm[2 * h] : 0.0f;
-        dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
-      }
+      if (h2_cap) wg_h2_fold(red, dm, tig);
       if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
       else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
     };
@@ -2171,42 +2170,31 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   // 16-bit, one channel group (step_s 2): the two 8-column K chunks of a k16 op are taps (r, s) and (r, s + 1) — the
   // second tap's pixels are the first's shifted by dw columns, i.e. LBO = dw positions — so a row of S taps takes
   // ceil(S / 2) ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the ones plane)
+  // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk (fp32: the second 4-channel
+  // plane; 16-bit: the next tap's pixels, or the slot's ones plane, read by 8 zero-weight columns or by the bias; the
+  // column pair: 0 here, the ring slots' distance from the descriptor table)
+  auto add_op = [&](int u0, int u1, long long off, long long lbo, int rd) {
+    p.op_u0[nops] = u0; p.op_u1[nops] = u1;
+    p.op_d[nops] = (unsigned)((p.ring_off + off) >> 4) | ((unsigned)(lbo >> 4) << 16);
+    p.op_mask[nops] = 0xFFFFFFFFu; p.op_hi[nops] = 128 >> 4; p.op_rd[nops] = rd;
+    ++nops;
+  };
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; s += step_s)
       for (int cg = 0; cg < p.CG; ++cg) {
-        // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk (fp32: the second
-        // 4-channel plane; 16-bit: the next tap's pixels, or the slot's ones plane, read by 8 zero-weight columns or
-        // by the bias)
+        if (col16 && s == S - 1 && r < 2) continue;   // (0, 2) and (1, 2): the column pair below
         const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + (long long)s * dw) * 16;
         const bool pair = step_s == 2 && s + 1 < S;
         const long long lbo = dtype == FF_F32 ? plane : pair ? (long long)dw * 16 : (p.CG - cg) * plane;
-        p.op_u0[nops] = (r * S + s) * p.CG + cg;
-        if (pair) p.op_u1[nops] = (r * S + s + 1) * p.CG + cg;
-        p.op_d[nops] = (unsigned)((p.ring_off + off) >> 4) | ((unsigned)(lbo >> 4) << 16);
-        p.op_mask[nops] = 0xFFFFFFFFu; p.op_hi[nops] = 128 >> 4; p.op_rd[nops] = r * dh;
-        ++nops;
+        add_op((r * S + s) * p.CG + cg, pair ? (r * S + s + 1) * p.CG + cg : WG_UNIT_NONE, off, lbo, r * dh);
       }
-  // the column pair (WG_COL16_OPS): the generic order above is (0,0)+(0,1), (0,2), (1,0)+(1,1), (1,2), (2,0)+(2,1),
-  // (2,2); now the row pairs, then (0,2) + (1,2) as op WG_COL16_J (its LBO and, where the rows' slots are in the other
-  // order, its swapped A block come from the descriptor table, wg_dtab_fill), then (2,2); A block 5 = the swapped copy
+  // the column pair (WG_COL16_OPS, one channel group): op WG_COL16_J after (2, 0) + (2, 1) and (2, 2); its LBO and, where
+  // the rows' slots are in the other order, its swapped A block (block WG_COL16_OPS, not issued) come from the
+  // descriptor table (wg_dtab_fill)
   if (col16) {
-    if (nops != 6) return w;
-    const int order[6] = {0, 2, 4, 1, 5, 1};
-    int u0[6], u1[6], rd[6];
-    unsigned d[6], mk[6], hi[6];
-    for (int j = 0; j < 6; ++j) {
-      u0[j] = p.op_u0[order[j]]; u1[j] = p.op_u1[order[j]]; rd[j] = p.op_rd[order[j]];
-      d[j] = p.op_d[order[j]]; mk[j] = p.op_mask[order[j]]; hi[j] = p.op_hi[order[j]];
-    }
-    for (int j = 0; j < 6; ++j) {
-      p.op_u0[j] = u0[j]; p.op_u1[j] = u1[j]; p.op_rd[j] = rd[j]; p.op_d[j] = d[j]; p.op_mask[j] = mk[j]; p.op_hi[j] = hi[j];
-    }
-    const int tap12 = (1 * S + 2) * p.CG, tap02 = (0 * S + 2) * p.CG;
-    p.op_u1[WG_COL16_J] = tap12;
-    p.op_d[WG_COL16_J] &= 0xFFFFu;                 // LBO from the table
-    p.op_u0[WG_COL16_OPS] = tap12; p.op_u1[WG_COL16_OPS] = tap02;   // the swapped A block (not issued)
-    p.op_d[WG_COL16_OPS] = p.op_mask[WG_COL16_OPS] = p.op_hi[WG_COL16_OPS] = 0u; p.op_rd[WG_COL16_OPS] = 0;
-    nops = WG_COL16_OPS;
+    const int tap02 = 2, tap12 = S + 2;
+    add_op(tap02, tap12, (WG_PAD + 2LL * dw) * 16, 0, 0);
+    p.op_u0[nops] = tap12; p.op_u1[nops] = tap02;
   }
   p.col_j = col16 ? WG_COL16_J : -1;
   p.col_rd2 = dh;   // the column op's second row: tap row 1
@@ -2293,7 +2281,8 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
       return (int)cudaGetLastError();
     }
   }
-  // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op, 5) get the
+  // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op and the column pair,
+  // 5) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
   // 16-bit only the 168-register build.  (wg_plan may run fewer blocks per SM than a build allows.)
