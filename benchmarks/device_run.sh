@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -61,6 +61,15 @@ for stage in "$@"; do
         --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy \
         --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active \
         python3 benchmarks/profile_fused_a.py ncu bf16 > "$OUT/ncu_a_bf16.txt" 2>&1; tail -5 "$OUT/ncu_a_bf16.txt" ;;
+    ncu-a-sass)   # Nsight Compute per SASS instruction (executed counts, stall samples) of the fused A kernel at the seed:
+      # bf16 channels_last, bf16 NCHW, TF32 NCHW (profile_fused_a.py runs 3 calls per layout, channels_last first)
+      for spec in "bf16 2 nhwc" "bf16 3 nchw" "tf32 3 nchw"; do
+        read -r dt skip lay <<< "$spec"
+        ncu --clock-control none -k regex:fa_wgmma --launch-skip "$skip" --launch-count 1 --section SourceCounters \
+          --section WarpStateStats --page source --csv --print-source sass python3 benchmarks/profile_fused_a.py ncu "$dt" \
+          > "$OUT/ncu_a_sass_${dt}_$lay.csv" 2>&1
+        gzip -f "$OUT/ncu_a_sass_${dt}_$lay.csv"
+      done; ls -la "$OUT" ;;
     profile-b)   # Nsight Compute on the fused family-B kernel at the seed (probe, FF_PROBE_NCU=1: channels_last launch first)
       for d in float32 bfloat16; do
         FF_PROBE_NCU=1 FF_PROBE_DTYPES=$d ncu --clock-control none -k regex:fb_kernel --launch-count 1 --import-source no \

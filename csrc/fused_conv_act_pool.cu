@@ -549,7 +549,7 @@ struct WGParams {
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
-  int h2; float h2_kt;   // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2); R*S*C products per output
+  int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)
   int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
@@ -718,12 +718,32 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
   }
 }
 
+// The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and
+// any other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out;
+// finite fp16 x always give a finite g) and with it the quad's row sum in dm, which is otherwise finite (a sum of at most
+// ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the tile takes the tile back — dm as before it (dm[1], dm[3]
+// are the same sums as dm[0], dm[2]: every column of the ones matrix) — and runs it through the exact GELU
+// (ff_gelu_erf: PyTorch's inf / NaN results) into red instead.  This replaced a guard on the staged inputs, whose running
+// bound cost a pass over every row (NOTES run 23): the check costs two compares per tile.
+__device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float (&red)[2][2], float (&dm)[4], int tig) {
+  const float d0 = dm[0], d2 = dm[2];
+  wg_epi_h2(acc, dm);
+  if (!(fabsf(dm[0]) < __int_as_float(0x7f800000) && fabsf(dm[2]) < __int_as_float(0x7f800000))) {   // NaN fails too
+    dm[0] = dm[1] = d0;
+    dm[2] = dm[3] = d2;
+    wg_epi_pass<FF_ACT_GELU_ERF, FF_POOL_MEAN, false, true>(acc, red, WG_NT / 2, tig);
+  }
+}
+
 // Mean pooling zeroes a partial tile's padding accumulators (pixels >= qv) first: every activation maps 0 to (+-)0, which
 // adds nothing to a sum, so the epilogue then runs as for a whole tile — one straight-line block of 64 values, where the
-// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Max
-// pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
+// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Where
+// only the last column block is partial (qv > 120: the seed's second half-row has 126 pixels) only its 4 values are
+// tested; the general loop, which ptxas predicates whole (2 compares and 4 selects per column block, issued even where
+// off: 9 % of the 16-bit kernel's issue at the seed, NOTES run 23), serves the rest.  Max pooling keeps the masks (0 is
+// not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
-// h2: the half-precision GELU (wg_epi_h2, 16-bit input only) adds into dm[0..3] instead of red.
+// h2: the half-precision GELU (wg_epi_h2_checked, 16-bit input only) adds into dm[0..3] instead of red.
 template <int DT, bool SPLIT>
 __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
                                            int tig, bool fast, bool h2) {
@@ -731,14 +751,20 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   if (p.pool == FF_POOL_MEAN && !SPLIT) {
     if (qv < WG_NT / 2) {
+      if (qv > WG_NT / 2 - 8) {
+        const int lim = qv - (WG_NT / 2 - 8) - 2 * tig;   // pixel 120 + 2 tig + (e & 1) is valid iff (e & 1) < lim
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
-        if (8 * i + 8 > qv) {
+        for (int e = 0; e < 4; ++e) acc[60 + e] = (e & 1) < lim ? acc[60 + e] : 0.0f;
+      } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
-        }
+        for (int i = 0; i < 16; ++i)
+          if (8 * i + 8 > qv) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
+          }
+      }
     }
-    if (DT != FF_F32 && h2) wg_epi_h2(acc, dm);
+    if (DT != FF_F32 && h2) wg_epi_h2_checked(acc, red, dm, tig);
     else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
@@ -895,12 +921,6 @@ struct WGInBound {
   __device__ __forceinline__ void add(float v) { f = ff_max_nan(f, fabsf(v)); }
   __device__ __forceinline__ void add2(uint32_t w) { h = __vmaxu2(h, w & 0x7fff7fffu); }
   __device__ __forceinline__ uint32_t m16() const { return max(h & 0xffffu, h >> 16); }   // the larger half's bits
-  // the largest 16-bit input magnitude staged, as a float (NaN when a NaN was staged)
-  template <int DT>
-  __device__ __forceinline__ float in16() const {
-    const uint32_t m = m16();
-    return DT == FF_BF16 ? __uint_as_float(m << 16) : __half2float(__ushort_as_half((unsigned short)m));
-  }
   template <int DT>
   __device__ __forceinline__ bool ok() const {
     const uint32_t m = m16();
@@ -1426,22 +1446,6 @@ __device__ __forceinline__ void wg_h2_fold(float (&red)[2][2], float (&dm)[4], i
 }
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
-// wg_epi_h2 needs every conv output below 60000 (fp16 range): |x| <= (R S C |in|max + 1) |w, b|max, so with the block's
-// largest weight / bias (every block stages them all: bound.f after wg_setup_operands, reduced over the block's nw <= NW
-// warps here, one __syncthreads) a row may take it while its inputs stay <= the returned threshold (-1: never)
-template <int NW>
-__device__ __forceinline__ float wg_h2_threshold(const WGParams& p, const WGInBound& bound, int warp, int lane, int nw = NW) {
-  __shared__ unsigned h2w_s[NW];
-  const unsigned wb = __reduce_max_sync(0xffffffffu, __float_as_uint(bound.f));   // f >= 0 or NaN: uint order
-  if (lane == 0) h2w_s[warp] = wb;
-  __syncthreads();
-  unsigned mw = h2w_s[0];
-#pragma unroll
-  for (int i = 1; i < NW; ++i) mw = i < nw ? max(mw, h2w_s[i]) : mw;
-  const float fw = __uint_as_float(mw);
-  return fw <= 0x1p100f ? fminf((60000.0f / fw - 1.0f) / p.h2_kt, 65504.0f) : -1.0f;
-}
-
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
@@ -1460,7 +1464,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
-  const bool tpost = DT == FF_F32 || gelu_fast;   // TMA: post-copy pass of 16-bit TVEC (the bound) only when used
+  // 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked: it checks its own range), so no input bound
+  const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
+  // TMA: post-copy pass of 16-bit TVEC (the bound) only when used
+  const bool tpost = DT == FF_F32 || (gelu_fast && !h2_cap);
   WGInBound bound;
   // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
   // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them.
@@ -1490,9 +1497,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   }
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
-  // the 16-bit epilogue (wg_epi_h2) while the rows' inputs stay <= h2_thr (wg_h2_threshold)
-  const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
-  const float h2_thr = h2_cap ? wg_h2_threshold<4>(p, bound, warp, lane) : -1.0f;
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
@@ -1593,17 +1597,15 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
       if (!WS_DIAG(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      // the rows of output row t are in (and bounded? small enough for wg_epi_h2?)
-      const bool h2_mine = h2_cap && bound.in16<DT>() <= h2_thr;   // (WS_DIAG 11: this thread's view, no barrier)
-      bool h2, in_ok;
-      if (WS_DIAG(11)) {
-        h2 = h2_mine;
-        in_ok = bound.ok<DT>();
+      // the rows of output row t are in (and bounded, where the epilogue needs to know?)  (WS_DIAG 11: this thread's
+      // view, no barrier)
+      bool in_ok = true;
+      if (h2_cap) {
+        if (!WS_DIAG(11)) __syncthreads();
       } else {
-        h2 = h2_cap && __syncthreads_and(h2_mine) != 0;
-        in_ok = h2 || __syncthreads_and(bound.ok<DT>()) != 0;
+        in_ok = WS_DIAG(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
       }
-      const bool fast = gelu_fast && in_ok;
+      const bool fast = gelu_fast && in_ok, h2 = h2_cap;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
@@ -1716,7 +1718,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bars[2 * WS_MAX_RB];   // full[RB], empty[RB]
   __shared__ float part[64 * WS_MAX_NC];
-  __shared__ int flag_s, h2bad_s, last_s;
+  __shared__ int flag_s, last_s;
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(bars), empty0 = full0 + 8u * WS_MAX_RB;
@@ -1738,22 +1740,20 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   const int wbad = __syncthreads_or(!bound.ok<DT>());
-  if (tid == 0) { flag_s = wbad; h2bad_s = 0; }
+  if (tid == 0) flag_s = wbad;
   __syncthreads();
 
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
-  // the 16-bit epilogue (wg_epi_h2) for the items read after h2bad_s was last seen 0: the producer sets it (for good)
-  // once a row's inputs exceed h2_thr, before it hands that row over
+  // 16-bit GELU means: the half-precision epilogue, which checks its own range (wg_epi_h2_checked)
   const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
-  const float h2_thr = h2_cap ? wg_h2_threshold<WS_MAX_THREADS / 32>(p, bound, tid >> 5, tid & 31, (int)(blockDim.x >> 5)) : -1.0f;
 
   if (wg == 0) {
     // ================= producer =================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(WS_REG_PRODUCER));
     const int LAG = (LM == WG_LM_REG) ? 0 : p.D;
     const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
-    bool flagged = false, h2flagged = false;
+    bool flagged = false;
     int s_in = 0;                                 // ring sequence number of the piece's first input row
     for (long long l = L0; l < L1;) {
       const WGPiece pc(p, l, L1);
@@ -1779,10 +1779,6 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             if (mode1 && !WS_DIAG(0) && !WS_DIAG(4)) wg_row<DT, SPLIT, LM, 1>(p, ring + (uint32_t)(slot_done * p.slot_bytes), pc.n, pc.hbase + jj, pc.wbase, bound);
           }
           if (!flagged && !bound.ok<DT>()) { flagged = true; *reinterpret_cast<volatile int*>(&flag_s) = 1; }
-          if (h2_cap && !h2flagged && !(bound.in16<DT>() <= h2_thr)) {
-            h2flagged = true;
-            *reinterpret_cast<volatile int*>(&h2bad_s) = 1;
-          }
           if (!WS_DIAG(3)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           mbar_arrive(full0 + 8u * slot_done);
           slot_done = (slot_done + 1 == p.RB) ? 0 : slot_done + 1;
@@ -1826,7 +1822,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             }
           }
           const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
-          const bool h2 = h2_cap && *reinterpret_cast<volatile int*>(&h2bad_s) == 0;
+          const bool h2 = h2_cap;
           if (!WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
           wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
           if (!WS_DIAG(2)) bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
@@ -2431,7 +2427,6 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
       q.h2 = dtype != FF_F32 && activation == FF_ACT_GELU_ERF && pool == FF_POOL_MEAN && knobs().h2 ? 1 : 0;
-      q.h2_kt = (float)R * (float)S * (float)C;
       return wg_launch(dtype, precision, wp.lm, wp.ws, q, wp.smem, stream);
     }
   }

@@ -278,7 +278,8 @@ def test_fused_a_gelu_dense_sweep(pool):
 def test_fused_a_16bit_gelu_dense_sweep(dtype):
     """16-bit input, GELU, mean: the fused A kernel's half-precision epilogue (wg_epi_h2; its arithmetic is emulated
     in tests/test_gelu_h2.py).  A 1x1 conv of weight 1 is the identity, one value per image, every value of the dtype in
-    [-20, 20] plus large ones (fp16 up to 6e4: over the kernel's 60000 guard, so those images take the fp32 GELU):
+    [-20, 20] plus large ones (fp16 up to 6.5e4 stay in the half-precision epilogue; bf16's 1e6 and 1e20 leave fp16's
+    range, so the epilogue's check sends those tiles through the fp32 GELU):
     |out - gelu(x)| <= (1.2e-3 + the output's rounding to the dtype) * max(1, |x|) against float64."""
     conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
     with torch.no_grad():
@@ -303,8 +304,9 @@ def test_fused_a_16bit_gelu_dense_sweep(dtype):
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_a_16bit_conv_outputs_beyond_fp16(dtype, channels_last):
-    """Conv outputs over fp16's range (here ~2e5 at a few pixels) while the pooled means stay small: the kernel must not
-    take its half-precision epilogue there (it would turn those pixels into inf); the result matches float64."""
+    """Conv outputs over fp16's range (here ~2e5 at a few pixels) while the pooled means stay small: the half-precision
+    epilogue turns those pixels into NaN, its check must catch that and run those tiles through the fp32 GELU; the
+    result matches float64."""
     g = torch.Generator("cuda").manual_seed(SEED)
     conv = nn.Conv2d(8, 16, 3).cuda()
     with torch.no_grad():
