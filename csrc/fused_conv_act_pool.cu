@@ -720,8 +720,8 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 
 // The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and
 // any other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out;
-// finite fp16 x always give a finite g) and with it the quad's row sum in dm, which is otherwise finite (a sum of at most
-// ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the tile takes the tile back — dm as before it (dm[1], dm[3]
+// finite fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf) and with it the quad's row sum
+// in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the tile takes the tile back — dm as before it (dm[1], dm[3]
 // are the same sums as dm[0], dm[2]: every column of the ones matrix) — and runs it through the exact GELU
 // (ff_gelu_erf: PyTorch's inf / NaN results) into red instead.  This replaced a guard on the staged inputs, whose running
 // bound cost a pass over every row (NOTES run 23): the check costs two compares per tile.

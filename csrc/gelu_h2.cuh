@@ -3,7 +3,8 @@
 // wg_epi_h2 reduces over a tile's 128 pixels per output channel (the mean pool's sum), so that on the H200 none of its work
 // is on the FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two
 // times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: NOTES run 22).  Per pair of accumulators (two pixels of one
-// channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (LOP3), Phi(-|x|) = 2^P3(|x|) by 3 HFMA2 in nu
+// channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (an operand modifier of the HFMA2s, NOTES run 23;
+// a LOP3 before), Phi(-|x|) = 2^P3(|x|) by 3 HFMA2 in nu
 // and ex2.approx.f16x2 (two MUFU.EX2.F16), g = relu(x) + nu Phi by one HFMA2: fast_gelu.md's form relu(x) - |x| 2^P(|x|),
 // with a degree-3 P fitted for fp16 accuracy (max |g error| on [0, 4] ~1e-4 in exact arithmetic; fast_gelu.md's degree 5
 // is for fp32) — 7 cycles per tile fewer than degree 5 with a second F2FP for relu (NOTES run 22, probe_epilogue_a.cu).
@@ -26,7 +27,9 @@ __device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
   uint32_t hx, rl, q;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
   asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
-  const uint32_t nu = hx | 0x80008000u;
+  uint32_t nu;   // -|x|: ptxas folds it into the HFMA2s as an operand modifier (-|R|), no instruction of its own
+  asm("abs.f16x2 %0, %1;" : "=r"(nu) : "r"(hx));
+  asm("neg.f16x2 %0, %0;" : "+r"(nu));
   // P3(u) in nu = -u: the coefficients carry the signs (-1)^i (0.0232, -0.5049, 1.1240, -1.0039)
   uint32_t r = h2_fma(0x25ee25eeu, nu, 0xb80ab80au);
   r = h2_fma(r, nu, 0x3c7f3c7fu);
@@ -39,16 +42,31 @@ __device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
 // then the sum over its 128 pixels per channel: the g pairs of 16 pixels are an m16n8k16 A fragment as they lie (the
 // m64nN accumulator layout is the m16n8k16 A layout: rows = channels m0, m0 + 8, k = pixels), so one mma.sync against a B
 // of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, already summed over the quad).
+// The fragments of H2_SUM_BLOCKS such 16-pixel blocks are first added in fp16 (HADD2, round to nearest: each of the
+// log2 H2_SUM_BLOCKS levels adds <= 2^-11 of its partial sums, unbiased), so a tile takes 2 mma.sync instead of 8: the
+// legacy tensor-core op waits for the other blocks' wgmmas (ncu: 'math' stalls), and 8 of them were 1/2 of one wgmma's
+// work.  Measured A / B (NOTES run 23): 8 -> 4 -> 2 mma.sync -2 / -2 % per step, one (8 blocks, 28 HADD2) +1 to +3 %.
 // gelu(f, lo, hi): the pair's g as f16x2 (f = its place in the A fragment; the microbenchmarks pass variants).
+constexpr int H2_SUM_BLOCKS = 4;
 template <class G>
 __device__ __forceinline__ void wg_epi_h2_with(const float (&acc)[64], float (&dm)[4], G&& gelu) {
+  constexpr int NT = H2_SUM_BLOCKS, NG = 8 / NT;   // blocks added per mma.sync; mma.sync per tile
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {   // pixel blocks 2j, 2j + 1 (16 pixels)
+  for (int gi = 0; gi < NG; ++gi) {   // pixel blocks 2j, 2j + 1 (16 pixels) for j = gi + NG t
     uint32_t a[4];
 #pragma unroll
     for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
-      const int i = 2 * j + (f >> 1), e = (f & 1) * 2;
-      a[f] = gelu(f, acc[4 * i + e], acc[4 * i + e + 1]);
+      uint32_t v[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int i = 2 * (gi + NG * t) + (f >> 1), e = (f & 1) * 2;
+        v[t] = gelu(f, acc[4 * i + e], acc[4 * i + e + 1]);
+      }
+#pragma unroll
+      for (int w = NT / 2; w > 0; w >>= 1)
+#pragma unroll
+        for (int t = 0; t < w; ++t) asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[t]) : "r"(v[t + w]));
+      a[f] = v[0];
     }
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
                  : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
