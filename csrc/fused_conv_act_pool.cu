@@ -1216,22 +1216,60 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
 // group cg, cg fastest).  The stage's channel rows lie tma_bc * 2 = 16 bytes modulo 128 apart (tma_bc = 8 mod 64), so the 8
 // rows of a block come from 8 bank groups; a block's 8 entries are 128 contiguous bytes of the slot.  The stage is
 // complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (NOTES run 17 item 9).
-__device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, WGInBound& bound) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane >> 3, r = lane & 7;
-  const int nb = p.CG * ((p.tma_cols + 7) >> 3);
-  for (int b0 = 4 * warp; b0 < nb; b0 += 16) {   // warp-uniform; lanes past the end repeat the last block (same bytes)
-    const int blk = min(b0 + q, nb - 1);
-    const int j = p.CG == 1 ? blk : fdiv(blk, p.mCG, p.sCG), cg = blk - j * p.CG;
-    const int c0 = 8 * j, bx = fdiv(c0, p.mBC, p.sBC);
-    const uint32_t src = stg + (uint32_t)(((cg * p.tma_nbox + bx) * 8 + r) * p.tma_bc * 2 + (c0 - bx * p.tma_bc) * 2);
-    uint32_t v[4];
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(src));
+// Block k of a thread's pass (k-th trip of its warp, lane's block clamped to the last): source offset in its stage,
+// destination offset in its slot.
+struct WGTn16Blk { uint32_t src, dst; };
+__device__ __forceinline__ WGTn16Blk wg_tnchw16_blk(const WGParams& p, int b0, int nb, int q, int r) {
+  const int blk = min(b0 + q, nb - 1);
+  const int j = p.CG == 1 ? blk : fdiv(blk, p.mCG, p.sCG), cg = blk - j * p.CG;
+  const int c0 = 8 * j, bx = fdiv(c0, p.mBC, p.sBC);
+  return {(uint32_t)(((cg * p.tma_nbox + bx) * 8 + r) * p.tma_bc * 2 + (c0 - bx * p.tma_bc) * 2),
+          (uint32_t)(cg * p.plane_bytes + (WG_PAD - p.tma_delta + c0 + r) * 16)};
+}
+// The pass's offsets are the same for every row: where a warp's blocks take at most WG_TN16_TRIPS trips (nb <= 48: up
+// to ~384 columns of 8 channels) and the offsets fit 16 bits, they are worked out once per block, packed src | dst << 16
+// (the index arithmetic per row cost ~50 instructions per tile at the seed, NOTES run 23); otherwise per row.
+constexpr int WG_TN16_TRIPS = 3;
+struct WGTn16 {
+  uint32_t off[WG_TN16_TRIPS];
+  bool pre;
+  // on: allowed at all (the straight-line kernels: the general one, already at 88 bytes of stack, is not given the
+  // registers)
+  __device__ __forceinline__ WGTn16(const WGParams& p, bool on) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = p.CG * ((p.tma_cols + 7) >> 3);
+    pre = on && nb <= 16 * WG_TN16_TRIPS && p.stage_bytes <= 65536 && p.slot_bytes <= 65536;
+#pragma unroll
+    for (int k = 0; k < WG_TN16_TRIPS; ++k) {
+      const WGTn16Blk o = wg_tnchw16_blk(p, 4 * warp + 16 * k, nb, lane >> 3, lane & 7);
+      off[k] = o.src | (o.dst << 16);
+    }
+  }
+};
+__device__ __forceinline__ void wg_tnchw16_move(uint32_t src, uint32_t dst, bool bnd, WGInBound& bound) {
+  uint32_t v[4];
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(src));
+  if (bnd) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) bound.add2(v[k]);
-    const uint32_t dst = slot + (uint32_t)(cg * p.plane_bytes + (WG_PAD - p.tma_delta + c0 + r) * 16);
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
-                 :: "r"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+  }
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
+               :: "r"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+}
+// bnd: the input bound is wanted (not by the 16-bit GELU mean epilogue, which checks its own range)
+__device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, bool bnd, WGInBound& bound,
+                                               const WGTn16& tn) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nb = p.CG * ((p.tma_cols + 7) >> 3);
+  if (tn.pre) {
+#pragma unroll
+    for (int k = 0; k < WG_TN16_TRIPS; ++k)
+      if (4 * warp + 16 * k < nb) wg_tnchw16_move(stg + (tn.off[k] & 0xffffu), slot + (tn.off[k] >> 16), bnd, bound);
+  } else {
+    for (int b0 = 4 * warp; b0 < nb; b0 += 16) {   // warp-uniform; lanes past the end repeat the last block (same bytes)
+      const WGTn16Blk o = wg_tnchw16_blk(p, b0, nb, lane >> 3, lane & 7);
+      wg_tnchw16_move(stg + o.src, slot + o.dst, bnd, bound);
+    }
   }
 }
 
@@ -1260,7 +1298,7 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
 // (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).
 template <int DT, bool SPLIT, int LM>
 __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, uint32_t& tph,
-                                            bool post, WGInBound& bound) {
+                                            bool post, WGInBound& bound, const WGTn16& tn) {
   const int st = j - p.NST * fdiv(j, p.mST, p.sST);
   mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
   tph ^= 1u << st;
@@ -1269,7 +1307,7 @@ __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, ui
   } else {
     const int rs = j - p.RB * fdiv(j, p.mRB, p.sRB);
     if (DT == FF_F32) wg_tnchw_row<SPLIT>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
-    else wg_tnchw16_row(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
+    else wg_tnchw16_row(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), post, bound, tn);
   }
 }
 
@@ -1466,9 +1504,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   // 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked: it checks its own range), so no input bound
   const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
-  // TMA: post-copy pass of 16-bit TVEC (the bound) only when used
+  // TMA: post-copy pass of 16-bit TVEC (the bound) only when used; 16-bit TNCHW skips the bound then
   const bool tpost = DT == FF_F32 || (gelu_fast && !h2_cap);
   WGInBound bound;
+  const WGTn16 tn(p, NOPS > 0);   // (16-bit TNCHW only; dead code elsewhere)
   // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
   // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them.
   // TMA: the first `pre` rows (as many as the stages hold), after thread 0 initialised the stages' mbarriers.
@@ -1569,7 +1608,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
             for (int r = issued; r < want; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
           issued = want;
         }
-        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tph, tpost, bound);
+        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tph, tpost, bound, tn);
       }
       if (issued < nahead) {
         __syncthreads();
@@ -1617,7 +1656,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
               wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
           if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
             for (int r = wg_group_hi(p, t) + 1; r <= wg_group_hi(p, t + 1); ++r)
-              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tph, tpost, bound);
+              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tph, tpost, bound, tn);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
             if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
