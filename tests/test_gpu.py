@@ -328,6 +328,32 @@ def test_fused_a_16bit_conv_outputs_beyond_fp16(dtype, channels_last):
     assert err <= TOLERANCE["bfloat16" if dtype == torch.bfloat16 else "float16"], err
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_a_16bit_partial_sums_beyond_fp16(dtype, channels_last):
+    """Every conv output inside fp16's range (2e4..3e4) but the half-precision epilogue's fp16 partial sums of 4 values
+    beyond it: its check must catch the overflow and run those tiles through the fp32 GELU (GELU(x) = x there, so the
+    mean is the mean of x); images of mixed small and large values too."""
+    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval().to(dtype)
+    fused = fullfuse.fused_model(model, path="fused")
+    g = torch.Generator("cuda").manual_seed(SEED)
+    x = 2e4 + 1e4 * torch.rand(3, 1, 5, 300, device="cuda", generator=g)
+    x[1] = torch.randn(1, 5, 300, device="cuda", generator=g)        # small values: the epilogue's own path
+    x[2, :, :, :150] = torch.randn(1, 5, 150, device="cuda", generator=g)
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    with torch.no_grad():
+        got = fused(x).view(-1).double()
+    assert fused.plans[0].last_path == "fused"
+    x64 = x.double()
+    want = (0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))).mean((1, 2, 3))
+    assert torch.isfinite(got).all(), got
+    err = ((got - want).abs() / want.abs().clamp(min=1)).max().item()
+    assert err <= TOLERANCE["bfloat16" if dtype == torch.bfloat16 else "float16"], err
+
+
 @pytest.mark.parametrize("pool", ["mean", "max"])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
