@@ -721,9 +721,9 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and
 // any other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out;
 // finite fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf) and with it the quad's row sum
-// in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the tile takes the tile back — dm as before it (dm[1], dm[3]
-// are the same sums as dm[0], dm[2]: every column of the ones matrix) — and runs it through the exact GELU
-// (ff_gelu_erf: PyTorch's inf / NaN results) into red instead.  This replaced a guard on the staged inputs, whose running
+// in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the
+// tile takes the tile back — dm as before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones
+// matrix) — and runs it through the exact GELU (ff_gelu_erf: PyTorch's inf / NaN results) into red instead.  This replaced a guard on the staged inputs, whose running
 // bound cost a pass over every row (NOTES run 23): the check costs two compares per tile.
 __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float (&red)[2][2], float (&dm)[4], int tig) {
   const float d0 = dm[0], d2 = dm[2];
@@ -1483,6 +1483,13 @@ __device__ __forceinline__ void wg_h2_fold(float (&red)[2][2], float (&dm)[4], i
   dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
 }
 
+// Both wgmma kernels: 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked), which checks its own
+// range, so their rows need no input bound
+template <int DT>
+__device__ __forceinline__ bool wg_h2_cap(const WGParams& p) {
+  return DT != FF_F32 && p.h2 && p.gelu_fast && p.act == FF_ACT_GELU_ERF && p.pool == FF_POOL_MEAN;
+}
+
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
@@ -1502,9 +1509,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
-  // 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked: it checks its own range), so no input bound
-  const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
-  // TMA: post-copy pass of 16-bit TVEC (the bound) only when used; 16-bit TNCHW skips the bound then
+  const bool h2_cap = wg_h2_cap<DT>(p);
+  // the post-copy pass of 16-bit channels_last rows (the bound: its only work there) only when the bound is used; 16-bit
+  // TNCHW skips the bound then
   const bool tpost = DT == FF_F32 || (gelu_fast && !h2_cap);
   WGInBound bound;
   const WGTn16 tn(p, NOPS > 0);   // (16-bit TNCHW only; dead code elsewhere)
@@ -1625,7 +1632,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     }
     // post-copy pass (MODE 1: tf32 rounding, NCHW transposes, the input bound) of row group t + 1 and the copies of
     // group t + D run while row t's wgmmas do: only the barrier stays between rows
-    const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
+    const bool mode1 = LM != WG_LM_REG && (tpost || LM == WG_LM_NCHW8);
     if (LM != WG_LM_REG && !TMA) {
       cp_wait_n(p.D - 1);
 #ifdef FF_FUSED_A_DIAG
@@ -1644,7 +1651,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       } else {
         in_ok = WS_DIAG(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
       }
-      const bool fast = gelu_fast && in_ok, h2 = h2_cap;
+      const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
@@ -1668,7 +1675,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           }
         }
         if (!WS_DIAG(12)) wg_wait0();
-        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2);
+        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1784,14 +1791,14 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
 
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
-  // 16-bit GELU means: the half-precision epilogue, which checks its own range (wg_epi_h2_checked)
-  const bool h2_cap = DT != FF_F32 && p.h2 && gelu_fast && p.pool == FF_POOL_MEAN;
+  const bool h2_cap = wg_h2_cap<DT>(p);
 
   if (wg == 0) {
     // ================= producer =================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(WS_REG_PRODUCER));
     const int LAG = (LM == WG_LM_REG) ? 0 : p.D;
-    const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || gelu_fast);
+    // the post-copy pass: tf32 rounding, NCHW transposes, the bound (16-bit channels_last: its only work) where used
+    const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || (gelu_fast && !h2_cap));
     bool flagged = false;
     int s_in = 0;                                 // ring sequence number of the piece's first input row
     for (long long l = L0; l < L1;) {
@@ -1861,7 +1868,6 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
             }
           }
           const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
-          const bool h2 = h2_cap;
           if (!WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
           wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
           if (!WS_DIAG(2)) bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
@@ -1873,7 +1879,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
               sl = (sl + 1 == p.RB) ? 0 : sl + 1;
             }
           }
-          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, pc.qv - half * (WG_NT / 2), tig, fast, h2);
+          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, pc.qv - half * (WG_NT / 2), tig, fast, h2_cap);
         }
       }
       s_in += pc.nrows;

@@ -39,7 +39,7 @@ def gelu_h2(x32: torch.Tensor, ex2_rel: float = 0.0, ex2=ex2_rz) -> torch.Tensor
     ex2(r, rel) models MUFU.EX2.F16 (default: the exact power times 1 + rel, rounded toward zero)."""
     hx = _f16(x32.double())                           # cvt.rn.f16x2.f32
     rl = hx.clamp(min=0)                              # max.f16x2 with 0
-    nu = -hx.abs()                                    # | 0x80008000
+    nu = -hx.abs()                                    # abs.f16x2 + neg.f16x2 (an HFMA2 operand modifier)
     c = [_h(b) for b in COEF_BITS]
     r = _f16(c[0] * nu + c[1])                        # fma.rn.f16x2: exact product and sum, one rounding
     for ci in c[2:]:
