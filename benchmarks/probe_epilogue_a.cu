@@ -252,6 +252,153 @@ void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const
   if (e != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(e));
 }
 
+// ---- split: NM MMA warpgroups hand each tile's accumulators (as f16x2, 16 KB) to NE epilogue warpgroups through NB
+// shared-memory buffers (mbarriers full / empty per buffer), one block of (NM + NE) x 128 threads per SM; the epilogue
+// warpgroups run the kernel's 16-bit GELU + mean (P3, MUFU, mma.sync sums) on the handed-over pairs.  Question: does
+// taking the epilogue off the MMA warpgroups (the MMAs of one tile beside the epilogues of earlier ones, without a second
+// accumulator set) beat the kernel's three blocks of one warpgroup (NOTES run 24)?
+// SPLIT_NB (6) is a multiple of NM and NE: every buffer then has one producer and one consumer warpgroup, in tile order
+// (the parity waits need that)
+constexpr int SPLIT_BUF_OFF = (SMEM + 1023) / 1024 * 1024, SPLIT_BUF = 16384, SPLIT_NB = 6;
+constexpr int SPLIT_BAR_OFF = SPLIT_BUF_OFF + SPLIT_NB * SPLIT_BUF, SPLIT_SMEM = SPLIT_BAR_OFF + 2 * SPLIT_NB * 8;
+__device__ __forceinline__ void sp_init(uint32_t a, unsigned n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(n) : "memory"); }
+__device__ __forceinline__ void sp_arrive(uint32_t a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(a) : "memory"); }
+__device__ __forceinline__ void sp_wait(uint32_t a, unsigned par) {
+  asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" :: "r"(a), "r"(par) : "memory");
+}
+__device__ __forceinline__ uint32_t h2_gelu_h(uint32_t hx) {   // h2_gelu (csrc/gelu_h2.cuh) from the f16x2 pair itself
+  uint32_t rl, nu, q;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
+  asm("abs.f16x2 %0, %1;" : "=r"(nu) : "r"(hx));
+  asm("neg.f16x2 %0, %0;" : "+r"(nu));
+  uint32_t r = h2_fma(0x25ee25eeu, nu, 0xb80ab80au);
+  r = h2_fma(r, nu, 0x3c7f3c7fu);
+  r = h2_fma(r, nu, 0xbc04bc04u);
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
+  return h2_fma(nu, q, rl);
+}
+template <int NM, int NE>
+__global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, int ntiles) {   // ntiles per SM
+  static_assert(SPLIT_NB % NM == 0 && SPLIT_NB % NE == 0, "one producer and one consumer per buffer");
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  auto rnd = [](uint32_t i) { i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f; };
+  for (int i = threadIdx.x; i < B_OFF / 2; i += blockDim.x) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(rnd(i) * 2.0f * 0.1179f);
+  for (int i = threadIdx.x; i < 2 * PLANE / 4; i += blockDim.x) {
+    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(rnd(i + 777777) * 2.0f * 1.7f);
+    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(rnd(i + 999) * 3.4f);
+  }
+  if (threadIdx.x < SPLIT_NB) { sp_init(base + SPLIT_BAR_OFF + 8 * threadIdx.x, 128); sp_init(base + SPLIT_BAR_OFF + 8 * (SPLIT_NB + threadIdx.x), 128); }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const uint32_t full0 = base + SPLIT_BAR_OFF, empty0 = full0 + 8 * SPLIT_NB;
+  if (wg < NM) {   // MMA warpgroup: tiles wg, wg + NM, ...
+    uint64_t da[6], db[6];
+#pragma unroll
+    for (int j = 0; j < 6; ++j) { da[j] = desc(base + A_OFF + j * 2048, 1024, 128); db[j] = desc(base + B_OFF + (j % 3) * SLOTB + (j / 3) * 16, 16, 128); }
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int t = wg; t < ntiles; t += NM) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < 6; ++j) ss_bf16(acc, da[j], db[j], j > 0);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+      const int b = t % SPLIT_NB, k = t / SPLIT_NB;
+      if (k > 0) sp_wait(empty0 + 8 * b, (k - 1) & 1);
+      const uint32_t buf = base + SPLIT_BUF_OFF + b * SPLIT_BUF;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {   // pairs 4c .. 4c + 3 (pair 2i + hh = acc[4i + 2hh], acc[4i + 2hh + 1])
+        uint32_t v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pr = 4 * c + e, i = pr >> 1, hh = pr & 1;
+          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v[e]) : "f"(acc[4 * i + 2 * hh + 1]), "f"(acc[4 * i + 2 * hh]));
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" :: "r"(buf + (c * 128 + tid) * 16), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+      }
+      sp_arrive(full0 + 8 * b);
+    }
+  } else {         // epilogue warpgroup e: tiles e, e + NE, ...
+    const int e = wg - NM;
+    float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int cnt = 0;
+    for (int t = e; t < ntiles; t += NE, ++cnt) {
+      const int b = t % SPLIT_NB, k = t / SPLIT_NB;
+      sp_wait(full0 + 8 * b, k & 1);
+      const uint32_t buf = base + SPLIT_BUF_OFF + b * SPLIT_BUF;
+      uint32_t hx[32];
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(hx[4 * c]), "=r"(hx[4 * c + 1]), "=r"(hx[4 * c + 2]), "=r"(hx[4 * c + 3])
+                     : "r"(buf + (c * 128 + tid) * 16) : "memory");
+      sp_arrive(empty0 + 8 * b);
+      // wg_epi_h2_with's sums: 4 pixel blocks added in fp16 per mma.sync, 2 mma.sync per tile
+#pragma unroll
+      for (int gi = 0; gi < 2; ++gi) {
+        uint32_t a[4];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          uint32_t v[4];
+#pragma unroll
+          for (int tt = 0; tt < 4; ++tt) { const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu_h(hx[2 * i + (f & 1)]); }
+          asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[2]));
+          asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[1]) : "r"(v[3]));
+          asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[1]));
+          a[f] = v[0];
+        }
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
+                     : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
+      }
+    }
+    // per block slot of 492 tiles, as the other variants: this warpgroup's sums scaled to 492 tiles
+    const float sc = cnt ? 492.0f / cnt : 0.0f;
+    if (tig == 0 && e < 3) {
+      out[(blockIdx.x * 3 + e) * 64 + 16 * warp + g] = dm[0] * sc;
+      out[(blockIdx.x * 3 + e) * 64 + 16 * warp + g + 8] = dm[2] * sc;
+      if (NE == 2 && e == 1) {   // slot 2 gets warpgroup 1's sums too, so every slot has a value to compare
+        out[(blockIdx.x * 3 + 2) * 64 + 16 * warp + g] = dm[0] * sc;
+        out[(blockIdx.x * 3 + 2) * 64 + 16 * warp + g + 8] = dm[2] * sc;
+      }
+    }
+  }
+}
+template <int NM, int NE>
+void run_split(const char* name, int nsm, float* dout, const std::vector<float>* ref) {
+  auto k = split_tiles<NM, NE>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLIT_SMEM);
+  const int ntiles = 3 * 492;   // the work of 3 block slots of 492 tiles
+  k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, 24);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0); cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 15; ++r) {
+    cudaEventRecord(e0);
+    k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, ntiles);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float m = 0; cudaEventElapsedTime(&m, e0, e1);
+    ms.push_back(m);
+  }
+  std::sort(ms.begin(), ms.end());
+  const float med = ms[ms.size() / 2];
+  std::vector<float> h(nsm * 3 * 64);
+  cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < h.size(); ++i) { num += (h[i] - (*ref)[i]) * (double)(h[i] - (*ref)[i]); den += (double)(*ref)[i] * (*ref)[i]; }
+  printf("%-28s %7.3f ms  %6.0f cycles per tile per SM at 1.98 GHz   sums vs fp32 GELU: rel %.2e\n", name, med,
+         med * 1e-3 * 1.98e9 / ntiles, sqrt(num / den));
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(e));
+}
+
 int main() {
   int nsm = 0;
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
@@ -278,6 +425,11 @@ int main() {
   H2V(0) H2V(1) H2V(2) H2V(3) H2V(4) H2V(5) H2V(6)
 #undef H2V
   run<1, E_H2VAR, true, true>("bf16 kernel h2 + row barrier", nsm, dout, nullptr, nullptr);
+  // the epilogue on warpgroups of its own (split_tiles): MMA warpgroups + epilogue warpgroups, f16x2 hand-over
+  run_split<1, 3>("split 1 MMA WG + 3 epi WG", nsm, dout, &ref16);
+  run_split<2, 2>("split 2 MMA WG + 2 epi WG", nsm, dout, &ref16);
+  run_split<1, 2>("split 1 MMA WG + 2 epi WG", nsm, dout, &ref16);
+  run_split<2, 3>("split 2 MMA WG + 3 epi WG", nsm, dout, &ref16);
   // one block of 3 warpgroups per SM, without and with the ping-pong of their wgmma issue
   run<1, E_H2VAR, true, false, 3, false>("bf16 kernel h2, 1 block x 3 WG", nsm, dout, nullptr, &ref16);
   run<1, E_H2VAR, true, false, 3, true>("bf16 kernel h2, 3 WG ping-pong", nsm, dout, nullptr, &ref16);

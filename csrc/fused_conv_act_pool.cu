@@ -538,9 +538,6 @@ constexpr int WG_COL16_OPS = 5, WG_COL16_J = 4;
 // TNCHW in a staging buffer that the post-copy pass transposes into the slot.
 enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4, WG_LM_TVEC = 5, WG_LM_TNCHW = 6 };
 constexpr bool wg_lm_tma(int lm) { return lm == WG_LM_TVEC || lm == WG_LM_TNCHW; }
-// The thread's index in its warpgroup: the loaders and the setup work per warpgroup of 128 threads (fa_wgmma_kernel with
-// NWG warpgroups per block runs one block's work in each; fa_ws_kernel's producer is warpgroup 0)
-__device__ __forceinline__ int wg_ltid() { return threadIdx.x & 127; }
 // Each channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack (the
 // NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
 constexpr int WG_PAD = 8;
@@ -553,7 +550,6 @@ struct WGParams {
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
   int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)
-  int pp, wg_smem;   // fa_wgmma_kernel with NWG > 1: the warpgroups' wgmma issue in turns (ping-pong); smem bytes per warpgroup
   int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
@@ -640,8 +636,6 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 #endif
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
 
 __device__ __forceinline__ void cp_wait_n(int n) {   // cp.async.wait_group needs an immediate
   switch (n) {
@@ -789,9 +783,9 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
 // its A descriptor (block col_j, or block na - 1 = the swapped one where sl1 < sl0).
 #define WG_DSTRIDE(NOPS) ((NOPS) == WG_COL16_OPS ? (NOPS) + 1 : (NOPS) > 0 ? (NOPS) : WG_MAXOPS)
 template <int NOPS>
-__device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16, int tid, int nthr) {
+__device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
   constexpr int DS = WG_DSTRIDE(NOPS);
-  for (int i = tid; i < p.RB * 2 * DS; i += nthr) {
+  for (int i = threadIdx.x; i < p.RB * 2 * DS; i += blockDim.x) {
     const int j = i % DS, half = (i / DS) & 1, rs = i / (2 * DS);
     const int jo = (NOPS == WG_COL16_OPS && j == NOPS) ? p.col_j : j;   // entry NOPS: the column op's A word
     int sl = rs + p.op_rd[jo];
@@ -967,7 +961,7 @@ __device__ __forceinline__ void wg_store_cols4(const WGParams& p, uint32_t blk, 
 template <bool SPLIT>
 __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, uint32_t stg, WGInBound& bound) {
   const int HP = 2 * p.CG, ng = (p.tma_cols + 3) >> 2;
-  for (int task = wg_ltid(); task < HP * ng; task += 128) {
+  for (int task = threadIdx.x; task < HP * ng; task += 128) {
     int hp, j;
     if (p.CG == 1) { hp = task & 1; j = task >> 1; }
     else { j = fdiv(task, p.mHP, p.sHP); hp = task - j * HP; }
@@ -1016,9 +1010,9 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
     }
   };
   if (p.CG * (8 / G) == 1) {   // one plane (C <= 8, G = 8): task = quad j = tid + 128 k, no division per task
-    for (int j = wg_ltid(); j < p.nq; j += 128) task_body(0, j);
+    for (int j = threadIdx.x; j < p.nq; j += 128) task_body(0, j);
   } else {
-    for (int task = wg_ltid(); task < p.CG * (8 / G) * p.nq; task += 128) {
+    for (int task = threadIdx.x; task < p.CG * (8 / G) * p.nq; task += 128) {
       const int pl = fdiv(task, p.mNQ, p.sNQ), j = task - pl * p.nq;
       task_body(pl, j);
     }
@@ -1029,7 +1023,7 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
 // loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; ieee: also the small part).
 template <int DT, bool SPLIT, int LM, int MODE>
 __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, WGInBound& bound) {
-  const int tid = wg_ltid();
+  const int tid = threadIdx.x;
   const bool hok = (h >= 0 && h < p.H);
   if (LM == WG_LM_VEC || LM == WG_LM_TVEC) {   // TVEC: MODE 1 only (its copies are wg_tma_row's)
     constexpr int CPP = (DT == FF_F32) ? 2 : 1;
@@ -1242,7 +1236,7 @@ struct WGTn16 {
   // on: allowed at all (the straight-line kernels: the general one, already at 88 bytes of stack, is not given the
   // registers)
   __device__ __forceinline__ WGTn16(const WGParams& p, bool on) {
-    const int warp = wg_ltid() >> 5, lane = threadIdx.x & 31, nb = p.CG * ((p.tma_cols + 7) >> 3);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = p.CG * ((p.tma_cols + 7) >> 3);
     pre = on && nb <= 16 * WG_TN16_TRIPS && p.stage_bytes <= 65536 && p.slot_bytes <= 65536;
 #pragma unroll
     for (int k = 0; k < WG_TN16_TRIPS; ++k) {
@@ -1265,7 +1259,7 @@ __device__ __forceinline__ void wg_tnchw16_move(uint32_t src, uint32_t dst, bool
 // bnd: the input bound is wanted (not by the 16-bit GELU mean epilogue, which checks its own range)
 __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, bool bnd, WGInBound& bound,
                                                const WGTn16& tn) {
-  const int warp = wg_ltid() >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nb = p.CG * ((p.tma_cols + 7) >> 3);
   if (tn.pre) {
 #pragma unroll
@@ -1497,53 +1491,22 @@ __device__ __forceinline__ bool wg_h2_cap(const WGParams& p) {
 }
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
-// NWG = warpgroups per block (1 or 3): each runs the lines of virtual block blockIdx.x * NWG + its index, as a block of
-// its own would (its NWG-th of the shared memory, p.wg_smem bytes, its named barrier 1 + index); with p.pp they issue
-// their wgmmas in turns (FA3's ping-pong: warpgroup w waits on barrier 4 + w for w - 1's issue, then hands on), so one's
-// MMAs run while the others' epilogues do.  Every warpgroup takes as many turns as the block's busiest one.
-template <int NWG>
-__device__ __forceinline__ void wg_bar(int wgi) {
-  if (NWG == 1) __syncthreads();
-  else asm volatile("bar.sync %0, 128;" :: "r"(1 + wgi) : "memory");
-}
-template <int NWG>
-__device__ __forceinline__ bool wg_bar_and(int wgi, bool v) {
-  if (NWG == 1) return __syncthreads_and(v) != 0;
-  uint32_t r;
-  asm volatile("{ .reg .pred a, b; setp.ne.u32 a, %1, 0; bar.red.and.pred b, %2, 128, a; selp.u32 %0, 1, 0, b; }"
-               : "=r"(r) : "r"((uint32_t)v), "r"(1 + wgi) : "memory");
-  return r != 0;
-}
-// the tiles (half-rows) of virtual block vb: its wgmma issues
-__device__ __forceinline__ int wg_tiles(const WGParams& p, long long vb) {
-  int t = 0;
-  for (long long l = wg_line0(p, vb), L1 = wg_line0(p, vb + 1); l < L1;) {
-    const WGPiece pc(p, l, L1);
-    t += pc.np * pc.nhalf;
-    l += pc.np;
-  }
-  return t;
-}
-template <int DT, bool SPLIT, int LM, int NOPS, int MINB, int NWG = 1>
-__global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
+template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
+__global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool TMA = wg_lm_tma(LM);
   // TMA destinations must be 128-byte aligned; the dynamic shared memory starts after the static (1040 bytes on sm_90),
   // whatever alignment the declaration asks for, so the TMA kernels move their layout up to the next 128 bytes (wg_plan
   // adds them)
-  const int wgi = NWG > 1 ? (int)(threadIdx.x >> 7) : 0;
-  unsigned char* const smem_wg = smem_raw + (NWG > 1 ? wgi * p.wg_smem : 0);   // (wg_smem: a multiple of 128)
-  unsigned char* const smem = smem_wg + (TMA ? (128u - ((uint32_t)__cvta_generic_to_shared(smem_wg) & 127u)) & 127u : 0u);
+  unsigned char* const smem = smem_raw + (TMA ? (128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u : 0u);
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
-  __shared__ int last_s_wg[NWG];
-  int& last_s = last_s_wg[wgi];
-  const long long vb = (long long)blockIdx.x * NWG + wgi;   // the virtual block whose lines this warpgroup runs
-  const int tid = NWG > 1 ? (int)(threadIdx.x & 127) : (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  __shared__ int last_s;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
   FA_DIAG_STAMP(0);
-  const long long L0 = wg_line0(p, vb), L1 = wg_line0(p, vb + 1);
+  const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   const bool h2_cap = wg_h2_cap<DT>(p);
@@ -1578,7 +1541,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
-  wg_dtab_fill<NOPS>(p, dtab, sbase16, tid, 128);   // read after the first barrier of the line loop
+  wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -1588,10 +1551,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
   long long cur_n = n_first;
   float acc[64];
-  int turn = 0;   // NWG > 1 with p.pp: this warpgroup's wgmma issues so far
-  const int wg_next = wgi + 1 == NWG ? 0 : wgi + 1;
 #ifdef FF_FUSED_A_DIAG
-  wg_bar<NWG>(wgi);
+  __syncthreads();
   FA_DIAG_STAMP(1);
   bool first_rows = true;
   if (threadIdx.x == 0 && blockIdx.x < FA_DIAG_MAXB) {
@@ -1614,7 +1575,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
         if (k < p.K) {
           if (p.pool == FF_POOL_MEAN) {
             if (!p.det) atomicAdd(p.out + n * p.K + k, v[h] * p.inv_pq);
-            else p.ws_part[(vb * p.J + (n - n_first)) * 64 + k] = v[h];
+            else p.ws_part[((long long)blockIdx.x * p.J + (n - n_first)) * 64 + k] = v[h];
           } else {
             atomicMax(p.ws_max + n * p.K + k, enc_max(v[h]));
           }
@@ -1623,16 +1584,16 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
     }
     if (p.pool == FF_POOL_MEAN && !p.det) return;
     __threadfence();
-    wg_bar<NWG>(wgi);
+    __syncthreads();
     long long blo, bhi;
     wg_image_blocks(p, n, blo, bhi);
     if (tid == 0) {
       const int old = atomicAdd(p.ws_cnt + n, 1);
       last_s = (old == (int)(bhi - blo));
     }
-    wg_bar<NWG>(wgi);
+    __syncthreads();
     if (last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
-    wg_bar<NWG>(wgi);
+    __syncthreads();
   };
 
   for (long long l = L0; l < L1;) {
@@ -1640,7 +1601,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
     const long long n = pc.n;
     const int np = pc.np, qv = pc.qv, hbase = pc.hbase, wbase = pc.wbase;
     if (n != cur_n) { flush(cur_n); cur_n = n; }
-    wg_bar<NWG>(wgi);                                             // previous piece's wgmmas done in every warp
+    __syncthreads();                                             // previous piece's wgmmas done in every warp
     if constexpr (TMA) {
       // rows of groups 0 .. D-1 go out as stages free up (TNCHW has fewer stages than group 0 has rows: a barrier
       // before a stage is refilled, once or twice per piece); group 0's rows are waited for and post-processed
@@ -1649,7 +1610,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
       for (int j = 0; j <= wg_group_hi(p, 0); ++j) {
         const int want = min(j + p.NST, nahead);
         if (issued < want) {
-          if (j > 0) wg_bar<NWG>(wgi);
+          if (j > 0) __syncthreads();
           if (tid == 0)
             for (int r = issued; r < want; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
           issued = want;
@@ -1657,7 +1618,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
         wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tph, tpost, bound, tn);
       }
       if (issued < nahead) {
-        wg_bar<NWG>(wgi);
+        __syncthreads();
         if (tid == 0)
           for (int r = issued; r < nahead; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, n, hbase + r, wbase);
       }
@@ -1686,18 +1647,16 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
       // view, no barrier)
       bool in_ok = true;
       if (h2_cap) {
-        if (!WS_DIAG(11)) wg_bar<NWG>(wgi);
+        if (!WS_DIAG(11)) __syncthreads();
       } else {
-        in_ok = WS_DIAG(11) ? bound.ok<DT>() : wg_bar_and<NWG>(wgi, bound.ok<DT>());
+        in_ok = WS_DIAG(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
       }
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
       for (int half = 0; half < pc.nhalf; ++half) {
-        if (NWG > 1 && p.pp && (turn > 0 || wgi > 0)) bar_sync(4 + wgi, 256);
         if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-        if (NWG > 1 && p.pp) { bar_arrive(4 + wg_next, 256); ++turn; }
         if constexpr (TMA) {
           if (half == 0 && tid == 0 && t + p.D < np)   // group t + D (TVEC: into the ring slots row t - 1 left)
             for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r)
@@ -1723,15 +1682,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG > 1 ? 1 : MINB) fa_wgmma_kernel
     }
     if (LM != WG_LM_REG && !TMA) asm volatile("cp.async.wait_all;" ::: "memory");
     l += np;
-  }
-  if (NWG > 1 && p.pp) {   // the turns the block's busiest warpgroup takes, then warpgroup 0 takes the last hand-back
-    int tmax = 0;
-    for (int w = 0; w < NWG; ++w) tmax = max(tmax, wg_tiles(p, (long long)blockIdx.x * NWG + w));
-    for (; turn < tmax; ++turn) {
-      if (turn > 0 || wgi > 0) bar_sync(4 + wgi, 256);
-      bar_arrive(4 + wg_next, 256);
-    }
-    if (wgi == 0 && tmax > 0) bar_sync(4, 256);
   }
   FA_DIAG_STAMP(3);
   flush(cur_n);
@@ -1768,6 +1718,8 @@ constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
 [[maybe_unused]] constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
 enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
 
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
 
 // Per-image partials of the nc consumers -> one per block, then as fa_wgmma_kernel's flush (atomics, or the
 // deterministic per-block partials summed by the last block of the image).  Called by every consumer warpgroup.
@@ -1823,7 +1775,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
   const int maxr = (span / p.sh + 1) * 2 * 4;
 
   // ---- setup, all threads: B descriptor table, ones block, ones planes, weights (+ bias), barriers ----
-  wg_dtab_fill<NOPS>(p, dtab, sbase16, tid, blockDim.x);
+  wg_dtab_fill<NOPS>(p, dtab, sbase16);
   WGInBound bound;
   wg_setup_operands<DT, SPLIT>(p, smem, tid, blockDim.x, bound);
   if (tid == 0) {
@@ -1968,22 +1920,20 @@ struct Plan {
 // FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2, col16, nwg, pp; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2, col16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
-            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1),
-            get("FF_FUSED_A_NWG", 1), get("FF_FUSED_A_PP", 1)};
+            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
     if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
     if (r.wsnc < 2 || r.wsnc > WS_MAX_NC) r.wsnc = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
-    if (r.nwg != 1 && r.nwg != 3) r.nwg = 1;
     return r;
   }();
   return k;
@@ -2380,22 +2330,7 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
-  const bool straight = wg_straight_ops(DT, prm.nops, false, prm.col_j >= 0) != 0;
-  if constexpr (wg_lm_tma(LM) && DT != FF_F32) {
-    // the 16-bit straight-line kernel as one block of three warpgroups per SM (knob FF_FUSED_A_NWG=3): three blocks'
-    // lines and shared memory in one block, their wgmma issue in turns (FF_FUSED_A_PP)
-    const size_t wg_smem = (smem + 127) / 128 * 128;
-    if (knobs().nwg == 3 && straight && prm.G % 3 == 0 && 3 * wg_smem <= 232448 - 1024 - 64) {
-      WGParams q = prm;
-      q.wg_smem = (int)wg_smem;
-      auto kern3 = fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, 1, 3>;
-      cudaError_t e = cudaFuncSetAttribute(kern3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(3 * wg_smem));
-      if (e != cudaSuccess) return (int)e;
-      kern3<<<(unsigned)(prm.G / 3), 384, 3 * wg_smem, stream>>>(q);
-      return (int)cudaGetLastError();
-    }
-  }
-  auto kern = !straight ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
+  auto kern = wg_straight_ops(DT, prm.nops, false, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
               : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
                                                   : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -2537,8 +2472,6 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
       q.h2 = dtype != FF_F32 && activation == FF_ACT_GELU_ERF && pool == FF_POOL_MEAN && knobs().h2 ? 1 : 0;
-      q.pp = knobs().pp;
-      q.wg_smem = 0;
       return wg_launch(dtype, precision, wp.lm, wp.ws, q, wp.smem, stream);
     }
   }
