@@ -221,18 +221,18 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
   }
 }
 
-template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
-void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const std::vector<float>* ref) {
-  auto k = tiles<DT, EPI, MMA, BAR, NWG, PP>;
-  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-  const int nblk = nsm * 3 / NWG, ntiles = 492;
-  k<<<nblk, 128 * NWG, SMEM>>>(dout, 8, 126);
+// launch(ntiles): one warm-up with `warm` tiles, then the median of 15 timed launches of `full`; cycles per tile per SM
+// (tiles_sm per SM); the first nout sums against ref (where given), kept in *keep (where given)
+template <class L>
+void time_report(const char* name, L&& launch, int warm, int full, double tiles_sm, int nout, float* dout,
+                 std::vector<float>* keep, const std::vector<float>* ref) {
+  launch(warm);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0); cudaEventCreate(&e1);
   std::vector<float> ms;
   for (int r = 0; r < 15; ++r) {
     cudaEventRecord(e0);
-    k<<<nblk, 128 * NWG, SMEM>>>(dout, ntiles, 126);
+    launch(full);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float m = 0; cudaEventElapsedTime(&m, e0, e1);
@@ -240,16 +240,24 @@ void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const
   }
   std::sort(ms.begin(), ms.end());
   const float med = ms[ms.size() / 2];
-  std::vector<float> h(nblk * 64);
+  std::vector<float> h(nout);
   cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
   double num = 0, den = 0;
   if (ref) for (size_t i = 0; i < h.size(); ++i) { num += (h[i] - (*ref)[i]) * (double)(h[i] - (*ref)[i]); den += (double)(*ref)[i] * (*ref)[i]; }
   if (keep) *keep = h;
-  printf("%-28s %7.3f ms  %6.0f cycles per tile per SM at 1.98 GHz%s", name, med, med * 1e-3 * 1.98e9 / (ntiles * 3.0),
+  printf("%-28s %7.3f ms  %6.0f cycles per tile per SM at 1.98 GHz%s", name, med, med * 1e-3 * 1.98e9 / tiles_sm,
          ref ? "" : "\n");
   if (ref) printf("   sums vs fp32 GELU: rel %.2e\n", sqrt(num / den));
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(e));
+}
+
+template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
+void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const std::vector<float>* ref) {
+  auto k = tiles<DT, EPI, MMA, BAR, NWG, PP>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  const int nblk = nsm * 3 / NWG;
+  time_report(name, [&](int nt) { k<<<nblk, 128 * NWG, SMEM>>>(dout, nt, 126); }, 8, 492, 3 * 492.0, nblk * 64, dout, keep, ref);
 }
 
 // ---- split: NM MMA warpgroups hand each tile's accumulators (as f16x2, 16 KB) to NE epilogue warpgroups through NB
@@ -265,17 +273,6 @@ __device__ __forceinline__ void sp_init(uint32_t a, unsigned n) { asm volatile("
 __device__ __forceinline__ void sp_arrive(uint32_t a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(a) : "memory"); }
 __device__ __forceinline__ void sp_wait(uint32_t a, unsigned par) {
   asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" :: "r"(a), "r"(par) : "memory");
-}
-__device__ __forceinline__ uint32_t h2_gelu_h(uint32_t hx) {   // h2_gelu (csrc/gelu_h2.cuh) from the f16x2 pair itself
-  uint32_t rl, nu, q;
-  asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
-  asm("abs.f16x2 %0, %1;" : "=r"(nu) : "r"(hx));
-  asm("neg.f16x2 %0, %0;" : "+r"(nu));
-  uint32_t r = h2_fma(0x25ee25eeu, nu, 0xb80ab80au);
-  r = h2_fma(r, nu, 0x3c7f3c7fu);
-  r = h2_fma(r, nu, 0xbc04bc04u);
-  asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
-  return h2_fma(nu, q, rl);
 }
 template <int NM, int NE>
 __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, int ntiles) {   // ntiles per SM
@@ -348,7 +345,7 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
         for (int f = 0; f < 4; ++f) {
           uint32_t v[4];
 #pragma unroll
-          for (int tt = 0; tt < 4; ++tt) { const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu_h(hx[2 * i + (f & 1)]); }
+          for (int tt = 0; tt < 4; ++tt) { const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu_pair(hx[2 * i + (f & 1)]); }
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[2]));
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[1]) : "r"(v[3]));
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[1]));
@@ -374,29 +371,9 @@ template <int NM, int NE>
 void run_split(const char* name, int nsm, float* dout, const std::vector<float>* ref) {
   auto k = split_tiles<NM, NE>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLIT_SMEM);
-  const int ntiles = 3 * 492;   // the work of 3 block slots of 492 tiles
-  k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, 24);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0); cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int r = 0; r < 15; ++r) {
-    cudaEventRecord(e0);
-    k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, ntiles);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float m = 0; cudaEventElapsedTime(&m, e0, e1);
-    ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  const float med = ms[ms.size() / 2];
-  std::vector<float> h(nsm * 3 * 64);
-  cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < h.size(); ++i) { num += (h[i] - (*ref)[i]) * (double)(h[i] - (*ref)[i]); den += (double)(*ref)[i] * (*ref)[i]; }
-  printf("%-28s %7.3f ms  %6.0f cycles per tile per SM at 1.98 GHz   sums vs fp32 GELU: rel %.2e\n", name, med,
-         med * 1e-3 * 1.98e9 / ntiles, sqrt(num / den));
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(e));
+  // the work of 3 block slots of 492 tiles per SM
+  time_report(name, [&](int nt) { k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, nt); }, 24, 3 * 492, 3 * 492.0, nsm * 3 * 64, dout,
+              nullptr, ref);
 }
 
 int main() {

@@ -23,9 +23,9 @@ __device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-__device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
-  uint32_t hx, rl, q;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
+// g of an f16x2 pair hx (the conv outputs already rounded to fp16)
+__device__ __forceinline__ uint32_t h2_gelu_pair(uint32_t hx) {
+  uint32_t rl, q;
   asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
   uint32_t nu;   // -|x|: ptxas folds it into the HFMA2s as an operand modifier (-|R|), no instruction of its own
   asm("abs.f16x2 %0, %1;" : "=r"(nu) : "r"(hx));
@@ -36,6 +36,11 @@ __device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
   r = h2_fma(r, nu, 0xbc04bc04u);
   asm("ex2.approx.f16x2 %0, %1;" : "=r"(q) : "r"(r));
   return h2_fma(nu, q, rl);
+}
+__device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
+  uint32_t hx;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
+  return h2_gelu_pair(hx);
 }
 
 // One 64 x 128 tile (m64n128 accumulator layout: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0, 1}), GELU

@@ -82,9 +82,10 @@ def test_half_gelu_mean_bias_is_small():
 
 
 def test_kernel_uses_these_coefficients():
-    """The emulation above is of the kernel's own constants: each appears in h2_gelu as a packed f16x2 literal."""
+    """The emulation above is of the kernel's own constants: each appears in h2_gelu (h2_gelu_pair) as a packed f16x2
+    literal."""
     src = SRC.read_text()
-    body = src[src.index("uint32_t h2_gelu("):]
+    body = src[src.index("uint32_t h2_gelu_pair("):]
     body = body[body.index("uint32_t r = h2_fma("):body.index("\n}\n")]   # the Horner steps, c3 first
     found = [int(m, 16) & 0xFFFF for m in re.findall(r"0x([0-9a-f]{4})\1u", body)]
     assert tuple(b & 0xFFFF for b in COEF_BITS) == tuple(found), found
