@@ -1275,13 +1275,11 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
 
 // Where the TMA loaders' rows go: input row j of a piece into stage st = j % NST and (TNCHW, after its pass) ring slot
 // rs = j % RB.  The rows are issued in order and taken in order, so each sequence keeps its own counter, reset per
-// piece, instead of the two divisions per row (64-bit multiply-high chains that held ~2 % of the stall samples, NOTES
-// run 24).
-#ifdef FF_ROWSLOT_TVEC_ONLY   // (experiment: the counters for TVEC only, TNCHW by the divisions)
-constexpr bool wg_row_ctr(int lm) { return lm == WG_LM_TVEC; }
-#else
-constexpr bool wg_row_ctr(int) { return true; }
-#endif
+// piece, instead of the two divisions per row (64-bit multiply-high chains that held ~2 % of the stall samples): -1.7
+// to -1.9 % for every kernel but the 16-bit TNCHW one, whose counters' registers spilled (16 bytes of stack, +3.5 %), so
+// it keeps the divisions (NOTES run 24).
+template <int DT>
+constexpr bool wg_row_ctr(int lm) { return DT == FF_F32 || lm != WG_LM_TNCHW; }
 struct WGRowSlot {
   int st = 0, rs = 0;
   __device__ __forceinline__ void step(const WGParams& p) {
@@ -1297,7 +1295,7 @@ template <int DT, int LM>
 __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, WGRowSlot& at,
                                            long long n, int h, int wbase) {
   constexpr int ESZ = DT == FF_F32 ? 4 : 2;
-  const int st = wg_row_ctr(LM) ? at.st : j - p.NST * fdiv(j, p.mST, p.sST);
+  const int st = wg_row_ctr<DT>(LM) ? at.st : j - p.NST * fdiv(j, p.mST, p.sST);
   at.step(p);
   const uint32_t bar = bar0 + 8u * st;
   mbar_expect_tx(bar, (unsigned)p.tma_bytes);
@@ -1316,8 +1314,8 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
 template <int DT, bool SPLIT, int LM>
 __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, WGRowSlot& at,
                                             uint32_t& tph, bool post, WGInBound& bound, const WGTn16& tn) {
-  const int st = wg_row_ctr(LM) ? at.st : j - p.NST * fdiv(j, p.mST, p.sST);
-  const int rs = wg_row_ctr(LM) ? at.rs : j - p.RB * fdiv(j, p.mRB, p.sRB);
+  const int st = wg_row_ctr<DT>(LM) ? at.st : j - p.NST * fdiv(j, p.mST, p.sST);
+  const int rs = wg_row_ctr<DT>(LM) ? at.rs : j - p.RB * fdiv(j, p.mRB, p.sRB);
   at.step(p);
   mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
   tph ^= 1u << st;
