@@ -1273,30 +1273,28 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
   }
 }
 
-// Where the TMA loaders' rows go: input row j of a piece into stage st = j % NST and (TNCHW, after its pass) ring slot
-// rs = j % RB.  The rows are issued in order and taken in order, so each sequence keeps its own counter, reset per
-// piece, instead of the two divisions per row (64-bit multiply-high chains that held ~2 % of the stall samples): -1.7
-// to -1.9 % for every kernel but the 16-bit TNCHW one, whose counters' registers spilled (16 bytes of stack, +3.5 %), so
-// it keeps the divisions (NOTES run 24).
-template <int DT>
-constexpr bool wg_row_ctr(int lm) { return DT == FF_F32 || lm != WG_LM_TNCHW; }
+// Where the TMA loaders' rows go: input row j of a piece into stage j % NST and (TNCHW, after its pass) ring slot
+// j % RB.  The rows are taken in order, so every thread keeps the next one's pair in one register (st | rs << 16), reset
+// per piece, instead of two 64-bit multiply-high divisions per row (their chains held ~2 % of the stall samples); the
+// row thread 0 issues inside the row loop is always (D - 1) sh rows past the next one to take, so its stage follows from
+// that pair (NOTES run 24: counters of their own for both sequences spilled in the 16-bit TNCHW kernel).
 struct WGRowSlot {
-  int st = 0, rs = 0;
+  uint32_t v = 0u;
+  __device__ __forceinline__ int st() const { return (int)(v & 0xffffu); }
+  __device__ __forceinline__ int rs() const { return (int)(v >> 16); }
   __device__ __forceinline__ void step(const WGParams& p) {
-    st = st + 1 == p.NST ? 0 : st + 1;
-    rs = rs + 1 == p.RB ? 0 : rs + 1;
+    const int s = st() + 1 == p.NST ? 0 : st() + 1, r = rs() + 1 == p.RB ? 0 : rs() + 1;
+    v = (uint32_t)s | ((uint32_t)r << 16);
   }
 };
-// TMA loaders (one thread): input row j of the piece (row h of image n from column wbase) into its stage at.st,
+// TMA loaders (one thread): input row j of the piece (row h of image n from column wbase) into its stage st = j % NST,
 // announced on the stage's mbarrier.  TVEC: the stage is ring slot j % RB itself (NST == RB) and each box lands
 // 16 bytes of channels (4 fp32 / 8 16-bit) x tma_bc columns where the slot's layout has them; TNCHW: stage st at
 // stage_off, [channel group][box][8 ch][tma_bc columns].  Rows, columns and channels outside the input arrive as zeros.
 template <int DT, int LM>
-__device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, WGRowSlot& at,
-                                           long long n, int h, int wbase) {
+__device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int st, long long n,
+                                           int h, int wbase) {
   constexpr int ESZ = DT == FF_F32 ? 4 : 2;
-  const int st = wg_row_ctr<DT>(LM) ? at.st : j - p.NST * fdiv(j, p.mST, p.sST);
-  at.step(p);
   const uint32_t bar = bar0 + 8u * st;
   mbar_expect_tx(bar, (unsigned)p.tma_bytes);
   for (int g = 0; g < (LM == WG_LM_TVEC ? p.CG * (8 / (16 / ESZ)) : p.CG); ++g)
@@ -1309,13 +1307,12 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
                   wbase - p.tma_delta + b * p.tma_bc, h, g * 8, (int)n);
     }
 }
-// All threads: wait for the next row's stage at.st (tph = the stages' phase bits), then its post-copy pass into ring slot
-// at.rs (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).
+// All threads: wait for the next row's stage at.st() (tph = the stages' phase bits), then its post-copy pass into ring
+// slot at.rs() (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).
 template <int DT, bool SPLIT, int LM>
-__device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int j, WGRowSlot& at,
+__device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, WGRowSlot& at,
                                             uint32_t& tph, bool post, WGInBound& bound, const WGTn16& tn) {
-  const int st = wg_row_ctr<DT>(LM) ? at.st : j - p.NST * fdiv(j, p.mST, p.sST);
-  const int rs = wg_row_ctr<DT>(LM) ? at.rs : j - p.RB * fdiv(j, p.mRB, p.sRB);
+  const int st = at.st(), rs = at.rs();
   at.step(p);
   mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
   tph ^= 1u << st;
@@ -1537,7 +1534,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.bar_off;
   const uint32_t stage0 = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.stage_off;
   uint32_t tph = 0u;   // TMA: phase bit of each stage's mbarrier
-  WGRowSlot iss, tak;  // TMA: where the piece's next row to issue (thread 0) / to take goes
+  WGRowSlot tak;       // TMA: where the piece's next row to take goes
   int pre = 0;
   if constexpr (TMA) {
     if (tid == 0) {
@@ -1549,7 +1546,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const WGPiece pc(p, L0, L1);
       pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
-        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, iss, pc.n, pc.hbase + j, pc.wbase);
+        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.n, pc.hbase + j, pc.wbase);   // (pre <= NST)
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece pc(p, L0, L1);
@@ -1624,22 +1621,23 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       // before a stage is refilled, once or twice per piece); group 0's rows are waited for and post-processed
       const int nahead = wg_group_hi(p, min(p.D, np) - 1) + 1;
       int issued = (l == L0) ? pre : 0;
-      if (l != L0) iss = WGRowSlot{};
       tak = WGRowSlot{};
       for (int j = 0; j <= wg_group_hi(p, 0); ++j) {
         const int want = min(j + p.NST, nahead);
         if (issued < want) {
           if (j > 0) __syncthreads();
           if (tid == 0)
-            for (int r = issued; r < want; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, iss, n, hbase + r, wbase);
+            for (int r = issued; r < want; ++r)
+              wg_tma_row<DT, LM>(p, ring, stage0, bar0, r - p.NST * fdiv(r, p.mST, p.sST), n, hbase + r, wbase);
           issued = want;
         }
-        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, j, tak, tph, tpost, bound, tn);
+        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
       }
       if (issued < nahead) {
         __syncthreads();
         if (tid == 0)
-          for (int r = issued; r < nahead; ++r) wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, iss, n, hbase + r, wbase);
+          for (int r = issued; r < nahead; ++r)
+            wg_tma_row<DT, LM>(p, ring, stage0, bar0, r - p.NST * fdiv(r, p.mST, p.sST), n, hbase + r, wbase);
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
@@ -1677,12 +1675,18 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       for (int half = 0; half < pc.nhalf; ++half) {
         if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if constexpr (TMA) {
-          if (half == 0 && tid == 0 && t + p.D < np)   // group t + D (TVEC: into the ring slots row t - 1 left)
-            for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r)
-              wg_tma_row<DT, LM>(p, ring, stage0, bar0, r, iss, n, hbase + r, wbase);
+          if (half == 0 && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
+            // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at most)
+            int st = tak.st() + (p.D - 1) * p.sh;
+            st -= st >= p.NST ? p.NST : 0;
+            for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
+              wg_tma_row<DT, LM>(p, ring, stage0, bar0, st, n, hbase + r, wbase);
+              st = st + 1 == p.NST ? 0 : st + 1;
+            }
+          }
           if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
             for (int r = wg_group_hi(p, t) + 1; r <= wg_group_hi(p, t + 1); ++r)
-              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, r, tak, tph, tpost, bound, tn);
+              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
             if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
