@@ -1278,12 +1278,14 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
 // per piece, instead of two 64-bit multiply-high divisions per row (their chains held ~2 % of the stall samples); the
 // row thread 0 issues inside the row loop is always (D - 1) sh rows past the next one to take, so its stage follows from
 // that pair (NOTES run 24: counters of their own for both sequences spilled in the 16-bit TNCHW kernel).
+__device__ __forceinline__ int wg_stage_of(const WGParams& p, int j) { return j - p.NST * fdiv(j, p.mST, p.sST); }
+__device__ __forceinline__ int wg_stage_next(const WGParams& p, int st) { return st + 1 == p.NST ? 0 : st + 1; }
 struct WGRowSlot {
   uint32_t v = 0u;
   __device__ __forceinline__ int st() const { return (int)(v & 0xffffu); }
   __device__ __forceinline__ int rs() const { return (int)(v >> 16); }
   __device__ __forceinline__ void step(const WGParams& p) {
-    const int s = st() + 1 == p.NST ? 0 : st() + 1, r = rs() + 1 == p.RB ? 0 : rs() + 1;
+    const int s = wg_stage_next(p, st()), r = rs() + 1 == p.RB ? 0 : rs() + 1;
     v = (uint32_t)s | ((uint32_t)r << 16);
   }
 };
@@ -1628,7 +1630,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           if (j > 0) __syncthreads();
           if (tid == 0)
             for (int r = issued; r < want; ++r)
-              wg_tma_row<DT, LM>(p, ring, stage0, bar0, r - p.NST * fdiv(r, p.mST, p.sST), n, hbase + r, wbase);
+              wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), n, hbase + r, wbase);
           issued = want;
         }
         wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
@@ -1637,7 +1639,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         __syncthreads();
         if (tid == 0)
           for (int r = issued; r < nahead; ++r)
-            wg_tma_row<DT, LM>(p, ring, stage0, bar0, r - p.NST * fdiv(r, p.mST, p.sST), n, hbase + r, wbase);
+            wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), n, hbase + r, wbase);
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
@@ -1681,7 +1683,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
             st -= st >= p.NST ? p.NST : 0;
             for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
               wg_tma_row<DT, LM>(p, ring, stage0, bar0, st, n, hbase + r, wbase);
-              st = st + 1 == p.NST ? 0 : st + 1;
+              st = wg_stage_next(p, st);
             }
           }
           if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
