@@ -8,6 +8,9 @@
 //        polynomial (minimax on [-1/2, 1/2]), 2^-m by subtracting m << 10 from each half's exponent field
 //   V 3  P5, relu by HMNMX2;  V 4  P5, relu by PRMT + LOP3 on the sign bits;  V 5  P3, relu by F2FP
 //   V 6  half the pairs V 1, half V 2 (MUFU time and issue slots balanced)
+//   V 7  no MUFU: Phi(-u) ~ P6(v), v = min(|x| - 7/4, 7/4) (u clamped at 3.5, Horner centred for fp16 conditioning),
+//        g = relu(x) - |x| P6(v)
+//   V 8  no MUFU, no relu: 2g = x + |x| Q6(v), Q6 ~ erf(u / sqrt 2) (the sum is twice the GELU's: halve it after)
 #pragma once
 #include <stdint.h>
 #include "gelu_h2.cuh"
@@ -66,6 +69,37 @@ __device__ __forceinline__ uint32_t h2_gelu_poly(float lo, float hi) {
   return h2_fma(nu, q, rl);
 }
 
+// V 7 / 8: v = min(|x| - 7/4, 7/4), then P6 (V 7: ~Phi(-u)) or Q6 (V 8: ~erf(u / sqrt 2)) by Horner in v
+template <bool G2>
+__device__ __forceinline__ uint32_t h2_gelu_p6(float lo, float hi) {
+  uint32_t hx, t, v;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hx) : "f"(hi), "f"(lo));
+  asm("abs.f16x2 %0, %1;" : "=r"(t) : "r"(hx));
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(v) : "r"(t), "r"(0xbf00bf00u));   // |x| - 1.75
+  asm("min.f16x2 %0, %0, %1;" : "+r"(v) : "r"(0x3f003f00u));               // <= 1.75
+  uint32_t r;
+  if (!G2) {
+    r = h2_fma(0x91829182u, v, 0x1aa61aa6u);
+    r = h2_fma(r, v, 0x8d578d57u);
+    r = h2_fma(r, v, 0xa736a736u);
+    r = h2_fma(r, v, 0x2cd92cd9u);
+    r = h2_fma(r, v, 0xad8dad8du);
+    r = h2_fma(r, v, 0x291d291du);
+  } else {
+    r = h2_fma(0x17431743u, v, 0x9f139f13u);
+    r = h2_fma(r, v, 0x92db92dbu);
+    r = h2_fma(r, v, 0x2b542b54u);
+    r = h2_fma(r, v, 0xb0cdb0cdu);
+    r = h2_fma(r, v, 0x318b318bu);
+    r = h2_fma(r, v, 0x3b5b3b5bu);
+  }
+  if (G2) return h2_fma(t, r, hx);
+  uint32_t rl, nu;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
+  asm("neg.f16x2 %0, %1;" : "=r"(nu) : "r"(t));
+  return h2_fma(nu, r, rl);
+}
+
 template <int V>
 __device__ __forceinline__ uint32_t h2_var(int f, float lo, float hi) {   // f: the pair's place in its A fragment
   if (V == 0) return h2_gelu(lo, hi);
@@ -73,6 +107,7 @@ __device__ __forceinline__ uint32_t h2_var(int f, float lo, float hi) {   // f: 
   if (V == 2 || V == 6) return h2_gelu_poly(lo, hi);
   if (V == 3) return h2_gelu_x<false, 1>(lo, hi);
   if (V == 4) return h2_gelu_x<false, 2>(lo, hi);
+  if (V == 7 || V == 8) return h2_gelu_p6<V == 8>(lo, hi);
   return h2_gelu_x<true, 0>(lo, hi);
 }
 template <int V>

@@ -155,7 +155,8 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // flags bit 2: the MMA warpgroup runs bf16 k16 instead of TF32 k8; bit 3: the ALU loop has no EX2 (an FFMA in its
 // place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains); bit 5: an integer loop on the ALU pipe
 // (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2); bit 7: MUFU only (ex2.approx.f16x2 chains); bits
-// 8 / 9: run 21's 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial.  clk (if non-null): per block
+// 8 / 9: run 21's 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial; bit 10:
+// a DFMA loop (FP64 pipe); 11: the fp32 GELU-like loop with its Horner in fp64; 12: IMAD / IMAD.HI; 13: F2F f32 <-> f64.  clk (if non-null): per block
 // {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
@@ -235,6 +236,66 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
       }
     }
     if (acc == 12345u) out[1] = (float)acc;
+  } else if ((flags & 2) && (XF & 1024)) {   // FP64 pipe: 32 doubles, a 5-DFMA Horner + DADD per value
+    double v[32], acc = 0.0;
+    for (int i = 0; i < 32; ++i) v[i] = 0.01 * (double)((tid * 7 + i) % 97) - 0.4;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        double q = fma(v[i], -0.0072, 0.0522);
+        q = fma(v[i], q, -0.4596); q = fma(v[i], q, -1.1509); q = fma(v[i], q, -1.0); q = fma(v[i], q, 0.37);
+        acc += q;
+        v[i] = q - 0.3;
+      }
+    }
+    if (acc == 12345.0) out[1] = (float)acc;
+  } else if ((flags & 2) && (XF & 2048)) {   // the fp32 GELU with its Horner in fp64 (F2F in, 5 DFMA, F2F out, EX2, FFMA, FADD)
+    float v[64], acc = 0.0f;
+    for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const float a = fabsf(v[i]);
+        const double ad = (double)a;
+        double q = fma(ad, -0.0072, 0.0522);
+        q = fma(ad, q, -0.4596); q = fma(ad, q, -1.1509); q = fma(ad, q, -1.0); q = fma(ad, q, 0.37);
+        float e;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"((float)q));
+        const float y = fmaf(-a, e, fmaxf(v[i], 0.0f));
+        acc += y;
+        v[i] = y - 0.3f;
+      }
+    }
+    if (acc == 12345.0f) out[1] = acc;
+  } else if ((flags & 2) && (XF & 4096)) {   // integer multiplies: IMAD / IMAD.HI chains (mad.lo / mad.hi u32)
+    uint32_t v[64], acc = 0u;
+    for (int i = 0; i < 64; ++i) v[i] = (uint32_t)(tid * 7 + i) * 2654435761u;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        uint32_t a = __umulhi(v[i], 0x9e3779b9u) + 0x1234567u;
+        a = __umulhi(a, v[i]) + 0x7654321u;
+        a = a * 0x2545f491u + v[i];
+        a = __umulhi(a, 0x85ebca6bu) + 0x3u;
+        acc += a;
+        v[i] = a;
+      }
+    }
+    if (acc == 12345u) out[1] = (float)acc;
+  } else if ((flags & 2) && (XF & 8192)) {   // conversions only: F2F.F64.F32 / F2F.F32.F64 pairs
+    float v[64];
+    for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        double d;
+        asm volatile("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(v[i]));
+        asm volatile("cvt.rn.f32.f64 %0, %1;" : "=f"(v[i]) : "d"(d));
+      }
+    }
+    float acc = 0.0f;
+    for (int i = 0; i < 64; ++i) acc += v[i];
+    if (acc == 12345.0f) out[1] = acc;
   } else if ((flags & 2) && (XF & 64)) {   // half2 FMA loop (HFMA2), 64 values as 32 pairs
     __half2 v[32], acc = __float2half2_rn(0.0f);
     for (int i = 0; i < 32; ++i) v[i] = __float2half2_rn(0.01f * (float)((tid * 7 + i) % 97) - 0.4f);
@@ -287,7 +348,8 @@ void run_overlap(int nsm, float* dout, double ghz) {
   auto t = [&](int flags, int nthreads) {
     auto k = (flags & 4) ? overlap<4> : (flags & 8) ? overlap<8> : (flags & 16) ? overlap<16> : (flags & 32) ? overlap<32>
            : (flags & 64) ? overlap<64> : (flags & 128) ? overlap<128> : (flags & 256) ? overlap<256>
-           : (flags & 512) ? overlap<512> : overlap<0>;
+           : (flags & 512) ? overlap<512> : (flags & 1024) ? overlap<1024> : (flags & 2048) ? overlap<2048>
+           : (flags & 4096) ? overlap<4096> : (flags & 8192) ? overlap<8192> : overlap<0>;
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
     k<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags, nullptr);
     cudaEvent_t e0, e1;
@@ -305,10 +367,12 @@ void run_overlap(int nsm, float* dout, double ghz) {
   };
   const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
                          "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop", "TF32 k8 + MUFU f16x2 only",
-                         "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x"};
-  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512};
-  const int v0 = getenv("PW_OVERLAP_NEW") ? 6 : 0;   // only the loops added after run 21
-  for (int v = v0; v < 9; ++v)
+                         "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x", "TF32 k8 + DFMA loop",
+                         "TF32 k8 + GELU, fp64 Horner", "TF32 k8 + IMAD / IMAD.HI loop", "TF32 k8 + F2F f32<->f64 only"};
+  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  const int nv = (int)(sizeof(extra) / sizeof(extra[0]));
+  const int v0 = getenv("PW_OVERLAP_V0") ? atoi(getenv("PW_OVERLAP_V0")) : getenv("PW_OVERLAP_NEW") ? 6 : 0;
+  for (int v = v0; v < nv; ++v)
     for (int nthreads : {256, 384}) {
       const float m = t(1 | extra[v], nthreads); const double mm = mhz;
       const float a = t(2 | extra[v], nthreads); const double am = mhz;
