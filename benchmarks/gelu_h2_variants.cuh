@@ -11,6 +11,8 @@
 //   V 7  no MUFU: Phi(-u) ~ P6(v), v = min(|x| - 7/4, 7/4) (u clamped at 3.5, Horner centred for fp16 conditioning),
 //        g = relu(x) - |x| P6(v)
 //   V 8  no MUFU, no relu: 2g = x + |x| Q6(v), Q6 ~ erf(u / sqrt 2) (the sum is twice the GELU's: halve it after)
+//   V 9  half the pairs V 0 (MUFU), half V 7 (fp16 pipe only): the two bounds balanced
+//   V 10 three quarters V 0, one quarter V 7
 #pragma once
 #include <stdint.h>
 #include "gelu_h2.cuh"
@@ -108,6 +110,8 @@ __device__ __forceinline__ uint32_t h2_var(int f, float lo, float hi) {   // f: 
   if (V == 3) return h2_gelu_x<false, 1>(lo, hi);
   if (V == 4) return h2_gelu_x<false, 2>(lo, hi);
   if (V == 7 || V == 8) return h2_gelu_p6<V == 8>(lo, hi);
+  if (V == 9) return (f & 1) ? h2_gelu_p6<false>(lo, hi) : h2_gelu(lo, hi);
+  if (V == 10) return (f == 3) ? h2_gelu_p6<false>(lo, hi) : h2_gelu(lo, hi);
   return h2_gelu_x<true, 0>(lo, hi);
 }
 template <int V>

@@ -395,17 +395,18 @@ int main() {
   run<1, E_H2MMA, true>("bf16 MMA + half2 GELU, wgmma", nsm, dout, nullptr, &ref16);
   // the 16-bit epilogue's GELU variants (gelu_h2_variants.cuh), with the MMAs and alone
   const char* vn[] = {"kernel (P3, relu max)", "run 21 (P5, relu cvt)", "no MUFU (poly 2^x)", "P5, relu max", "P5, relu PRMT",
-                      "P3, relu cvt", "half run 21, half poly", "no MUFU P6(v), relu", "no MUFU 2g = x + |x| Q6"};
+                      "P3, relu cvt", "half run 21, half poly", "no MUFU P6(v), relu", "no MUFU 2g = x + |x| Q6",
+                      "half kernel, half P6", "3/4 kernel, 1/4 P6"};
   char nm[64];
 #define H2V(V)                                                                                   \
   snprintf(nm, sizeof nm, "bf16 MMA + h2 %s", vn[V]); run<1, E_H2VAR + V, true>(nm, nsm, dout, nullptr, &ref16); \
   snprintf(nm, sizeof nm, "h2 %s, alone", vn[V]); run<1, E_H2VAR + V, false>(nm, nsm, dout, nullptr, nullptr);
   if (getenv("PE_H2_ONLY")) {   // only the kernel's epilogue and the MUFU-free variants (session 5)
-    H2V(0) H2V(7) H2V(8)
+    H2V(0) H2V(7) H2V(9) H2V(10)
     run<1, E_NOTHING, true>("bf16 MMA only (6 ops)", nsm, dout, nullptr, nullptr);
     return 0;
   }
-  H2V(0) H2V(1) H2V(2) H2V(3) H2V(4) H2V(5) H2V(6) H2V(7) H2V(8)
+  H2V(0) H2V(1) H2V(2) H2V(3) H2V(4) H2V(5) H2V(6) H2V(7) H2V(8) H2V(9) H2V(10)
 #undef H2V
   run<1, E_H2VAR, true, true>("bf16 kernel h2 + row barrier", nsm, dout, nullptr, nullptr);
   // the epilogue on warpgroups of its own (split_tiles): MMA warpgroups + epilogue warpgroups, f16x2 hand-over
