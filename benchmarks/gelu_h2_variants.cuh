@@ -79,22 +79,12 @@ __device__ __forceinline__ uint32_t h2_gelu_p6(float lo, float hi) {
   asm("abs.f16x2 %0, %1;" : "=r"(t) : "r"(hx));
   asm("add.rn.f16x2 %0, %1, %2;" : "=r"(v) : "r"(t), "r"(0xbf00bf00u));   // |x| - 1.75
   asm("min.f16x2 %0, %0, %1;" : "+r"(v) : "r"(0x3f003f00u));               // <= 1.75
-  uint32_t r;
-  if (!G2) {
-    r = h2_fma(0x91829182u, v, 0x1aa61aa6u);
-    r = h2_fma(r, v, 0x8d578d57u);
-    r = h2_fma(r, v, 0xa736a736u);
-    r = h2_fma(r, v, 0x2cd92cd9u);
-    r = h2_fma(r, v, 0xad8dad8du);
-    r = h2_fma(r, v, 0x291d291du);
-  } else {
-    r = h2_fma(0x17431743u, v, 0x9f139f13u);
-    r = h2_fma(r, v, 0x92db92dbu);
-    r = h2_fma(r, v, 0x2b542b54u);
-    r = h2_fma(r, v, 0xb0cdb0cdu);
-    r = h2_fma(r, v, 0x318b318bu);
-    r = h2_fma(r, v, 0x3b5b3b5bu);
-  }
+  // packed f16x2 coefficients, highest power first (benchmarks/fit_gelu_h2_poly.py)
+  constexpr uint32_t P6[7] = {0x91829182u, 0x1aa61aa6u, 0x8d578d57u, 0xa736a736u, 0x2cd92cd9u, 0xad8dad8du, 0x291d291du};
+  constexpr uint32_t Q6[7] = {0x17431743u, 0x9f139f13u, 0x92db92dbu, 0x2b542b54u, 0xb0cdb0cdu, 0x318b318bu, 0x3b5b3b5bu};
+  uint32_t r = h2_fma(G2 ? Q6[0] : P6[0], v, G2 ? Q6[1] : P6[1]);
+#pragma unroll
+  for (int k = 2; k < 7; ++k) r = h2_fma(r, v, G2 ? Q6[k] : P6[k]);
   if (G2) return h2_fma(t, r, hx);
   uint32_t rl, nu;
   asm("max.f16x2 %0, %1, %2;" : "=r"(rl) : "r"(hx), "r"(0u));
