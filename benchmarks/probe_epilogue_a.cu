@@ -40,7 +40,10 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
 }
 
 enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BRANCH = 5, E_F32_SELECT = 6,
-       E_H2VAR = 16 };
+       E_H2VAR = 16, E_H2DEFER = 40 };
+// E_H2DEFER: the kernel's 16-bit epilogue with its two sum mma.syncs deferred to after the next tile's wgmma issue (the
+// legacy tensor op then queues behind this block's own chain, which the block waits for anyway, instead of stalling
+// the epilogue behind another block's chain)
 // E_H2VAR + V: the fused kernel's 16-bit epilogue with GELU variant V (gelu_h2_variants.cuh; V 0 = csrc/gelu_h2.cuh's
 // wg_epi_h2 itself), sums by mma.sync against ones
 // E_F32_BRANCH: the fused kernel's masking source (every other tile has 126 valid pixels, as the seed's second half-row):
@@ -106,6 +109,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
   float rsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t gk[32];
+  uint32_t fr[H2_SUM_GROUPS][4];   // E_H2DEFER: the last tile's sum fragments, not yet added
   if (PP && wg == NWG - 1) asm volatile("bar.arrive 1, 256;" ::: "memory");   // warpgroup 0 issues first
   for (int t = 0; t < ntiles; ++t) {
     if (BAR && (t & 1) == 0) __syncthreads();
@@ -120,6 +124,10 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
         else ss_tf32(acc, da[j], db[j], j > 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if (EPI == E_H2DEFER && t > 0) {
+#pragma unroll
+        for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
+      }
       if (PP && !(wg == NWG - 1 && t == ntiles - 1))   // (the last turn has no taker)
         asm volatile("bar.arrive %0, 256;" :: "r"(1 + (wg + 1) % NWG) : "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -130,7 +138,14 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-    if (EPI == E_H2VAR) {
+    if (EPI == E_H2DEFER) {
+#pragma unroll
+      for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_frag(acc, gi, fr[gi], [](int, float lo, float hi) { return h2_gelu(lo, hi); });
+      if (!MMA) {
+#pragma unroll
+        for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
+      }
+    } else if (EPI == E_H2VAR) {
       wg_epi_h2(acc, dm);
     } else if (EPI > E_H2VAR) {
       h2_var_epi<EPI - E_H2VAR>(acc, dm);
@@ -201,6 +216,10 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
     }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  if (EPI == E_H2DEFER && MMA && ntiles > 0) {
+#pragma unroll
+    for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
+  }
   float v[2];
   if (EPI >= E_H2VAR) {
     v[0] = tig == 0 ? dm[0] : 0.0f;
@@ -402,7 +421,10 @@ int main() {
   snprintf(nm, sizeof nm, "bf16 MMA + h2 %s", vn[V]); run<1, E_H2VAR + V, true>(nm, nsm, dout, nullptr, &ref16); \
   snprintf(nm, sizeof nm, "h2 %s, alone", vn[V]); run<1, E_H2VAR + V, false>(nm, nsm, dout, nullptr, nullptr);
   if (getenv("PE_H2_ONLY")) {   // only the kernel's epilogue and the MUFU-free variants (session 5)
-    H2V(0) H2V(7) H2V(9) H2V(10)
+    H2V(0)
+    run<1, E_H2DEFER, true>("bf16 MMA + h2 kernel, sums deferred", nsm, dout, nullptr, &ref16);
+    run<1, E_H2DEFER, true, true>("bf16 h2 deferred + row barrier", nsm, dout, nullptr, &ref16);
+    run<1, E_H2VAR, true, true>("bf16 kernel h2 + row barrier", nsm, dout, nullptr, &ref16);
     run<1, E_NOTHING, true>("bf16 MMA only (6 ops)", nsm, dout, nullptr, nullptr);
     return 0;
   }

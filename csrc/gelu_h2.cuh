@@ -53,29 +53,40 @@ __device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
 // work.  Measured A / B (NOTES run 23): 8 -> 4 -> 2 mma.sync -2 / -2 % per step, one (8 blocks, 28 HADD2) +1 to +3 %.
 // gelu(f, lo, hi): the pair's g as f16x2 (f = its place in the A fragment; the microbenchmarks pass variants).
 constexpr int H2_SUM_BLOCKS = 4;
+constexpr int H2_SUM_GROUPS = 8 / H2_SUM_BLOCKS;   // mma.sync per tile
+// the A fragment of sum group gi: the g pairs of pixel blocks 2j, 2j + 1 (16 pixels) for j = gi + H2_SUM_GROUPS t,
+// added over t in fp16
+template <class G>
+__device__ __forceinline__ void wg_h2_frag(const float (&acc)[64], int gi, uint32_t (&a)[4], G&& gelu) {
+  constexpr int NT = H2_SUM_BLOCKS, NG = H2_SUM_GROUPS;
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
+    uint32_t v[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int i = 2 * (gi + NG * t) + (f >> 1), e = (f & 1) * 2;
+      v[t] = gelu(f, acc[4 * i + e], acc[4 * i + e + 1]);
+    }
+#pragma unroll
+    for (int w = NT / 2; w > 0; w >>= 1)
+#pragma unroll
+      for (int t = 0; t < w; ++t) asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[t]) : "r"(v[t + w]));
+    a[f] = v[0];
+  }
+}
+// dm += the fragment's row sums (one mma.sync against a B of ones)
+__device__ __forceinline__ void wg_h2_mma(float (&dm)[4], const uint32_t (&a)[4]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
+               : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
+}
 template <class G>
 __device__ __forceinline__ void wg_epi_h2_with(const float (&acc)[64], float (&dm)[4], G&& gelu) {
-  constexpr int NT = H2_SUM_BLOCKS, NG = 8 / NT;   // blocks added per mma.sync; mma.sync per tile
 #pragma unroll
-  for (int gi = 0; gi < NG; ++gi) {   // pixel blocks 2j, 2j + 1 (16 pixels) for j = gi + NG t
+  for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) {
     uint32_t a[4];
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {   // A fragment: (m0, k 0-7), (m0 + 8, k 0-7), (m0, k 8-15), (m0 + 8, k 8-15)
-      uint32_t v[NT];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int i = 2 * (gi + NG * t) + (f >> 1), e = (f & 1) * 2;
-        v[t] = gelu(f, acc[4 * i + e], acc[4 * i + e + 1]);
-      }
-#pragma unroll
-      for (int w = NT / 2; w > 0; w >>= 1)
-#pragma unroll
-        for (int t = 0; t < w; ++t) asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[t]) : "r"(v[t + w]));
-      a[f] = v[0];
-    }
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
-                 : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
+    wg_h2_frag(acc, gi, a, gelu);
+    wg_h2_mma(dm, a);
   }
 }
 __device__ __forceinline__ void wg_epi_h2(const float (&acc)[64], float (&dm)[4]) {
