@@ -110,6 +110,10 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t gk[32];
   uint32_t fr[H2_SUM_GROUPS][4];   // E_H2DEFER: the last tile's sum fragments, not yet added
+  auto add_fr = [&]() {
+#pragma unroll
+    for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
+  };
   if (PP && wg == NWG - 1) asm volatile("bar.arrive 1, 256;" ::: "memory");   // warpgroup 0 issues first
   for (int t = 0; t < ntiles; ++t) {
     if (BAR && (t & 1) == 0) __syncthreads();
@@ -124,10 +128,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
         else ss_tf32(acc, da[j], db[j], j > 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      if (EPI == E_H2DEFER && t > 0) {
-#pragma unroll
-        for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
-      }
+      if (EPI == E_H2DEFER && t > 0) add_fr();
       if (PP && !(wg == NWG - 1 && t == ntiles - 1))   // (the last turn has no taker)
         asm volatile("bar.arrive %0, 256;" :: "r"(1 + (wg + 1) % NWG) : "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -141,10 +142,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
     if (EPI == E_H2DEFER) {
 #pragma unroll
       for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_frag(acc, gi, fr[gi], [](int, float lo, float hi) { return h2_gelu(lo, hi); });
-      if (!MMA) {
-#pragma unroll
-        for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
-      }
+      if (!MMA) add_fr();
     } else if (EPI == E_H2VAR) {
       wg_epi_h2(acc, dm);
     } else if (EPI > E_H2VAR) {
@@ -216,10 +214,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
     }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  if (EPI == E_H2DEFER && MMA && ntiles > 0) {
-#pragma unroll
-    for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_mma(dm, fr[gi]);
-  }
+  if (EPI == E_H2DEFER && MMA && ntiles > 0) add_fr();
   float v[2];
   if (EPI >= E_H2VAR) {
     v[0] = tig == 0 ? dm[0] : 0.0f;

@@ -335,11 +335,20 @@ void run_overlap(int nsm, float* dout, double ghz) {
   cudaMalloc(&dclk, nsm * 2 * sizeof(unsigned long long));
   std::vector<unsigned long long> hclk(nsm * 2);
   double mhz = 0;
-  auto t = [&](int flags, int nthreads) {
-    auto k = (flags & 4) ? overlap<4> : (flags & 8) ? overlap<8> : (flags & 16) ? overlap<16> : (flags & 32) ? overlap<32>
-           : (flags & 64) ? overlap<64> : (flags & 128) ? overlap<128> : (flags & 256) ? overlap<256>
-           : (flags & 512) ? overlap<512> : (flags & 1024) ? overlap<1024> : (flags & 2048) ? overlap<2048>
-           : (flags & 4096) ? overlap<4096> : (flags & 8192) ? overlap<8192> : overlap<0>;
+  // variant v: flag bits extra[v] (at most one loop bit), run by kernels[v] (the same bits at compile time)
+  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
+                         "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop", "TF32 k8 + MUFU f16x2 only",
+                         "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x", "TF32 k8 + DFMA loop",
+                         "TF32 k8 + GELU, fp64 Horner", "TF32 k8 + IMAD / IMAD.HI loop", "TF32 k8 + F2F f32<->f64 only"};
+  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  void (*const kernels[])(float*, int, int, int, unsigned long long*) = {
+      overlap<0>, overlap<4>, overlap<8>, overlap<16>, overlap<32>, overlap<64>, overlap<128>, overlap<256>, overlap<512>,
+      overlap<1024>, overlap<2048>, overlap<4096>, overlap<8192>};
+  const int nv = (int)(sizeof(extra) / sizeof(extra[0]));
+  static_assert(sizeof(extra) / sizeof(extra[0]) == sizeof(kernels) / sizeof(kernels[0]), "one kernel per variant");
+  auto t = [&](int v, int flags, int nthreads) {
+    auto k = kernels[v];
+    flags |= extra[v];
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
     k<<<nsm, nthreads, SMEM>>>(dout, 50, 20, flags, nullptr);
     cudaEvent_t e0, e1;
@@ -355,18 +364,12 @@ void run_overlap(int nsm, float* dout, double ghz) {
     mhz = ns > 0 ? 1e3 * cyc / ns : 0;
     return ms;
   };
-  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
-                         "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop", "TF32 k8 + MUFU f16x2 only",
-                         "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x", "TF32 k8 + DFMA loop",
-                         "TF32 k8 + GELU, fp64 Horner", "TF32 k8 + IMAD / IMAD.HI loop", "TF32 k8 + F2F f32<->f64 only"};
-  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  const int nv = (int)(sizeof(extra) / sizeof(extra[0]));
   const int v0 = getenv("PW_OVERLAP_V0") ? atoi(getenv("PW_OVERLAP_V0")) : getenv("PW_OVERLAP_NEW") ? 6 : 0;
   for (int v = v0; v < nv; ++v)
     for (int nthreads : {256, 384}) {
-      const float m = t(1 | extra[v], nthreads); const double mm = mhz;
-      const float a = t(2 | extra[v], nthreads); const double am = mhz;
-      const float b = t(3 | extra[v], nthreads); const double bm = mhz;
+      const float m = t(v, 1, nthreads); const double mm = mhz;
+      const float a = t(v, 2, nthreads); const double am = mhz;
+      const float b = t(v, 3, nthreads); const double bm = mhz;
       printf("overlap %-28s %d ALU WG: MMA alone %.3f ms (%.0f MHz), ALU alone %.3f ms (%.0f MHz), both %.3f ms (%.0f MHz); "
              "hidden %.0f %% of the ALU time\n", names[v], nthreads / 128 - 1, m, mm, a, am, b, bm,
              100.0 * (m + a - b) / std::min(m, a));
