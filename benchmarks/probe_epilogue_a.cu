@@ -65,32 +65,53 @@ __device__ __forceinline__ __half2 gelu_h2(__half2 h) {
 }
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
-// DT 0: tf32 (10 ops), 1: bf16 (6 ops); BAR: a block barrier every 2 tiles (a row).  NWG: warpgroups per block (3 blocks
-// of 1 per SM, or 1 block of 3 sharing the operands), each running the whole tile loop of one block slot; PP (NWG > 1):
-// FA3's ping-pong, the warpgroups issue their wgmma chains in turn (named barrier 1 + w: warpgroup w waits for w - 1's
-// issue), so that one runs its MMAs while the others run their epilogues
-template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
-__global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntiles, int qodd) {   // qodd: valid pixels of odd tiles (126)
-  extern __shared__ __align__(1024) unsigned char sm[];
-  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
-  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+__device__ __forceinline__ float pe_rnd(uint32_t i) {   // uniform in [-0.5, 0.5)
+  i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f;
+}
+// the operands of every variant (DT 1: bf16, else tf32-exact fp32), written by warpgroup 0
+template <int DT>
+__device__ __forceinline__ void fill_operands(unsigned char* sm, int tid, int wg) {
   // A: weights ~ U(-1/sqrt(72), 1/sqrt(72)) as nn.Conv2d's default init; B: inputs ~ U(-1.7, 1.7) (unit variance)
-  auto rnd = [](uint32_t i) { i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f; };
   for (int i = tid + (wg ? B_OFF : 0); i < B_OFF / 2; i += 128) {   // (warpgroup 0 writes the operands)
-    const float v = rnd(i) * 2.0f * 0.1179f;
+    const float v = pe_rnd(i) * 2.0f * 0.1179f;
     if (DT == 1) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(v);
     else if (i < B_OFF / 4) reinterpret_cast<float*>(sm)[i] = v;
   }
   for (int i = tid + (wg ? 2 * PLANE : 0); i < 2 * PLANE / 4; i += 128) {
-    const float v = rnd(i + 777777) * 2.0f * 1.7f;
+    const float v = pe_rnd(i + 777777) * 2.0f * 1.7f;
     if (DT == 1) { reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(v);
-                   reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(rnd(i + 999) * 3.4f); }
+                   reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(pe_rnd(i + 999) * 3.4f); }
     else reinterpret_cast<float*>(sm + B_OFF)[i] = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
   }
   for (int i = tid; i < 128; i += 128) reinterpret_cast<__half*>(sm + ONES_OFF)[i] = __float2half(1.0f);
+}
+// DT 2 / 3: the bias of channels m0, m0 + 8 as the accumulators' start values (DT 2: one PRMT per accumulator with a
+// run-time selector, an ALU op ptxas cannot fold into a move; DT 3: plain assignments, ptxas's choice of MOV / IMAD.MOV)
+template <int DT>
+__device__ __forceinline__ void bias_start(float (&acc)[64], int warp, int g, uint32_t qsel) {
+  const float b0 = 0.01f * (warp + 1), b1 = -0.02f * (g + 1);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const float b = (i & 2) ? b1 : b0;
+    if (DT == 2) asm volatile("prmt.b32 %0, %1, 0, %2;" : "=r"(*reinterpret_cast<uint32_t*>(&acc[i])) : "r"(__float_as_uint(b)), "r"(qsel));
+    else acc[i] = b;
+  }
+}
+
+// DT 0: tf32 (10 ops), 1: bf16 (6 ops), 2 / 3: tf32 (9 ops + bias_start); BAR: a block barrier every 2 tiles (a row).  NWG: warpgroups per block (3 blocks
+// of 1 per SM, or 1 block of 3 sharing the operands), each running the whole tile loop of one block slot; PP (NWG > 1):
+// FA3's ping-pong, the warpgroups issue their wgmma chains in turn (named barrier 1 + w: warpgroup w waits for w - 1's
+// issue), so that one runs its MMAs while the others run their epilogues
+template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
+__global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntiles, int qodd, uint32_t qsel) {   // qodd: valid pixels of odd tiles (126)
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  fill_operands<DT>(sm, tid, wg);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
-  constexpr int NOPS = DT == 1 ? 6 : 10;
+  // DT 2 / 3: tf32 with 9 ops, the bias in the accumulators before the chain (bias_start) instead of a 10th op
+  constexpr int NOPS = DT == 1 ? 6 : DT == 0 ? 10 : 9;
   uint64_t da[NOPS], db[NOPS];
 #pragma unroll
   for (int j = 0; j < NOPS; ++j) {
@@ -103,7 +124,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   if (!MMA) {   // epilogue alone: the accumulators of one real chain, reused every tile
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = rnd(tid * 64 + i) * 2.0f;
+    for (int i = 0; i < 64; ++i) acc[i] = pe_rnd(tid * 64 + i) * 2.0f;
   }
   float red[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
   float rsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -121,11 +142,12 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
 #pragma unroll
       for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
       if (PP) asm volatile("bar.sync %0, 256;" :: "r"(1 + wg) : "memory");
+      if (DT >= 2) bias_start<DT>(acc, warp, g, qsel);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < NOPS; ++j) {
         if (DT == 1) ss_bf16(acc, da[j], db[j], j > 0);
-        else ss_tf32(acc, da[j], db[j], j > 0);
+        else ss_tf32(acc, da[j], db[j], DT >= 2 || j > 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if (EPI == E_H2DEFER && t > 0) add_fr();
@@ -272,7 +294,7 @@ void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const
   auto k = tiles<DT, EPI, MMA, BAR, NWG, PP>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   const int nblk = nsm * 3 / NWG;
-  time_report(name, [&](int nt) { k<<<nblk, 128 * NWG, SMEM>>>(dout, nt, 126); }, 8, 492, 3 * 492.0, nblk * 64, dout, keep, ref);
+  time_report(name, [&](int nt) { k<<<nblk, 128 * NWG, SMEM>>>(dout, nt, 126, 0x3210u); }, 8, 492, 3 * 492.0, nblk * 64, dout, keep, ref);
 }
 
 // ---- split: NM MMA warpgroups hand each tile's accumulators (as f16x2, 16 KB) to NE epilogue warpgroups through NB
@@ -295,11 +317,10 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  auto rnd = [](uint32_t i) { i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f; };
-  for (int i = threadIdx.x; i < B_OFF / 2; i += blockDim.x) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(rnd(i) * 2.0f * 0.1179f);
+  for (int i = threadIdx.x; i < B_OFF / 2; i += blockDim.x) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(pe_rnd(i) * 2.0f * 0.1179f);
   for (int i = threadIdx.x; i < 2 * PLANE / 4; i += blockDim.x) {
-    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(rnd(i + 777777) * 2.0f * 1.7f);
-    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(rnd(i + 999) * 3.4f);
+    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(pe_rnd(i + 777777) * 2.0f * 1.7f);
+    reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(pe_rnd(i + 999) * 3.4f);
   }
   if (threadIdx.x < SPLIT_NB) { sp_init(base + SPLIT_BAR_OFF + 8 * threadIdx.x, 128); sp_init(base + SPLIT_BAR_OFF + 8 * (SPLIT_NB + threadIdx.x), 128); }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -391,6 +412,100 @@ void run_split(const char* name, int nsm, float* dout, const std::vector<float>*
               nullptr, ref);
 }
 
+// ---- pipe: the tf32 fp32 GELU split across tiles, two accumulator sets (NB blocks of one warpgroup per SM).  After tile
+// t's chain: the FMA-pipe work (combine + sum of tile t - 1, then the Horner polynomial of tile t); during tile t + 1's
+// chain: the MUFU.EX2 of tile t's 64 values.  Question (session 6): FP32 FMA-pipe work does not run beside wgmma (run
+// 17) but MUFU does (run 25) — does taking the ex2s out of the FMA phase bring the tile to tensor + FMA (~1170 cycles)
+// from the 1369 of one accumulator set?  PIPE false: the same kernel with the whole GELU after each chain (the 2-block
+// baseline).
+__device__ __forceinline__ float pe_horner(float x) {   // ff_phi_neg's polynomial of |x|, without its ex2
+  const float u = fabsf(x);
+  float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);
+  r = fmaf(r, u, -0x1.abd318p-5f);
+  r = fmaf(r, u, -0x1.d6a0a2p-2f);
+  r = fmaf(r, u, -0x1.26a4a0p+0f);
+  return fmaf(r, u, -0x1.000120p+0f);
+}
+template <int DT, int NB, bool PIPE>
+__global__ void __launch_bounds__(128, NB) pipe_tiles(float* out, int ntiles, uint32_t qsel) {   // ntiles even
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  fill_operands<0>(sm, tid, 0);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  constexpr int NOPS = DT == 0 ? 10 : 9;
+  uint64_t da[NOPS], db[NOPS];
+#pragma unroll
+  for (int j = 0; j < NOPS; ++j) {
+    da[j] = desc(base + A_OFF + j * 2048, 1024, 128);
+    db[j] = desc(base + B_OFF + (j % 3) * SLOTB + (j / 3) * 16, PLANE, 128);
+  }
+  float acc[2][64], r[64];
+  float red[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) { acc[0][i] = acc[1][i] = 0.0f; r[i] = 0.0f; }
+  auto step = [&](float (&an)[64], float (&ap)[64], bool first) {   // an: this tile's chain; ap: the last tile's values
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(an[i]) :: "memory");
+    if (DT >= 2) bias_start<DT>(an, warp, g, qsel);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < NOPS; ++j) ss_tf32(an, da[j], db[j], DT >= 2 || j > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    if (PIPE && !first) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(r[i]));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(an[i]) :: "memory");
+    if (PIPE) {
+      if (!first) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) red[(i >> 1) & 1][i & 1] += fmaf(-fabsf(ap[i]), r[i], fmaxf(ap[i], -0.0f));
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) r[i] = pe_horner(an[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) red[(i >> 1) & 1][i & 1] += ff_gelu_erf_noclamp(an[i]);
+    }
+  };
+  for (int t = 0; t < ntiles; t += 2) {
+    step(acc[0], acc[1], t == 0);
+    step(acc[1], acc[0], false);
+  }
+  if (PIPE && ntiles > 0) {   // the last tile's ex2 and combine
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      float q;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r[i]));
+      red[(i >> 1) & 1][i & 1] += fmaf(-fabsf(acc[1][i]), q, fmaxf(acc[1][i], -0.0f));
+    }
+  }
+  float v[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    v[h] = red[h][0] + red[h][1];
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
+  }
+  if (tig == 0) {
+    out[blockIdx.x * 64 + 16 * warp + g] = v[0];
+    out[blockIdx.x * 64 + 16 * warp + g + 8] = v[1];
+  }
+}
+template <int DT, int NB, bool PIPE>
+void run_pipe(const char* name, int nsm, float* dout, std::vector<float>* keep, const std::vector<float>* ref) {
+  auto k = pipe_tiles<DT, NB, PIPE>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  // the work of 3 block slots of 492 tiles per SM, in NB blocks per SM
+  const int nt = 3 * 492 / NB / 2 * 2;
+  time_report(name, [&](int n) { k<<<nsm * NB, 128, SMEM>>>(dout, n, 0x3210u); }, 8, nt, (double)nt * NB, nsm * NB * 64, dout,
+              keep, ref);
+}
+
 int main() {
   int nsm = 0;
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
@@ -415,6 +530,26 @@ int main() {
 #define H2V(V)                                                                                   \
   snprintf(nm, sizeof nm, "bf16 MMA + h2 %s", vn[V]); run<1, E_H2VAR + V, true>(nm, nsm, dout, nullptr, &ref16); \
   snprintf(nm, sizeof nm, "h2 %s, alone", vn[V]); run<1, E_H2VAR + V, false>(nm, nsm, dout, nullptr, nullptr);
+  if (getenv("PE_TF32_BIAS")) {   // the tf32 bias as accumulator start values instead of a 10th op (session 6)
+    run<0, E_NOTHING, true>("tf32 MMA only (10 ops)", nsm, dout, nullptr, nullptr);
+    run<2, E_NOTHING, true>("tf32 MMA only (9, bias PRMT)", nsm, dout, nullptr, nullptr);
+    run<3, E_NOTHING, true>("tf32 MMA only (9, bias MOV)", nsm, dout, nullptr, nullptr);
+    run<0, E_F32, true>("tf32 MMA + fp32 GELU (10 ops)", nsm, dout, nullptr, nullptr);
+    run<2, E_F32, true>("tf32 9 + PRMT bias + fp32 GELU", nsm, dout, nullptr, nullptr);
+    run<3, E_F32, true>("tf32 9 + MOV bias + fp32 GELU", nsm, dout, nullptr, nullptr);
+    run<0, E_F32, true, true>("tf32 10 ops GELU + row barrier", nsm, dout, nullptr, nullptr);
+    run<2, E_F32, true, true>("tf32 9 PRMT GELU + row barrier", nsm, dout, nullptr, nullptr);
+    run<0, E_F32, true>("tf32 MMA + fp32 GELU (10 ops)", nsm, dout, nullptr, nullptr);
+    run<2, E_F32, true>("tf32 9 + PRMT bias + fp32 GELU", nsm, dout, nullptr, nullptr);
+    std::vector<float> refp;
+    run_pipe<0, 2, false>("tf32 2 blocks, 2 acc sets", nsm, dout, &refp, nullptr);
+    run_pipe<0, 2, true>("tf32 2 blocks, ex2 under chain", nsm, dout, nullptr, &refp);
+    run_pipe<2, 2, false>("tf32 9 PRMT, 2 blocks, 2 sets", nsm, dout, nullptr, nullptr);
+    run_pipe<2, 2, true>("tf32 9 PRMT, ex2 under chain", nsm, dout, nullptr, nullptr);
+    run_pipe<0, 1, true>("tf32 1 block, ex2 under chain", nsm, dout, nullptr, &refp);
+    run_pipe<0, 2, true>("tf32 2 blocks, ex2 under chain", nsm, dout, nullptr, &refp);
+    return 0;
+  }
   if (getenv("PE_H2_ONLY")) {   // only the kernel's epilogue and the MUFU-free variants (session 5)
     H2V(0)
     run<1, E_H2DEFER, true>("bf16 MMA + h2 kernel, sums deferred", nsm, dout, nullptr, &ref16);
