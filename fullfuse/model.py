@@ -10,15 +10,19 @@ from .match import find_matches, trace
 from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion
+from .state_names import StateNames
 
 
 class FusedModel(nn.Module):
-    """The traced model with its regions replaced; ``plans`` lists each region's family, spec, path and reason."""
+    """The traced model with its regions replaced; ``plans`` lists each region's family, spec, path and reason.
+    Its state dict uses the original model's names (``StateNames``): original checkpoints load into it, and its own
+    into the original model — also where either is a submodule of a larger model."""
 
-    def __init__(self, graph_module: nn.Module, plans: List[Plan]):
+    def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
+        StateNames(original, self).register(self)
 
     def forward(self, *args, **kwargs):
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
@@ -52,4 +56,4 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()
-    return FusedModel(gm, plans)
+    return FusedModel(gm, plans, model)

@@ -70,6 +70,33 @@ def test_parameters_are_shared_and_reloads_are_seen():
         _close(fused(x), other(x))
 
 
+class FunctionalA(nn.Module):
+    """Family A through F.conv2d on the module's own tensors: the regions get weight and bias as inputs (no conv
+    module to hold)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 8, 3, 3) * 0.1)
+        self.bias = nn.Parameter(torch.randn(16))
+        self.w2 = nn.Parameter(torch.randn(5, 8, 3, 3))
+
+    def forward(self, x):
+        a = F.adaptive_avg_pool2d(F.gelu(F.conv2d(x, self.weight, self.bias)), 1)
+        b = F.conv2d(x, self.w2).relu().mean(dim=(2, 3))
+        return a, b
+
+
+def test_functional_conv_regions():
+    torch.manual_seed(3)
+    model = FunctionalA().eval()
+    fused = fullfuse.fused_model(model)
+    assert [p.family for p in fused.plans] == ["A", "A"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for got, want in zip(fused(x), model(x)):
+            _close(got, want)
+
+
 def test_relayout_cache_follows_in_place_updates():
     w = torch.randn(4, 3, 3, 3)
     first = weights.as_memory_format(w, torch.channels_last)

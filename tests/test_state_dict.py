@@ -1,0 +1,115 @@
+"""A fused model's state dict uses the original model's names: checkpoints move between the original and the fused
+model unchanged, also where either sits inside a larger model (CPU: the torch path computes the outputs)."""
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullfuse
+from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
+
+
+class Wrapper(nn.Module):
+    """Layers with parameters and buffers around a family-A region (the README's model.head = fused_model(model.head))."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = SeedA()
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x):
+        return self.fc(self.head(self.bn(self.stem(x))))
+
+
+class Functional(nn.Module):
+    """F.conv2d on the module's own parameter and bias, and a buffer: fx copies them to the traced root."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 8, 3, 3))
+        self.bias = nn.Parameter(torch.randn(16))
+        self.register_buffer("scale", torch.full((1,), 0.5))
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(F.gelu(F.conv2d(x * self.scale, self.weight, self.bias)), 1)
+
+
+def _fresh_values(state):
+    """a state dict of the same names with new random values (integer buffers kept, variances positive)"""
+    fresh = {k: torch.randn_like(v) if v.is_floating_point() else v.clone() for k, v in state.items()}
+    return {k: v.abs() + 0.5 if k.endswith("running_var") else v for k, v in fresh.items()}
+
+
+def _fused(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fullfuse.fused_model(model)
+
+
+@pytest.mark.parametrize("make", [SeedA, SeedB, Wrapper, Functional], ids=lambda f: f.__name__)
+def test_names_and_order_are_the_originals(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    fused = _fused(make().eval())
+    assert list(fused.state_dict()) == list(model.state_dict())
+
+
+@pytest.mark.parametrize("make", [SeedA, SeedB, Wrapper, Functional], ids=lambda f: f.__name__)
+def test_checkpoints_load_both_ways(make):
+    torch.manual_seed(1)
+    original, fused = make().eval(), _fused(make().eval())
+    ckpt = _fresh_values(original.state_dict())
+    fused.load_state_dict(ckpt)                        # an original checkpoint into the fused model (strict)
+    original.load_state_dict(fused.state_dict())       # and the fused model's own back into an original one
+    for key, value in ckpt.items():
+        assert torch.equal(original.state_dict()[key], value), key
+    x = torch.randn(SMALL_SHAPE["B"] if make is SeedB else (2, 3, 20, 20) if make is Wrapper else SMALL_SHAPE["A"])
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), original(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_submodule_keeps_the_larger_models_names():
+    torch.manual_seed(2)
+    model, target = Wrapper().eval(), Wrapper().eval()
+    target.head = _fused(target.head)
+    assert list(target.state_dict()) == list(model.state_dict())
+    target.load_state_dict(model.state_dict())
+    assert torch.equal(target.head.graph_module.fullfuse_region_0.conv.weight, model.head.conv.weight)
+    x = torch.randn(2, 3, 20, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(target(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_missing_and_unexpected_keys_use_original_names():
+    fused = _fused(Wrapper().eval())
+    state = Wrapper().state_dict()
+    del state["head.conv.bias"]
+    state["head.conv.extra"] = torch.zeros(1)
+    result = fused.load_state_dict(state, strict=False)
+    assert result.missing_keys == ["head.conv.bias"]
+    assert result.unexpected_keys == ["head.conv.extra"]
+    with pytest.raises(RuntimeError, match=r"head\.conv\.bias"):
+        fused.load_state_dict(state)
+
+
+def test_internal_names_still_load():
+    """a state dict with the fused model's internal names (as fullfuse wrote them before) loads as well"""
+    fused = _fused(SeedA().eval())
+    internal = {"graph_module.fullfuse_region_0.conv." + k: torch.randn_like(v) for k, v in SeedA().conv.state_dict().items()}
+    fused.load_state_dict(internal)
+    assert torch.equal(fused.graph_module.fullfuse_region_0.conv.bias, internal["graph_module.fullfuse_region_0.conv.bias"])
+
+
+def test_names_survive_pickle_and_deepcopy():
+    fused = _fused(Wrapper().eval())
+    buf = io.BytesIO()
+    torch.save(fused, buf)
+    buf.seek(0)
+    for clone in (torch.load(buf, weights_only=False), copy.deepcopy(fused)):
+        assert list(clone.state_dict()) == list(Wrapper().state_dict())
