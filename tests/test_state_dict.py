@@ -40,6 +40,18 @@ class Functional(nn.Module):
         return F.adaptive_avg_pool2d(F.gelu(F.conv2d(x * self.scale, self.weight, self.bias)), 1)
 
 
+class TwoRegionsOneConv(nn.Module):
+    """One conv module in two fused regions: two internal keys per original key."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(self.conv(x)) + self.pool(self.conv(2.0 * x))
+
+
 def _fresh_values(state):
     """a state dict of the same names with new random values (integer buffers kept, variances positive)"""
     fresh = {k: torch.randn_like(v) if v.is_floating_point() else v.clone() for k, v in state.items()}
@@ -52,7 +64,10 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
-@pytest.mark.parametrize("make", [SeedA, SeedB, Wrapper, Functional], ids=lambda f: f.__name__)
+MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv]
+
+
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
 def test_names_and_order_are_the_originals(make):
     torch.manual_seed(0)
     model = make().eval()
@@ -60,7 +75,7 @@ def test_names_and_order_are_the_originals(make):
     assert list(fused.state_dict()) == list(model.state_dict())
 
 
-@pytest.mark.parametrize("make", [SeedA, SeedB, Wrapper, Functional], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
 def test_checkpoints_load_both_ways(make):
     torch.manual_seed(1)
     original, fused = make().eval(), _fused(make().eval())
@@ -113,3 +128,12 @@ def test_names_survive_pickle_and_deepcopy():
     buf.seek(0)
     for clone in (torch.load(buf, weights_only=False), copy.deepcopy(fused)):
         assert list(clone.state_dict()) == list(Wrapper().state_dict())
+
+
+def test_one_conv_in_two_regions_loads_into_both():
+    fused = _fused(TwoRegionsOneConv().eval())
+    assert len(fused.plans) == 2
+    ckpt = _fresh_values(TwoRegionsOneConv().state_dict())
+    fused.load_state_dict(ckpt)
+    for name in ("fullfuse_region_0", "fullfuse_region_1"):
+        assert torch.equal(getattr(fused.graph_module, name).conv.weight, ckpt["conv.weight"])
