@@ -34,7 +34,8 @@ class StateNames:
 
     def __init__(self, original: nn.Module, fused: nn.Module):
         holders = _holder_names(original)
-        tensors = {id(t): k for k, t in reversed(list(original.state_dict(keep_vars=True).items()))}
+        original_state = original.state_dict(keep_vars=True)
+        tensors = {id(t): k for k, t in reversed(list(original_state.items()))}
         self.keys: Dict[str, str] = {}
         self.modules: Dict[str, str] = {}   # internal module path -> original module path (for state-dict metadata)
         for path, module in fused.named_modules(remove_duplicate=False):
@@ -46,7 +47,7 @@ class StateNames:
                 self.keys[key] = _join(self.modules[path], leaf)
             elif isinstance(value, torch.Tensor) and id(value) in tensors:   # a get_attr tensor fx copied to the root
                 self.keys[key] = tensors[id(value)]
-        rank = {k: i for i, k in enumerate(original.state_dict(keep_vars=True))}
+        rank = {k: i for i, k in enumerate(original_state)}
         self.rank = {inner: rank.get(outer, len(rank)) for inner, outer in self.keys.items()}
         self.back: Dict[str, List[str]] = {}   # a module used twice has two internal keys per original one
         for inner, outer in self.keys.items():
