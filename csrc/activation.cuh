@@ -29,14 +29,18 @@ __device__ __forceinline__ float ff_max_nan(float a, float b) {
   return r;
 }
 
-// Phi(-u) for u >= 0 (or NaN): 2^r with r ~ log2(Phi(-u)) a degree-5 Horner polynomial (fast_gelu.md), one MUFU.EX2
-// (flushes to 0 below 2^-126).  Shared by both GELU forms below.
-__device__ __forceinline__ float ff_phi_neg(float u) {
+// r ~ log2(Phi(-u)) for u >= 0: the degree-5 Horner polynomial of fast_gelu.md (5 FFMA)
+__device__ __forceinline__ float ff_phi_neg_log2(float u) {
   float r = fmaf(-0x1.05cf34p-11f, u, 0x1.db850ap-8f);
   r = fmaf(r, u, -0x1.abd318p-5f);
   r = fmaf(r, u, -0x1.d6a0a2p-2f);
   r = fmaf(r, u, -0x1.26a4a0p+0f);
-  r = fmaf(r, u, -0x1.000120p+0f);
+  return fmaf(r, u, -0x1.000120p+0f);
+}
+// Phi(-u) for u >= 0 (or NaN): 2^ff_phi_neg_log2(u), one MUFU.EX2 (flushes to 0 below 2^-126).  Shared by both GELU
+// forms below.
+__device__ __forceinline__ float ff_phi_neg(float u) {
+  const float r = ff_phi_neg_log2(u);
   float q;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
   return q;
