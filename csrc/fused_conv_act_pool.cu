@@ -806,26 +806,15 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
   }
 }
 
-// The start values of wg_issue's fp32 accumulators: the bias of channels m0, m0 + 8 (0 without bias or past K; 16-bit
-// input: unused, and not loaded)
-template <int DT>
-__device__ __forceinline__ void wg_bias_start(const WGParams& p, int m0, float (&bst)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    bst[h] = (DT == FF_F32 && p.bias != nullptr && m0 + 8 * h < p.K) ? __ldg(p.bias + m0 + 8 * h) : 0.0f;
-}
-
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  fp32's bias op is the last
-// op; it is not issued: the accumulators start at the bias instead (bst = wg_bias_start's values of channels m0, m0 + 8,
-// exact fp32 where the op added tf32(b) + tf32(b - tf32(b)); one m64n128k8 op of 10 fewer: -3 % per tile in
-// benchmarks/probe_epilogue_a.cu, NOTES run 26); 16-bit carries the bias in a spare chunk or in a last op of its own.
+// op (it has no ieee small terms); 16-bit carries the bias in a spare chunk or in a last op of its own alike.
 // B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared load
 // per op instead of ~10 instructions of ring-slot arithmetic.
 template <int DT, bool SPLIT, int NOPS>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
-                                         int half, const float (&bst)[2]) {
+                                         int half) {
 #ifdef FA_HAVE_WGMMA
   // straight-line kernels read the whole row of descriptor words first, so that the shared-memory latencies overlap
   // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, NOTES run 19); not the ieee kernel (SPLIT),
@@ -839,30 +828,26 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
 #pragma unroll
     for (int j = 0; j < NL; ++j) dl[j] = drow[j];
   }
-  constexpr bool BST = DT == FF_F32;             // the bias as start values, its op (the last) not issued
-  constexpr int JN = NOPS > 0 ? NOPS - (BST ? 1 : 0) : WG_MAXOPS;
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    if (BST) acc[i] = bst[(i >> 1) & 1];        // acc[4i + e]: channel m0 (e < 2) or m0 + 8
-    asm volatile("" : "+f"(acc[i]) :: "memory");
-  }
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   wg_fence();
 #pragma unroll
-  for (int j = 0; j < JN; ++j) {
-    if (NOPS == 0 && j >= p.nops - (BST ? 1 : 0)) break;
+  for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
+    if (NOPS == 0 && j >= p.nops) break;
     const uint64_t desc = (uint64_t)(PRE ? dl[j < NL ? j : 0] : drow[j]) | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (COL && j == WG_COL16_J)
                             ? ((uint64_t)dl[NL - 1] | ((uint64_t)(128 >> 4) << 32))
                             : ((uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32));
+    const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if (DT == FF_BF16) {
       wgh_bf16(acc, da, desc, j > 0);
     } else if (DT == FF_F16) {
       wgh_f16(acc, da, desc, j > 0);
-    } else if (SPLIT) {   // x w ~ x_hi w_hi (tf32) + [bf16(x) | bf16(x_lo)] . [bf16(w_lo) | bf16(w)] (k16)
-      wgh_bf16(acc, da + (uint64_t)(p.a_small_off >> 4), desc + (uint64_t)(p.small_off >> 4), 1);
+    } else if (SPLIT && !bias_op) {   // x w ~ x_hi w_hi (tf32) + [bf16(x) | bf16(x_lo)] . [bf16(w_lo) | bf16(w)] (k16)
+      wgh_bf16(acc, da + (uint64_t)(p.a_small_off >> 4), desc + (uint64_t)(p.small_off >> 4), j > 0);
       wgh_tf32(acc, da, desc, 1);
     } else {
-      wgh_tf32(acc, da, desc, 1);
+      wgh_tf32(acc, da, desc, j > 0);
     }
   }
   wg_commit();
@@ -1577,8 +1562,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
   const uint32_t abase = (uint32_t)__cvta_generic_to_shared(smem);
   const int m0 = 16 * warp + g;
-  float bst[2];
-  wg_bias_start<DT>(p, m0, bst);
   const long long n_first = L0 / p.lines_img;
   const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
@@ -1692,7 +1675,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
       for (int half = 0; half < pc.nhalf; ++half) {
-        if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half, bst);
+        if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if constexpr (TMA) {
           if (half == 0 && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
             // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at most)
@@ -1880,8 +1863,6 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(WS_REG_CONSUMER));
     const int c = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     const int m0 = 16 * warp + g;
-    float bst[2];
-    wg_bias_start<DT>(p, m0, bst);
     const long long n_first = L0 / p.lines_img;
     const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
     float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
@@ -1913,7 +1894,7 @@ __global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_c
           }
           const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
           if (!WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
-          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half, bst);
+          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
           if (!WS_DIAG(2)) bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
           wg_wait0();
           if (lane == 0) {
