@@ -522,7 +522,6 @@ fused_conv_act_pool_kernel(const FAParams p) {
 constexpr int WG_NT = 256;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
-constexpr int WG_PAIR16_OPS = 6;   // 16-bit 3x3, two taps per op: 3 rows x 2 ops (bias in the spare chunk of tap (0, 2)'s op)
 // 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
 // spare chunk, then (0, 2) + (1, 2) as one op whose two K chunks lie in two ring slots (LBO = the slots' distance; where
 // the second row's slot comes first in the ring, its K chunks are swapped: B starts at that slot and the op reads A block
@@ -542,15 +541,14 @@ constexpr bool wg_lm_tma(int lm) { return lm == WG_LM_TVEC || lm == WG_LM_TNCHW;
 // NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
 constexpr int WG_PAD = 8;
 constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
-constexpr int WS_MAX_RB = 24;      // ring slots of the warp-specialised kernel (fa_ws_kernel), at most
 
 struct WGParams {
   CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 16 bytes of channels, the rest, W, H, N) or 4-d (TNCHW: W, H, C, N) tensor
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
-  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile, nc;   // nc: consumer warpgroups of fa_ws_kernel
+  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
   int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)
-  int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_WS_DIAG bits switch parts of fa_ws_kernel off
+  int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_DIAG_OFF bits switch parts of the kernel off
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
@@ -577,12 +575,11 @@ struct WGParams {
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
 
-// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library), bits of FF_FUSED_A_WS_DIAG.
-// fa_ws_kernel: 0 = the producer copies nothing, 1 = no epilogue, 2 = no turn barriers, 3 = no proxy fence before a
-// slot's hand-over, 4 = no post-copy pass.  fa_wgmma_kernel: 8 = no copies, 9 = no post-copy pass, 10 = no epilogue,
-// 11 = no per-row barrier / proxy fence, 12 = no wgmmas.
+// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library), bits of FF_FUSED_A_DIAG_OFF
+// (fa_wgmma_kernel): 8 = no copies, 9 = no post-copy pass, 10 = no epilogue, 11 = no per-row barrier / proxy fence,
+// 12 = no wgmmas.
 #ifdef FF_FUSED_A_DIAG
-#define WS_DIAG(bit) ((p.diag >> (bit)) & 1)
+#define DIAG_OFF(bit) ((p.diag >> (bit)) & 1)
 // Per-block timestamps of fa_wgmma_kernel (%globaltimer, ns), read by ff_fused_a_diag_times: 0 entry, 1 setup done,
 // 2 first rows landed, 3 line loop done, 4 exit; 5 = SM id, 6 = lines of the block.
 #define FA_DIAG_MAXB 4096
@@ -596,7 +593,7 @@ __device__ __forceinline__ void fa_diag_stamp(int i) {
 }
 #define FA_DIAG_STAMP(i) fa_diag_stamp(i)
 #else
-#define WS_DIAG(bit) false
+#define DIAG_OFF(bit) false
 #define FA_DIAG_STAMP(i) ((void)0)
 #endif
 
@@ -865,16 +862,10 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool ok
 __device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(count) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint32_t a) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" :: "r"(a) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_n(uint32_t a, unsigned n) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}" :: "r"(a), "r"(n) : "memory");
-}
 __device__ __forceinline__ void mbar_wait(uint32_t a, unsigned parity) {
-  asm volatile("{\n.reg .pred P1;\nWS_WAIT:\n"
+  asm volatile("{\n.reg .pred P1;\nMBAR_WAIT:\n"
                "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-               "@!P1 bra WS_WAIT;\n}" :: "r"(a), "r"(parity) : "memory");
+               "@!P1 bra MBAR_WAIT;\n}" :: "r"(a), "r"(parity) : "memory");
 }
 // the mbarrier's single arrival, announcing `bytes` of bulk copies that complete its phase
 __device__ __forceinline__ void mbar_expect_tx(uint32_t a, unsigned bytes) {
@@ -1415,8 +1406,7 @@ __device__ __forceinline__ float wg_quad_reduce(float (&r)[2], bool mean, float 
 }
 
 // The lines [L0, L1) of a block, walked piece by piece (a piece = consecutive output rows of one image and segment,
-// whose input rows, nrows of them, stream through the ring once); fa_ws_kernel's producer and consumers walk the same
-// ones, and so does fa_wgmma_kernel.
+// whose input rows, nrows of them, stream through the ring once).
 struct WGPiece {
   long long n; int np, qv, hbase, wbase, nrows, nhalf;
   __device__ __forceinline__ WGPiece(const WGParams& p, long long l, long long L1) {
@@ -1553,7 +1543,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
-      if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.n, pc.hbase, pc.wbase, bound);
+      if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.n, pc.hbase, pc.wbase, bound);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
@@ -1643,7 +1633,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
-        if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
+        if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
     } else {
@@ -1657,25 +1647,25 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #ifdef FF_FUSED_A_DIAG
       if (first_rows) { FA_DIAG_STAMP(2); first_rows = false; }
 #endif
-      if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
+      if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
-      if (!WS_DIAG(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      // the rows of output row t are in (and bounded, where the epilogue needs to know?)  (WS_DIAG 11: this thread's
+      if (!DIAG_OFF(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      // the rows of output row t are in (and bounded, where the epilogue needs to know?)  (DIAG_OFF 11: this thread's
       // view, no barrier)
       bool in_ok = true;
       if (h2_cap) {
-        if (!WS_DIAG(11)) __syncthreads();
+        if (!DIAG_OFF(11)) __syncthreads();
       } else {
-        in_ok = WS_DIAG(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
+        in_ok = DIAG_OFF(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
       }
       const bool fast = gelu_fast && in_ok;
       // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
       //      MMA and epilogue latencies) ----
 #pragma unroll 1
       for (int half = 0; half < pc.nhalf; ++half) {
-        if (!WS_DIAG(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
+        if (!DIAG_OFF(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
         if constexpr (TMA) {
           if (half == 0 && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
             // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at most)
@@ -1691,16 +1681,16 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
               wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-            if (!WS_DIAG(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
+            if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
             if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
           }
           if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
             cp_wait_n(p.D - 1);
-            if (mode1 && !WS_DIAG(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
+            if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
           }
         }
-        if (!WS_DIAG(12)) wg_wait0();
-        if (!WS_DIAG(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
+        if (!DIAG_OFF(12)) wg_wait0();
+        if (!DIAG_OFF(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
       }
       rs += p.sh;
       rs -= (rs >= p.RB) ? p.RB : 0;
@@ -1711,210 +1701,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   FA_DIAG_STAMP(3);
   flush(cur_n);
   FA_DIAG_STAMP(4);
-#else
-  __trap();
-#endif
-}
-
-// ==============================================================================================================
-// sm_90a, warp-specialised (FF_FUSED_A_WS = 1; off by default: measured slower than fa_wgmma_kernel in every mode,
-// benchmarks/NOTES.md run 16): the same ring, descriptors, ops and epilogue as fa_wgmma_kernel,
-// but one persistent block per SM of 1 + nc warpgroups, so that loads, MMAs and epilogues of different items overlap
-// inside the block instead of across three blocks that each run them in sequence:
-//   WG0 = producer: streams the input rows of the block's lines through the ring (cp.async LAG rows ahead, then the
-//     post-copy pass) and hands each slot over with a "full" mbarrier (128 arrivals); before refilling a slot it waits
-//     on the slot's "empty" mbarrier, which completes when every item that reads the row has finished its wgmmas.
-//   WG1 .. WGnc = consumers: items (half-rows of 128 pixels, 64 x 128 accumulators) go to them round-robin; named
-//     barriers order their wgmma issue (item i's consumer issues after item i - 1's did) so the tensor cores run one
-//     consumer's MMAs while the others run their epilogues (FA3's ping-pong; an epilogue of one warp per scheduler
-//     takes ~3x an item's MMAs, hence 3 consumers by default).  16-bit GELU means take wg_epi_h2 as fa_wgmma_kernel
-//     does (NOTES run 22: with it, one block of 3 warpgroups in ping-pong measured ~8 % cheaper per tile than 3 blocks
-//     in the load-free microbenchmark), but with 6 ops (no column pair) and the copy loaders (no TMA).
-// Reduces, like fa_wgmma_kernel, over the output pixels of each image per channel: each consumer thread keeps its
-// channels' running sums / maxima in registers; at an image boundary the consumers meet at a named barrier, their
-// partials are combined in shared memory and leave the chip as one partial per block (fa_ws_flush).
-// Needs every input row to be read by at least one output row (stride <= (R - 1) * dilation + 1; else the v3 kernel):
-// the producer pre-arrives on a slot's empty barrier for the readers a row does not have, and a row with none would
-// complete that phase before all producer threads had waited on the previous one.
-// Registers: launched with 128 x (1 + nc) threads (nc = 2 or 3 consumers, knob FF_FUSED_A_WS_NC) under a 128-register
-// build; the producer gives registers back (setmaxnreg.dec to WS_REG_PRODUCER) and the consumers take them
-// (setmaxnreg.inc to WS_REG_CONSUMER): 128 x 56 + 3 x 128 x 152 = 65536, the whole register file.
-constexpr int WS_MAX_NC = 3, WS_MAX_THREADS = 128 * (1 + WS_MAX_NC);
-[[maybe_unused]] constexpr int WS_REG_PRODUCER = 56, WS_REG_CONSUMER = 152;
-enum { WS_BAR_CONS = 1, WS_BAR_C0 = 2, WS_BAR_TURN = 3 };   // named barriers (0 = __syncthreads); TURN + consumer index
-
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
-
-// Per-image partials of the nc consumers -> one per block, then as fa_wgmma_kernel's flush (atomics, or the
-// deterministic per-block partials summed by the last block of the image).  Called by every consumer warpgroup.
-template <int POOL>
-__device__ __forceinline__ void fa_ws_flush(const WGParams& p, float (&red)[2][2], float* part, int* last_s, long long n,
-                                            long long n_first, int c, int ctid, int m0, int tig) {
-  const float red_init = (POOL == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float a = wg_quad_reduce(red[h], POOL == FF_POOL_MEAN, red_init);
-    if (tig == 0) part[c * 64 + m0 + 8 * h] = a;
-  }
-  bar_sync(WS_BAR_CONS, 128 * p.nc);
-  if (c == 0) {
-    if (ctid < 64 && ctid < p.K) {
-      const int k = ctid;
-      float v = part[k];
-      for (int i = 1; i < p.nc; ++i) v = (POOL == FF_POOL_MEAN) ? v + part[64 * i + k] : ff_max_nan(v, part[64 * i + k]);
-      if (POOL == FF_POOL_MEAN) {
-        if (!p.det) atomicAdd(p.out + n * p.K + k, v * p.inv_pq);
-        else p.ws_part[((long long)blockIdx.x * p.J + (n - n_first)) * 64 + k] = v;
-      } else {
-        atomicMax(p.ws_max + n * p.K + k, enc_max(v));
-      }
-    }
-    if (POOL != FF_POOL_MEAN || p.det) {
-      __threadfence();
-      bar_sync(WS_BAR_C0, 128);
-      long long blo, bhi;
-      wg_image_blocks(p, n, blo, bhi);
-      if (ctid == 0) *last_s = (atomicAdd(p.ws_cnt + n, 1) == (int)(bhi - blo));
-      bar_sync(WS_BAR_C0, 128);
-      if (*last_s) wg_finish_image<POOL>(p, n, blo, bhi, ctid, 128);
-    }
-  }
-  bar_sync(WS_BAR_CONS, 128 * p.nc);   // part[] free again
-}
-
-template <int DT, bool SPLIT, int LM, int NOPS>
-__global__ void __launch_bounds__(WS_MAX_THREADS, 1) fa_ws_kernel(const __grid_constant__ WGParams p) {
-#ifdef FA_HAVE_WGMMA
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ __align__(8) unsigned long long bars[2 * WS_MAX_RB];   // full[RB], empty[RB]
-  __shared__ float part[64 * WS_MAX_NC];
-  __shared__ int flag_s, last_s;
-  const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
-  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
-  const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(bars), empty0 = full0 + 8u * WS_MAX_RB;
-  uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
-  const int tid = threadIdx.x, wg = tid >> 7;
-  const int span = (p.R - 1) * p.dh;
-  // readers of an input row, counted in item-warps (items x 4 warps): at most (span / sh + 1) rows x 2 halves
-  const int maxr = (span / p.sh + 1) * 2 * 4;
-
-  // ---- setup, all threads: B descriptor table, ones block, ones planes, weights (+ bias), barriers ----
-  wg_dtab_fill<NOPS>(p, dtab, sbase16);
-  WGInBound bound;
-  wg_setup_operands<DT, SPLIT>(p, smem, tid, blockDim.x, bound);
-  if (tid == 0) {
-    for (int s = 0; s < p.RB; ++s) {
-      mbar_init(full0 + 8u * s, 128);
-      mbar_init(empty0 + 8u * s, (unsigned)maxr);
-    }
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  const int wbad = __syncthreads_or(!bound.ok<DT>());
-  if (tid == 0) flag_s = wbad;
-  __syncthreads();
-
-  const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
-  const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
-  const bool h2_cap = wg_h2_cap<DT>(p);
-
-  if (wg == 0) {
-    // ================= producer =================
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(WS_REG_PRODUCER));
-    const int LAG = (LM == WG_LM_REG) ? 0 : p.D;
-    // the post-copy pass: tf32 rounding, NCHW transposes, the bound (16-bit channels_last: its only work) where used
-    const bool mode1 = LM != WG_LM_REG && (DT == FF_F32 || LM == WG_LM_NCHW8 || (gelu_fast && !h2_cap));
-    bool flagged = false;
-    int s_in = 0;                                 // ring sequence number of the piece's first input row
-    for (long long l = L0; l < L1;) {
-      const WGPiece pc(p, l, L1);
-      int slot = s_in - p.RB * fdiv(s_in, p.mRB, p.sRB);
-      int slot_done = slot;                       // slot of row jj = j - LAG
-      for (int j = 0; j < pc.nrows + LAG; ++j) {
-        if (j < pc.nrows) {
-          const int s = s_in + j;
-          if (s >= p.RB) mbar_wait(empty0 + 8u * slot, (unsigned)((fdiv(s, p.mRB, p.sRB) - 1) & 1));
-          if (tid == 0) {   // readers this row does not have: output rows t with t*sh <= j <= t*sh + span, x halves x 4
-            const int tlo = j > span ? (j - span + p.sh - 1) / p.sh : 0, thi = min(pc.np - 1, j / p.sh);
-            const int adj = maxr - (thi - tlo + 1) * pc.nhalf * 4;
-            if (adj > 0) mbar_arrive_n(empty0 + 8u * slot, (unsigned)adj);
-          }
-          if (!WS_DIAG(0)) wg_row<DT, SPLIT, LM, 0>(p, ring + (uint32_t)(slot * p.slot_bytes), pc.n, pc.hbase + j, pc.wbase, bound);
-          slot = (slot + 1 == p.RB) ? 0 : slot + 1;
-        }
-        if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
-        const int jj = j - LAG;
-        if (jj >= 0) {
-          if (LM != WG_LM_REG) {
-            cp_wait_n(LAG);
-            if (mode1 && !WS_DIAG(0) && !WS_DIAG(4)) wg_row<DT, SPLIT, LM, 1>(p, ring + (uint32_t)(slot_done * p.slot_bytes), pc.n, pc.hbase + jj, pc.wbase, bound);
-          }
-          if (!flagged && !bound.ok<DT>()) { flagged = true; *reinterpret_cast<volatile int*>(&flag_s) = 1; }
-          if (!WS_DIAG(3)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          mbar_arrive(full0 + 8u * slot_done);
-          slot_done = (slot_done + 1 == p.RB) ? 0 : slot_done + 1;
-        }
-      }
-      s_in += pc.nrows;
-      l += pc.np;
-    }
-  } else {
-    // ================= consumers =================
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(WS_REG_CONSUMER));
-    const int c = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-    const int m0 = 16 * warp + g;
-    const long long n_first = L0 / p.lines_img;
-    const float red_init = (p.pool == FF_POOL_MEAN) ? 0.0f : -__int_as_float(0x7f800000);
-    float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
-    float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};       // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
-    float acc[64];
-    long long cur_n = n_first;
-    int s_in = 0, owner = 0;                      // owner of the next item: items go round-robin to the consumers
-    if (c == p.nc - 1 && !WS_DIAG(2)) bar_arrive(WS_BAR_TURN + 0, 256);   // consumer 0 issues first
-    auto flush = [&](long long n) {
-      if (h2_cap) wg_h2_fold(red, dm, tig);
-      if (p.pool == FF_POOL_MEAN) fa_ws_flush<FF_POOL_MEAN>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
-      else fa_ws_flush<FF_POOL_MAX>(p, red, part, &last_s, n, n_first, c, ctid, m0, tig);
-    };
-    for (long long l = L0; l < L1;) {
-      const WGPiece pc(p, l, L1);
-      if (pc.n != cur_n) { flush(cur_n); cur_n = pc.n; }
-      for (int t = 0; t < pc.np; ++t) {
-        for (int half = 0; half < pc.nhalf; ++half) {
-          const bool mine = owner == c;
-          owner = (owner + 1 == p.nc) ? 0 : owner + 1;
-          if (!mine) continue;
-          const int in0 = s_in + t * p.sh, ph0 = fdiv(in0, p.mRB, p.sRB), rs = in0 - p.RB * ph0;
-          {
-            int sl = rs, ph = ph0;
-            for (int r = 0; r <= span; ++r) {
-              mbar_wait(full0 + 8u * sl, (unsigned)(ph & 1));
-              if (++sl == p.RB) { sl = 0; ++ph; }
-            }
-          }
-          const bool fast = gelu_fast && *reinterpret_cast<volatile int*>(&flag_s) == 0;
-          if (!WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
-          wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-          if (!WS_DIAG(2)) bar_arrive(WS_BAR_TURN + (c + 1 == p.nc ? 0 : c + 1), 256);   // the next item's consumer may issue
-          wg_wait0();
-          if (lane == 0) {
-            int sl = rs;
-            for (int r = 0; r <= span; ++r) {
-              mbar_arrive(empty0 + 8u * sl);
-              sl = (sl + 1 == p.RB) ? 0 : sl + 1;
-            }
-          }
-          if (!WS_DIAG(1)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, pc.qv - half * (WG_NT / 2), tig, fast, h2_cap);
-        }
-      }
-      s_in += pc.nrows;
-      l += pc.np;
-    }
-    // balance the turn barriers: item 0's go was the pre-arrival, item i's came after item i - 1, so the go after the
-    // last item (to owner, the consumer of the item that does not exist) is still to be taken
-    if (owner == c && !WS_DIAG(2)) bar_sync(WS_BAR_TURN + c, 256);
-    flush(cur_n);
-  }
 #else
   __trap();
 #endif
@@ -1939,25 +1725,18 @@ struct Plan {
 // FF_FUSED_A_COL16 = 0 keeps taps (0, 2) and (1, 2) of a 16-bit 3x3 filter in ops of their own (6 ops, the general kernel).
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
-// FF_FUSED_A_WS = 1 runs the warp-specialised kernel (fa_ws_kernel) instead of the 3-blocks-per-SM one (default 0: slower);
-// FF_FUSED_A_WS_RB = its ring slots (4..WS_MAX_RB, default 12), FF_FUSED_A_WS_LAG = rows of copies in flight (1..7,
-// default 4), FF_FUSED_A_WS_NC = consumer warpgroups (2 or 3, default 3).
 // FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, ws, wsrb, wslag, wsnc, minbps, tma, h2, col16; };
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
-            get("FF_FUSED_A_WS", 0), get("FF_FUSED_A_WS_RB", 12), get("FF_FUSED_A_WS_LAG", 4), get("FF_FUSED_A_WS_NC", 3),
             get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
-    if (r.wsrb < 4 || r.wsrb > WS_MAX_RB) r.wsrb = 12;
-    if (r.wslag < 1 || r.wslag > 7) r.wslag = 4;
-    if (r.wsnc < 2 || r.wsnc > WS_MAX_NC) r.wsnc = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
     return r;
   }();
@@ -2078,7 +1857,7 @@ int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_
 
 // ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
 struct WGPlan {
-  bool ok, ws;   // ws: the warp-specialised kernel (fa_ws_kernel), one block per SM
+  bool ok;
   int lm, bps;   // the input loader (WG_LM_*) the layout is for; blocks per SM
   const char* why;   // set when the shape is beyond this kernel's capacity (for the user's message)
   WGParams prm;
@@ -2086,10 +1865,10 @@ struct WGPlan {
 };
 
 // The op count a straight-line kernel (wgmma issue without a fence per op) exists for, else 0: fp32 3x3 over <= 8
-// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with the column pair (5, col; fa_ws_kernel: two taps per
-// op without it, 6).  Others (another 16-bit filter of 5 ops too) take the general kernel.
-int wg_straight_ops(int dtype, int nops, bool ws, bool col) {
-  return (dtype == FF_F32 ? nops == WG_OPS3X3 : ws ? nops == WG_PAIR16_OPS : col && nops == WG_COL16_OPS) ? nops : 0;
+// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with the column pair (5, col).  Others (another 16-bit
+// filter of 5 ops too) take the general kernel.
+int wg_straight_ops(int dtype, int nops, bool col) {
+  return (dtype == FF_F32 ? nops == WG_OPS3X3 : col && nops == WG_COL16_OPS) ? nops : 0;
 }
 
 WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
@@ -2143,8 +1922,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   const long long span = (long long)(R - 1) * dh;
   // 16-bit: the bias rides in a spare K chunk (an op with one tap) when there is one, else in an op of its own
   const bool bias_spare = dtype != FF_F32 && (step_s == 1 || S % 2 == 1);
-  // 16-bit 3x3, one channel group: taps (0, 2) and (1, 2) in one op (WG_COL16_OPS; not with fa_ws_kernel's knob)
-  const bool col16 = step_s == 2 && R == 3 && S == 3 && knobs().col16 && !knobs().ws;
+  // 16-bit 3x3, one channel group: taps (0, 2) and (1, 2) in one op (WG_COL16_OPS)
+  const bool col16 = step_s == 2 && R == 3 && S == 3 && knobs().col16;
   const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + (bias_spare ? 0 : 1) - (col16 ? 1 : 0);
   if (nops_pred > WG_MAXOPS) {
     w.why = "fused_conv_act_pool: more than 64 K units of 8 input channels (R*S*ceil(C/8), + bias) for the sm_90 kernel";
@@ -2154,16 +1933,9 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   const long long abytes = na * 2048 * (split ? 2 : 1);   // A operands: 2 KB per op (+ the ieee small ops)
   p.lines_img = (long long)p.nseg * p.P;
   p.L = N * p.lines_img;
-  const long long lines_per_block = (p.L + di.nsm - 1) / di.nsm;
-  // the warp-specialised kernel: straight-line ops only (10 fp32, 6 16-bit: no column pair), every input row read by
-  // some output row, ring sequence numbers of a block's rows < 2^30
-  const bool ws = !tma && knobs().ws && wg_straight_ops(dtype, (int)nops_pred, true, false) > 0 && sh <= span + 1 &&
-                  lines_per_block * (sh + span + 1) < (1LL << 30);
-  const int nops_line = wg_straight_ops(dtype, (int)nops_pred, ws, col16);   // > 0: a straight-line kernel serves it
-  w.ws = ws;
-  p.nc = knobs().wsnc;
+  const int nops_line = wg_straight_ops(dtype, (int)nops_pred, col16);   // > 0: a straight-line kernel serves it
 #ifdef FF_FUSED_A_DIAG
-  p.diag = getenv("FF_FUSED_A_WS_DIAG") ? atoi(getenv("FF_FUSED_A_WS_DIAG")) : 0;
+  p.diag = getenv("FF_FUSED_A_DIAG_OFF") ? atoi(getenv("FF_FUSED_A_DIAG_OFF")) : 0;
 #endif
   const long long need = (long long)sh + span + 1;     // ring slots: the rows of one output row + the next row's first
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
@@ -2176,12 +1948,10 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   auto tma_bytes = [&](long long slots) {
     return !tma ? 0LL : tvec ? 8 * slots + 256 : nst_tnchw * (stage_bytes + 8) + 256;
   };
-  // blocks per SM: the knob (3xTF32: at most 2; ws: 1), fewer when the ring of a large filter / many channels needs it;
-  // 227 KB per SM, 1 KB reserved per block; fa_ws_kernel's static shared memory (barriers, partials) besides
-  int bps = ws ? 1 : split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
-  auto budget_of = [&](int b) {
-    return 232448LL / b - 1024 - 64 - abytes - (ws ? 2 * WS_MAX_RB * 8 + 64 * WS_MAX_NC * 4 + 16 : 0);
-  };
+  // blocks per SM: the knob (3xTF32: at most 2), fewer when the ring of a large filter / many channels needs it;
+  // 227 KB per SM, 1 KB reserved per block
+  int bps = split ? (knobs().bps < 2 ? knobs().bps : 2) : knobs().bps;
+  auto budget_of = [&](int b) { return 232448LL / b - 1024 - 64 - abytes; };
   const int bps_asked = bps;
   while (bps > 1 && need * slot + ONES + dtab_bytes(need) + tma_bytes(need) > budget_of(bps)) --bps;
   // one block per SM, no other block to fill its MMA and epilogue gaps: measured slower than cuDNN + the fused
@@ -2198,13 +1968,9 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
             "columns) do not fit in shared memory";
     return w;
   }
-  const int rbmax = ws ? knobs().wsrb : knobs().rb;
-  while (!tnchw && rb + 1 <= rbmax && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) + tma_bytes(rb + 1) <= budget) ++rb;
-  if (ws && rb > WS_MAX_RB) return w;
+  while (!tnchw && rb + 1 <= knobs().rb && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) + tma_bytes(rb + 1) <= budget) ++rb;
   p.RB = (int)rb;
-  if (ws) {   // rows of copies in flight: the producer may wait on the slot of row j + D while row j is not yet handed over
-    p.D = (int)std::min<long long>(knobs().wslag, rb - span - 1);
-  } else if (tnchw) {
+  if (tnchw) {
     p.D = tnchw_d;
   } else {
     p.D = (int)((rb - 1 - span) / sh);
@@ -2306,7 +2072,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
     magic(p.NST, p.mST, p.sST);
     magic(p.tma_bc, p.mBC, p.sBC);
   }
-  long long G = (long long)bps * di.nsm;   // ws: bps = 1, one persistent block per SM
+  long long G = (long long)bps * di.nsm;
   if (G > p.L) G = p.L;
   p.G = (int)G;
   const long long per = (p.L + G - 1) / G;
@@ -2331,22 +2097,13 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   };
   if (!wg_lm_tma(lm)) return plan(lm);
   const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
-  if (!a.ok || a.ws) return a;
+  if (!a.ok) return a;
   const WGPlan t = plan(lm);
   return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
 }
 
 template <int DT, bool SPLIT, int LM>
-int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  if constexpr (!wg_lm_tma(LM)) {
-    if (ws) {   // wg_plan picked it only for the straight-line op count (and never with a TMA loader)
-      auto kern = fa_ws_kernel<DT, SPLIT, LM, DT == FF_F32 ? WG_OPS3X3 : WG_PAIR16_OPS>;
-      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (e != cudaSuccess) return (int)e;
-      kern<<<(unsigned)prm.G, 128 * (1 + prm.nc), smem, stream>>>(prm);
-      return (int)cudaGetLastError();
-    }
-  }
+int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op and the column pair,
   // 5) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
@@ -2355,7 +2112,7 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
-  auto kern = wg_straight_ops(DT, prm.nops, false, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
+  auto kern = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
               : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
                                                   : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -2366,20 +2123,20 @@ int wg_launch_t(bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) 
 
 // One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).
 template <int DT, bool SPLIT>
-int wg_launch_dt(int lm, bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
+int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
-  if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(false, prm, smem, stream);
-  if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(false, prm, smem, stream);
-  if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(ws, prm, smem, stream);
-  if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(ws, prm, smem, stream);
-  return wg_launch_t<DT, SPLIT, LM_ANY>(ws, prm, smem, stream);
+  if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(prm, smem, stream);
+  if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(prm, smem, stream);
+  if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(prm, smem, stream);
+  if (lm == LM_COLS) return wg_launch_t<DT, SPLIT, LM_COLS>(prm, smem, stream);
+  return wg_launch_t<DT, SPLIT, LM_ANY>(prm, smem, stream);
 }
 
-int wg_launch(int dtype, int precision, int lm, bool ws, const WGParams& prm, size_t smem, cudaStream_t stream) {
-  if (dtype == FF_BF16) return wg_launch_dt<FF_BF16, false>(lm, ws, prm, smem, stream);
-  if (dtype == FF_F16) return wg_launch_dt<FF_F16, false>(lm, ws, prm, smem, stream);
-  return precision == FF_PREC_IEEE ? wg_launch_dt<FF_F32, true>(lm, ws, prm, smem, stream)
-                                   : wg_launch_dt<FF_F32, false>(lm, ws, prm, smem, stream);
+int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
+  if (dtype == FF_BF16) return wg_launch_dt<FF_BF16, false>(lm, prm, smem, stream);
+  if (dtype == FF_F16) return wg_launch_dt<FF_F16, false>(lm, prm, smem, stream);
+  return precision == FF_PREC_IEEE ? wg_launch_dt<FF_F32, true>(lm, prm, smem, stream)
+                                   : wg_launch_dt<FF_F32, false>(lm, prm, smem, stream);
 }
 
 // Input loader: channels_last with C % 8 == 0 -> TVEC (knob off: VEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 ->
@@ -2387,7 +2144,7 @@ int wg_launch(int dtype, int precision, int lm, bool ws, const WGParams& prm, si
 // input; knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
 int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
-  if (aligned && knobs().tma && !knobs().ws && (f32 || knobs().vec16)) {
+  if (aligned && knobs().tma && (f32 || knobs().vec16)) {
     if (channels_last && C % 8 == 0) return WG_LM_TVEC;
     if (!channels_last && W % (f32 ? 4 : 8) == 0 && (!f32 || knobs().nchw4)) return WG_LM_TNCHW;
   }
@@ -2497,7 +2254,7 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
       q.h2 = dtype != FF_F32 && activation == FF_ACT_GELU_ERF && pool == FF_POOL_MEAN && knobs().h2 ? 1 : 0;
-      return wg_launch(dtype, precision, wp.lm, wp.ws, q, wp.smem, stream);
+      return wg_launch(dtype, precision, wp.lm, q, wp.smem, stream);
     }
   }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;
