@@ -38,7 +38,7 @@ def load_lib(so=None):
     so = so or os.environ.get("FF_FUSED_A_SO")
     if not so:
         so = "/tmp/ff_fused_a_probe.so"
-        cmd = ["nvcc", *FLAGS, "-o", so, str(SRC)]
+        cmd = ["nvcc", *FLAGS, f"-I{SRC.parent}", "-o", so, str(SRC)]   # csrc: the kernel headers include by csrc-relative path
         t = time.time()
         subprocess.run(cmd, check=True)
         print(f"compiled in {time.time() - t:.0f} s", flush=True)

@@ -1,6 +1,6 @@
 """Probe (device): where a fused family-A call spends its time inside fa_wgmma_kernel, block by block — a build with
 -DFF_FUSED_A_DIAG stamps %globaltimer per block at entry, after the setup (weights, descriptor table), when the first
-input rows have landed, after the line loop and at exit (csrc/fused_conv_act_pool.cu, fa_diag_t).  One call per case
+input rows have landed, after the line loop and at exit (csrc/fused_conv_act_pool/wgmma_params.cuh, fa_diag_t).  One call per case
 after the benchmark's L2 flush and host lead; times in us from the first block's entry.
 
     FF_FUSED_A_SO=/path/diag.so PYTHONPATH=. python3 benchmarks/probe_timeline_a.py

@@ -254,7 +254,7 @@ def _tf32(t):   # drop the low 13 mantissa bits: exact in a TF32 MMA
 @pytest.mark.parametrize("pool", ["mean", "max"])
 def test_fused_a_gelu_dense_sweep(pool):
     """The fused A kernel's own GELU (the clamp-free form it takes while inputs and weights are bounded, wg_epi in
-    csrc/fused_conv_act_pool.cu): a 1x1 conv of weight 1 over TF32-exact inputs is the identity, one value per image,
+    csrc/fused_conv_act_pool/wgmma_epilogue.cuh): a 1x1 conv of weight 1 over TF32-exact inputs is the identity, one value per image,
     |err| <= 1e-6 * max(1, |x|) against float64 over a dense sweep plus large finite values up to the bound.  (One
     channel of one pixel per image is the same memory in either layout; test_fused_a_gelu_specials covers layouts.)"""
     conv = nn.Conv2d(1, 1, 1, bias=False).cuda()

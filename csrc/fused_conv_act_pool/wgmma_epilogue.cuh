@@ -1,0 +1,121 @@
+// Family A, fused, sm_90a: the epilogue of one 64-channel x 128-pixel accumulator tile — bias already in, the
+// activation, then the tile added into the thread's running per-channel sums (mean) or maxima (max), exact fp32 or the
+// 16-bit half-precision GELU mean (gelu_h2.cuh) with its own range check.
+#pragma once
+#include "activation.cuh"
+#include "gelu_h2.cuh"
+#include "fused_conv_act_pool/wgmma_params.cuh"
+
+// Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
+// padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
+// has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
+template <int ACT, int POOL, bool NOCLAMP, bool FULL>
+__device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float y[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = NOCLAMP ? ff_gelu_erf_noclamp(acc[4 * i + e]) : ff_activate<ACT>(acc[4 * i + e]);
+    if (FULL || 8 * i + 8 <= qv) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float& rr = red[e >> 1][e & 1];
+        rr = (POOL == FF_POOL_MEAN) ? rr + y[e] : ff_max_nan(rr, y[e]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = 8 * i + 2 * tig + (e & 1) < qv;
+        float& rr = red[e >> 1][e & 1];
+        if (POOL == FF_POOL_MEAN) rr += ok ? y[e] : 0.0f;
+        else if (ok) rr = ff_max_nan(rr, y[e]);
+      }
+    }
+  }
+}
+
+// GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
+// conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
+// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: no pixel of the tile is padding
+// (a whole 128-pixel tile, or a mean whose padding accumulators were zeroed, wg_epi_any), so the pass runs without the
+// per-column-block mask tests: one straight-line block of 64 values.
+template <int ACT, int POOL>
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
+  if (ACT == FF_ACT_GELU_ERF && fast) {
+    if (full) wg_epi_pass<ACT, POOL, true, true>(acc, red, qv, tig);
+    else wg_epi_pass<ACT, POOL, true, false>(acc, red, qv, tig);
+  } else if (POOL == FF_POOL_MEAN && full) {
+    wg_epi_pass<ACT, POOL, false, true>(acc, red, qv, tig);
+  } else {
+    wg_epi_pass<ACT, POOL, false, false>(acc, red, qv, tig);
+  }
+}
+
+template <int POOL>
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
+                                                bool full) {
+  switch (act) {
+    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig, fast, full); break;
+    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig, fast, full); break;
+  }
+}
+
+// The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and
+// any other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out;
+// finite fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf) and with it the quad's row sum
+// in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the
+// tile takes the tile back — dm as before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones
+// matrix) — and runs it through the exact GELU (ff_gelu_erf: PyTorch's inf / NaN results) into red instead.  This replaced a guard on the staged inputs, whose running
+// bound cost a pass over every row (NOTES run 23): the check costs two compares per tile.
+__device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float (&red)[2][2], float (&dm)[4], int tig) {
+  const float d0 = dm[0], d2 = dm[2];
+  wg_epi_h2(acc, dm);
+  if (!(fabsf(dm[0]) < __int_as_float(0x7f800000) && fabsf(dm[2]) < __int_as_float(0x7f800000))) {   // NaN fails too
+    dm[0] = dm[1] = d0;
+    dm[2] = dm[3] = d2;
+    wg_epi_pass<FF_ACT_GELU_ERF, FF_POOL_MEAN, false, true>(acc, red, WG_NT / 2, tig);
+  }
+}
+
+// Mean pooling zeroes a partial tile's padding accumulators (pixels >= qv) first: every activation maps 0 to (+-)0, which
+// adds nothing to a sum, so the epilogue then runs as for a whole tile — one straight-line block of 64 values, where the
+// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Where
+// only the last column block is partial (qv > 120: the seed's second half-row has 126 pixels) only its 4 values are
+// tested; the general loop, which ptxas predicates whole (2 compares and 4 selects per column block, issued even where
+// off: 9 % of the 16-bit kernel's issue at the seed, NOTES run 23), serves the rest.  Max pooling keeps the masks (0 is
+// not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
+// ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
+// h2: the half-precision GELU (wg_epi_h2_checked, 16-bit input only) adds into dm[0..3] instead of red.
+template <int DT, bool SPLIT>
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
+                                           int tig, bool fast, bool h2) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  if (p.pool == FF_POOL_MEAN && !SPLIT) {
+    if (qv < WG_NT / 2) {
+      if (qv > WG_NT / 2 - 8) {
+        const int lim = qv - (WG_NT / 2 - 8) - 2 * tig;   // pixel 120 + 2 tig + (e & 1) is valid iff (e & 1) < lim
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[60 + e] = (e & 1) < lim ? acc[60 + e] : 0.0f;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (8 * i + 8 > qv) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[4 * i + e] = (8 * i + 2 * tig + (e & 1) < qv) ? acc[4 * i + e] : 0.0f;
+          }
+      }
+    }
+    if (DT != FF_F32 && h2) wg_epi_h2_checked(acc, red, dm, tig);
+    else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+  } else {
+    // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
+    // fp32 kernels do not carry that code
+    const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
+    if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
+    else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
+  }
+}

@@ -1,0 +1,100 @@
+// Family A, fused, sm_90a wgmma path: its design (below), compile-time constants, the kernel parameters (WGParams)
+// and the diagnostic-build switches.
+#pragma once
+#include <cuda.h>
+#include "fused_conv_act_pool/device_common.cuh"
+
+// sm_90a path: wgmma SS (A = weights, B = pixels, both from shared memory through descriptors, no swizzle).
+//   GEMM M = 64 output channels, N = 128 consecutive output pixels (half of a 256-pixel row segment, stride 1), K = one
+//   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 over two taps (r, s), (r, s + 1) of
+//   one channel group — the second tap's pixels are the first's shifted by dw columns, so LBO = dw positions — or one
+//   tap whose second 8 columns read the slot's ones plane: zero weights, or the bias — see below). The input rows live in a ring of RB shared-memory slots, one input row
+//   of one 256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
+//   LBO = plane; 16-bit: [cg][col][8 ch] + one ones plane), so the im2col matrix of tap (r, s) is simply the slot of input row
+//   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
+//   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split; 16-bit: in the second
+//   K chunk of the first op that has one to spare (its B = the slot's ones plane, every entry (1, 1, 0, ...)), no op of its own.
+//   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads);
+//   the copies of a row group and the post-copy pass of the next one (tf32 rounding, NCHW transposes, the input
+//   bound) run while the current row's wgmmas do, so only a barrier stands between rows. The
+//   10 ops (16-bit: 5) of a 3x3 filter over <= 8 channels are issued as straight-line code with descriptors from a
+//   shared-memory table, so the HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
+//   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
+//   reuse of the R-1 halo rows between consecutive output rows.
+constexpr int WG_NT = 256;
+constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
+constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
+// 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
+// spare chunk, then (0, 2) + (1, 2) as one op whose two K chunks lie in two ring slots (LBO = the slots' distance; where
+// the second row's slot comes first in the ring, its K chunks are swapped: B starts at that slot and the op reads A block
+// WG_COL16_OPS, the op's weights with the two chunks swapped): 5 ops of K 16 for 72 + bias instead of 6
+constexpr int WG_COL16_OPS = 5, WG_COL16_J = 4;
+// input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
+// into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
+// transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
+// ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
+// TVEC / TNCHW = channels_last (C % 8 == 0) / NCHW (W % 4 fp32, % 8 16-bit) through the tensor-memory-access engine (TMA,
+// wg_tma_row): one thread issues a row's few bulk copies instead of every thread its 16-byte ones (the copies' issue and
+// index arithmetic were ~70-100 instructions per tile and warp, NOTES run 19 item 9); TVEC lands in the slot's own layout,
+// TNCHW in a staging buffer that the post-copy pass transposes into the slot.
+enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4, WG_LM_TVEC = 5, WG_LM_TNCHW = 6 };
+constexpr bool wg_lm_tma(int lm) { return lm == WG_LM_TVEC || lm == WG_LM_TNCHW; }
+// Each channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack (the
+// NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
+constexpr int WG_PAD = 8;
+constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
+
+struct WGParams {
+  CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 16 bytes of channels, the rest, W, H, N) or 4-d (TNCHW: W, H, C, N) tensor
+  const void* x; const void* w; const float* bias; float* out;
+  int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
+  int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
+  int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)
+  int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_DIAG_OFF bits switch parts of the kernel off
+  int CG, nops, nseg, TWa, RB, D;
+  int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
+  int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
+  int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
+  unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
+  long long L, lines_img; int G, J;
+  float inv_pq;
+  int op_u0[WG_MAXOPS], op_u1[WG_MAXOPS];
+  // the A operands' sources, per K chunk h (the 16 bytes a setup thread stores) of op j: op_wo = offset of the chunk's
+  // first weight w[0][c0][r][s], op_wn = its valid channels (0..4 fp32, 0..8 16-bit) or -1 = the bias pair (b_hi, b_lo)
+  int op_wo[2][WG_MAXOPS], op_wn[2][WG_MAXOPS];
+  // B descriptors, precomputed (fp32): low word = op_d + smem_base/16 + ((ring slot * slot16 + half * 128) & op_mask),
+  // high word = op_hi (stride byte offset / 16).  Ring slot of op j for output row t = (t*sh + op_rd[j]) % RB.
+  unsigned op_d[WG_MAXOPS], op_mask[WG_MAXOPS], op_hi[WG_MAXOPS];
+  int op_rd[WG_MAXOPS], slot16;
+  float* ws_part; unsigned* ws_max; int* ws_cnt;
+  // TMA loaders: boxes of tma_bc columns (tma_nbox per plane / channel group), tma_bytes per row; NST stages with one
+  // mbarrier each at bar_off (TVEC: the RB ring slots themselves; TNCHW: stage_bytes each at stage_off)
+  // TNCHW: boxes start tma_delta columns before wbase, at a 16-byte boundary (a box whose innermost coordinate was not
+  // 16-byte aligned raised an illegal instruction on the H200), and tma_cols counts those columns too
+  int tma_nbox, tma_bc, tma_bytes, tma_cols, tma_delta, NST, stage_off, stage_bytes, bar_off;
+  unsigned long long mST, mBC; int sST, sBC;
+};
+
+static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
+
+// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library), bits of FF_FUSED_A_DIAG_OFF
+// (fa_wgmma_kernel): 8 = no copies, 9 = no post-copy pass, 10 = no epilogue, 11 = no per-row barrier / proxy fence,
+// 12 = no wgmmas.
+#ifdef FF_FUSED_A_DIAG
+#define DIAG_OFF(bit) ((p.diag >> (bit)) & 1)
+// Per-block timestamps of fa_wgmma_kernel (%globaltimer, ns), read by ff_fused_a_diag_times: 0 entry, 1 setup done,
+// 2 first rows landed, 3 line loop done, 4 exit; 5 = SM id, 6 = lines of the block.
+#define FA_DIAG_MAXB 4096
+__device__ unsigned long long fa_diag_t[FA_DIAG_MAXB][8];
+__device__ __forceinline__ void fa_diag_stamp(int i) {
+  if (threadIdx.x == 0 && blockIdx.x < FA_DIAG_MAXB) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    fa_diag_t[blockIdx.x][i] = t;
+  }
+}
+#define FA_DIAG_STAMP(i) fa_diag_stamp(i)
+#else
+#define DIAG_OFF(bit) false
+#define FA_DIAG_STAMP(i) ((void)0)
+#endif
