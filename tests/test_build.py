@@ -57,3 +57,20 @@ def test_every_library_compiles_and_exports_its_api(library):
     lib = ctypes.CDLL(str(path))
     for fn in launch.SIGNATURES[library]:
         assert hasattr(lib, fn), f"{library} does not export {fn}"
+
+
+def test_package_data_ships_every_kernel_source():
+    """`pip install .` copies csrc/ into cutlass_ops/csrc through package-data globs: every source and header the
+    builder may compile (the library .cu files and everything they include, subfolders too) must match one."""
+    import fnmatch
+    from pathlib import Path
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["cutlass_ops.csrc"]
+    sources = [p.relative_to(root / "csrc").as_posix() for p in (root / "csrc").rglob("*")
+               if p.suffix in (".cu", ".cuh", ".h")]
+    assert sources
+    missing = [s for s in sources if not any(fnmatch.fnmatchcase(s, pat) and s.count("/") == pat.count("/")
+                                             for pat in patterns)]
+    assert not missing, f"not shipped by pyproject.toml package-data: {missing}"

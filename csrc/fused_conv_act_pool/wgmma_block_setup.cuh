@@ -3,7 +3,7 @@
 #pragma once
 #include "fused_conv_act_pool/ring_loaders.cuh"
 
-// Block setup of both wgmma kernels, threads tid of nthr: the bias op's ones block (8 rows x 16 B, SBO = LBO = 0;
+// Block setup of the wgmma kernel, threads tid of nthr: the bias op's ones block (8 rows x 16 B, SBO = LBO = 0;
 // A = (b_hi, b_lo, 0...)), the 16-bit ones plane after each ring slot's channel planes (the spare second K chunk: zero
 // weights, or the bias in one op; every entry (1, 1, 0, ...) like the ones block),
 // and the weights (+ bias op) as K-major core matrices, op j at j * 2 KB, [k chunk][64 ch][16 B]; every weight and

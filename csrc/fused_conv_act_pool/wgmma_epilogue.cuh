@@ -119,3 +119,10 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
     else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
   }
 }
+
+// 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked), which checks its own
+// range, so their rows need no input bound
+template <int DT>
+__device__ __forceinline__ bool wg_h2_cap(const WGParams& p) {
+  return DT != FF_F32 && p.h2 && p.gelu_fast && p.act == FF_ACT_GELU_ERF && p.pool == FF_POOL_MEAN;
+}

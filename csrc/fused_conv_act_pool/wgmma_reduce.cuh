@@ -99,10 +99,3 @@ __device__ __forceinline__ void wg_h2_fold(float (&red)[2][2], float (&dm)[4], i
   for (int h = 0; h < 2; ++h) red[h][0] += tig == 0 ? dm[2 * h] : 0.0f;
   dm[0] = dm[1] = dm[2] = dm[3] = 0.0f;
 }
-
-// Both wgmma kernels: 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked), which checks its own
-// range, so their rows need no input bound
-template <int DT>
-__device__ __forceinline__ bool wg_h2_cap(const WGParams& p) {
-  return DT != FF_F32 && p.h2 && p.gelu_fast && p.act == FF_ACT_GELU_ERF && p.pool == FF_POOL_MEAN;
-}
