@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import cutlass_ops
+from cutlass_ops.builder import compile_command
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "csrc" / "fused_conv_act_pool.cu"
-FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "--expt-relaxed-constexpr", "-lineinfo",
-         "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_80,code=sm_80"]
 
 DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 ACTS = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
@@ -38,7 +39,7 @@ def load_lib(so=None):
     so = so or os.environ.get("FF_FUSED_A_SO")
     if not so:
         so = "/tmp/ff_fused_a_probe.so"
-        cmd = ["nvcc", *FLAGS, f"-I{SRC.parent}", "-o", so, str(SRC)]   # csrc: the kernel headers include by csrc-relative path
+        cmd = compile_command(cutlass_ops.LIBRARIES["fused_conv_act_pool"], SRC, Path(so))   # the product's flags
         t = time.time()
         subprocess.run(cmd, check=True)
         print(f"compiled in {time.time() - t:.0f} s", flush=True)
