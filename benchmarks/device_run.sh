@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  bench-3d  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -87,6 +87,11 @@ for stage in "$@"; do
       for c in 16 24 32; do for d in float32 bfloat16; do
         ff bench --family A --shape 32,$c,256,256 --dtype $d --variants eager fallback fused --layout channels_last --repeats 10 --out "$OUT" 2>&1 | tail -4
       done; done ;;
+    bench-3d)   # family A's Conv3d form (Conv3d(C -> 64, k3) -> GELU -> global mean), both layouts
+      for s in 8,2,64,128,128 4,4,64,128,128 8,1,96,96,96; do
+        ff bench --family A --shape $s --variants eager compile fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -4
+        ff bench --family A --shape $s --dtype bfloat16 --variants eager fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -3
+      done ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 import cutlass_ops
 from cutlass_ops.builder import compile_command
+from fullfuse.launch import bind
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "csrc" / "fused_conv_act_pool.cu"
@@ -43,15 +44,7 @@ def load_lib(so=None):
         t = time.time()
         subprocess.run(cmd, check=True)
         print(f"compiled in {time.time() - t:.0f} s", flush=True)
-    lib = ctypes.CDLL(so)
-    shape = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 16
-    lib.ff_fused_conv_act_pool_unsupported.restype = ctypes.c_char_p
-    lib.ff_fused_conv_act_pool_unsupported.argtypes = shape
-    lib.ff_fused_conv_act_pool_workspace_bytes.restype = ctypes.c_size_t
-    lib.ff_fused_conv_act_pool_workspace_bytes.argtypes = shape
-    lib.ff_fused_conv_act_pool.restype = ctypes.c_int
-    lib.ff_fused_conv_act_pool.argtypes = [ctypes.c_void_p] * 4 + shape + [ctypes.c_void_p, ctypes.c_void_p]
-    return lib
+    return bind(ctypes.CDLL(so), "fused_conv_act_pool")   # the product's ctypes signatures
 
 
 class Case:
@@ -61,7 +54,7 @@ class Case:
 
     def args(self, dtype_code, cl, act, pool, prec, det):
         return [dtype_code, cl, self.N, self.C, self.H, self.W, self.K, self.R, self.S, self.stride[0], self.stride[1],
-                self.pad[0], self.pad[1], self.dil[0], self.dil[1], act, pool, prec, det]
+                self.pad[0], self.pad[1], self.dil[0], self.dil[1], act, pool, prec, det, 0, 1, 1, 0, 1]   # (no depth)
 
 
 def make_inputs(c: Case, gen_seed=0):

@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fullfuse.fused.convt_pool_reduce import LIB, pack_weights, problem  # noqa: E402
-from fullfuse.launch import SIGNATURES  # noqa: E402
+from fullfuse.launch import bind  # noqa: E402
 import cutlass_ops.builder  # noqa: E402
 from fullfuse.spec import ConvTPoolReduceSpec  # noqa: E402
 from fullfuse.torch_path import float64_reference  # noqa: E402
@@ -40,7 +40,7 @@ BOUND = {"float32": 1e-3, "ieee": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
 
 def build(variant):
     if variant == "_":   # the product's own build (cached by cutlass_ops)
-        return bind(ctypes.CDLL(str(cutlass_ops.builder.build(LIB))))
+        return bind(ctypes.CDLL(str(cutlass_ops.builder.build(LIB))), LIB)
     src = ROOT / "csrc" / "fused_convt_pool_reduce.cu"
     key = variant.encode() + src.read_bytes() + (ROOT / "csrc" / "activation.cuh").read_bytes()
     so = SO_DIR / f"ff_fused_b_probe_{hashlib.md5(key).hexdigest()[:10]}.so"   # source + flags: never a stale build
@@ -49,15 +49,7 @@ def build(variant):
            str(src)]
     if not so.exists():
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
-    return bind(ctypes.CDLL(so))
-
-
-def bind(lib):
-    for name, (restype, argtypes) in SIGNATURES[LIB].items():   # the product's ctypes signatures
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes + ([ctypes.c_void_p] if restype is ctypes.c_int else [])   # launchers: + stream
-    return lib
+    return bind(ctypes.CDLL(so), LIB)   # the product's ctypes signatures
 
 
 def make_spec(x, K, T, s, p, op, win, act, red, has_bias):

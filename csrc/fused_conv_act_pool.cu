@@ -1,6 +1,8 @@
 // Family A, fully fused: out[n,k] = pool_{p,q} act(conv2d(x, w)[n,k,p,q] + b[k]), one kernel, conv output never stored.
 // Reduces, per (image, output channel), over all output pixels (p,q) (a global average/max pool), so the conv output
 // can stay in registers: each block reduces its rows in registers and only 64 partials per image piece leave the chip.
+// A Conv3d runs as the Conv2d over (image, output depth) and (input channel, depth tap) pairs (Vol below; sm_90 wgmma
+// kernel, per-element loaders), its pool over every output depth of an image.
 //
 // Two implementations, chosen per call by the host side below (the kernels live in fused_conv_act_pool/, one
 // concept per header, included in dependency order):
@@ -184,6 +186,27 @@ int launch_nw(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_
   return full ? launch_t<DT, SPLIT, MT, 4, true>(prm, pl, blocks, stream) : launch_t<DT, SPLIT, MT, 4, false>(prm, pl, blocks, stream);
 }
 
+// A Conv3d's depth: D input slices (0: the call is a Conv2d), kernel depth T, stride sd, padding pd, dilation dd;
+// Dout output depths.  The kernels see the Conv2d over C x T channels (WGParams vT).
+struct Vol { int D, T, sd, pd, dd, Dout; };
+Vol make_vol(int D, int T, int sd, int pd, int dd) {
+  Vol v{D, T, sd, pd, dd, 1};
+  if (D > 0 && T > 0 && sd > 0 && dd > 0 && pd >= 0) {
+    const long long span = (long long)dd * (T - 1) + 1, padded = (long long)D + 2LL * pd;
+    v.Dout = padded < span ? 0 : (int)std::min<long long>((padded - span) / sd + 1, 1LL << 30);
+  }
+  return v;
+}
+// Why no kernel serves this Conv3d depth (nullptr: a Conv2d, or a valid depth)
+const char* vol_why(const Vol& v, int C) {
+  if (v.D == 0) return nullptr;
+  if (v.D < 0 || v.T <= 0 || v.sd <= 0 || v.dd <= 0 || v.pd < 0)
+    return "fused_conv_act_pool: Conv3d depth extent, stride, dilation must be >= 1 and padding >= 0";
+  if (v.Dout <= 0) return "fused_conv_act_pool: the convolution output is empty (kernel deeper than the padded input)";
+  if ((long long)C * v.T > 4096) return "fused_conv_act_pool: Conv3d with C_in x kernel depth > 4096";
+  return nullptr;
+}
+
 // ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
 struct WGPlan {
   bool ok;
@@ -200,8 +223,10 @@ int wg_straight_ops(int dtype, int nops, bool col) {
   return (dtype == FF_F32 ? nops == WG_OPS3X3 : col && nops == WG_COL16_OPS) ? nops : 0;
 }
 
+// (For a Conv3d, C = the input channels x the kernel depth: see Vol.)
 WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
-                  int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm) {
+                  int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm,
+                  const Vol& v) {
   WGPlan w{};
   w.ok = false;
   w.why = nullptr;
@@ -260,7 +285,14 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   }
   const long long na = nops_pred + (col16 ? 1 : 0);              // A blocks: + the column op's swapped copy
   const long long abytes = na * 2048 * (split ? 2 : 1);   // A operands: 2 KB per op (+ the ieee small ops)
-  p.lines_img = (long long)p.nseg * p.P;
+  // an image's lines: (output depth,) segment, output row
+  const long long lines_d = (long long)p.nseg * p.P;
+  p.lines_img = lines_d * v.Dout;
+  if (v.D > 0 && p.lines_img > 0x7fffffffLL) return w;   // (WGPiece's line arithmetic in int)
+  p.lines_d = (int)std::min(lines_d, 0x7fffffffLL);
+  p.vT = v.D > 0 ? v.T : 0;
+  p.vC = v.D > 0 ? C / v.T : 0;
+  p.vD = v.D; p.vDout = v.Dout; p.vsd = v.sd; p.vpd = v.pd; p.vdd = v.dd;
   p.L = N * p.lines_img;
   const int nops_line = wg_straight_ops(dtype, (int)nops_pred, col16);   // > 0: a straight-line kernel serves it
 #ifdef FF_FUSED_A_DIAG
@@ -406,7 +438,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   p.G = (int)G;
   const long long per = (p.L + G - 1) / G;
   p.J = (int)((per + p.lines_img - 1) / p.lines_img + 1);
-  p.inv_pq = (float)(1.0 / ((double)p.P * (double)p.Q));
+  p.inv_pq = (float)(1.0 / ((double)v.Dout * (double)p.P * (double)p.Q));
   const bool need_ws = (pool == FF_POOL_MAX) || deterministic;
   w.ws_cnt_bytes = need_ws ? (size_t)((N * 4 + 255) / 256 * 256) : 0;
   if (!need_ws) w.ws_bytes = 0;
@@ -419,10 +451,11 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
 // The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
 // loader it replaces, else that one (VEC / NCHW4 / NCHW8).
 WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
-               int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm) {
+               int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm,
+               const Vol& v) {
   auto plan = [&](int l) {
     return wg_plan_lm(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                      deterministic, base, l);
+                      deterministic, base, l, v);
   };
   if (!wg_lm_tma(lm)) return plan(lm);
   const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
@@ -471,8 +504,14 @@ int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem
 // Input loader: channels_last with C % 8 == 0 -> TVEC (knob off: VEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 ->
 // TNCHW (knob off: NCHW4 / NCHW8); else ELEM (fp32) / REG (16-bit).  The 16-byte and TMA loaders need a 16-byte-aligned
 // input; knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
-int wg_loader(int dtype, int channels_last, int C, int W, const void* x) {
+// A Conv3d (wg_x_at): NCDHW as NCHW, without TMA (NCHW4 / NCHW8), else ELEM / REG.
+int wg_loader(int dtype, int channels_last, int C, int W, const void* x, const Vol& v) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
+  if (v.D > 0) {
+    if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
+      return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
+    return f32 ? WG_LM_ELEM : WG_LM_REG;
+  }
   if (aligned && knobs().tma && (f32 || knobs().vec16)) {
     if (channels_last && C % 8 == 0) return WG_LM_TVEC;
     if (!channels_last && W % (f32 ? 4 : 8) == 0 && (!f32 || knobs().nchw4)) return WG_LM_TNCHW;
@@ -527,16 +566,24 @@ bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
 
 // Which kernel serves a call: the sm_90 wgmma plan when it can, else the mma.sync plan; why = the reason neither can
 // (invalid call, or beyond both kernels: then the wgmma kernel's capacity message where it had one).
+// A Conv3d (v.D > 0) only on the wgmma kernel, as the Conv2d over C x T channels (Vol).
 struct Choice { Plan pl; WGPlan wp; const char* why; };
 Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
-              int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, int lm) {
+              int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, int lm, const Vol& v) {
   Choice c{};
-  c.pl = make_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+  c.why = vol_why(v, C);
+  if (c.why) return c;
+  const int Cx = v.D > 0 ? C * v.T : C;
+  c.pl = make_plan(dtype, channels_last, N, Cx, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                    deterministic);
   c.why = c.pl.why;
   if (c.why) return c;
-  c.wp = wg_plan(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                 deterministic, c.pl, lm);
+  if (v.D > 0)
+    c.pl.mma_why = "fused_conv_act_pool: a Conv3d needs the sm_90 wgmma kernel (stride-1 columns, <= 64 output channels, "
+                   "C_in x kernel depth x R x S / 8 <= 64 K units, a ring of input rows that fits); the mma.sync kernel "
+                   "covers Conv2d only";
+  c.wp = wg_plan(dtype, channels_last, N, Cx, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                 deterministic, c.pl, lm, v);
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
 }
@@ -544,30 +591,38 @@ Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, in
 
 extern "C" {
 
+// The problem, every function: x (N, C, H, W) — a Conv3d's (N, C, D, H, W) with D > 0 and the depth's kernel extent T,
+// stride sd, padding pd, dilation dd (a Conv2d: D = 0, the rest ignored) — in layout NCHW / NCDHW or channels_last
+// (_3d), weights (K, C, [T,] R, S) contiguous, bias (K) fp32 or null; out (N, K) fp32.
 const char* ff_fused_conv_act_pool_unsupported(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
                                                int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
-                                               int pool, int precision, int deterministic) {
+                                               int pool, int precision, int deterministic, int D, int T, int sd, int pd,
+                                               int dd) {
+  const Vol v = make_vol(D, T, sd, pd, dd);
   return choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                deterministic, wg_loader(dtype, channels_last, C, W, nullptr)).why;
+                deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v).why;
 }
 
 size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
                                               int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
-                                              int pool, int precision, int deterministic) {
+                                              int pool, int precision, int deterministic, int D, int T, int sd, int pd,
+                                              int dd) {
+  const Vol v = make_vol(D, T, sd, pd, dd);
   const Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                          deterministic, wg_loader(dtype, channels_last, C, W, nullptr));
+                          deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v);
   return c.why ? 0 : c.wp.ok ? c.wp.ws_bytes : c.pl.ws_bytes;
 }
 
 int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias, float* out, int dtype, int channels_last,
                            long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph, int pw, int dh,
-                           int dw, int activation, int pool, int precision, int deterministic, void* workspace,
-                           cudaStream_t stream) {
+                           int dw, int activation, int pool, int precision, int deterministic, int D, int T, int sd,
+                           int pd, int dd, void* workspace, cudaStream_t stream) {
+  const Vol v = make_vol(D, T, sd, pd, dd);
   Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                    deterministic, wg_loader(dtype, channels_last, C, W, x));
+                    deterministic, wg_loader(dtype, channels_last, C, W, x, v), v);
   if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, dtype, x))   // no TMA after all: the copy loader
     c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic,
-               c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
+               c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, v);
   if (c.why) return (int)cudaErrorNotSupported;
   const Plan& pl = c.pl;
   {

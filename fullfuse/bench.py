@@ -47,14 +47,15 @@ def _variant(name: str, model, precision: str, x) -> Optional[Callable]:
 def bench_family(family: str, shape, dtype: str, precision: str, channels_last: bool, variants, repeats: int,
                  seed: int = 0) -> Dict:
     torch.manual_seed(seed)
-    model = seed_model(family, shape[1]).cuda().to(DTYPES[dtype]).eval()
+    dims = len(shape) - 2 if family == "A" else 3       # family A: a 5-d shape benchmarks the Conv3d form
+    model = seed_model(family, shape[1], dims).cuda().to(DTYPES[dtype]).eval()
     x = torch.randn(shape, device="cuda", dtype=DTYPES[dtype])
     if channels_last:
         fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
         x, model = x.contiguous(memory_format=fmt), model.to(memory_format=fmt)
     mode = resolve(precision, x.dtype)
     with torch.no_grad(), cudnn_conv_precision("ieee"):
-        ref = seed_model(family, shape[1]).cuda().double()
+        ref = seed_model(family, shape[1], dims).cuda().double()
         ref.load_state_dict(model.state_dict())
         reference = ref(x.double())
         del ref

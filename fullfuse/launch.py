@@ -19,7 +19,7 @@ import cutlass_ops
 _P = c_void_p
 _L = c_longlong
 _I = c_int
-_FUSED_A_SHAPE = [_I, _I, _L, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I]
+_FUSED_A_SHAPE = [_I, _I, _L, *[_I] * 16, *[_I] * 5]   # ... deterministic, then a Conv3d's depth: D, T, sd, pd, dd
 
 # library -> exported function -> (restype, argtypes).  Kernel launchers (int return, called through launch())
 # take the cudaStream_t as one more, last argument, not listed here.
@@ -55,6 +55,16 @@ def new_output(*shape, device, dtype: torch.dtype = torch.float32) -> torch.Tens
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def bind(cdll, lib: str):
+    """Declare the functions of ``lib`` (SIGNATURES) on a library loaded by hand (the benchmarks' probes load their own
+    builds); kernel launchers get their stream argument declared too."""
+    for name, (restype, argtypes) in SIGNATURES[lib].items():
+        fn = getattr(cdll, name)
+        fn.restype = restype
+        fn.argtypes = argtypes + ([c_void_p] if restype is c_int else [])
+    return cdll
 
 
 def function(lib: str, name: str):

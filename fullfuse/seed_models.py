@@ -9,13 +9,13 @@ SMALL_SHAPE = {"A": (2, 8, 32, 32), "B": (2, 32, 8, 8, 8)}   # for machines with
 
 
 class SeedA(nn.Module):
-    """Conv2d(8->64, k=3) -> GELU (erf) -> AdaptiveAvgPool2d(1) -> squeeze."""
+    """Conv2d(8->64, k=3) -> GELU (erf) -> AdaptiveAvgPool2d(1) -> squeeze (dims=3: the same with Conv3d)."""
 
-    def __init__(self, in_channels=8, out_channels=64, kernel_size=3):
+    def __init__(self, in_channels=8, out_channels=64, kernel_size=3, dims=2):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.conv = (nn.Conv2d if dims == 2 else nn.Conv3d)(in_channels, out_channels, kernel_size)
         self.act = nn.GELU()
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.pool = (nn.AdaptiveAvgPool2d if dims == 2 else nn.AdaptiveAvgPool3d)(1)
 
     def forward(self, x):
         return self.pool(self.act(self.conv(x))).squeeze()
@@ -34,7 +34,8 @@ class SeedB(nn.Module):
         return torch.sum(self.pool2(self.pool1(self.conv_transpose(x))), dim=1, keepdim=True)
 
 
-def seed_model(family: str, in_channels: int | None = None) -> nn.Module:
+def seed_model(family: str, in_channels: int | None = None, dims: int = 2) -> nn.Module:
+    """The family's seed model; family A with dims=3 (a 5-d input shape) is its Conv3d form."""
     if family == "A":
-        return SeedA(in_channels or 8)
+        return SeedA(in_channels or 8, dims=dims)
     return SeedB(in_channels or 32)

@@ -120,10 +120,18 @@ def test_fused_path_raises_where_no_fused_kernel():
     convt2d = nn.Sequential(nn.ConvTranspose2d(8, 4, 3, 2), nn.MaxPool2d(2))
     with pytest.raises(fullfuse.UnsupportedError, match="ConvTranspose3d only"):
         fullfuse.fused_model(_SumChannels(convt2d), path="fused")
+    grouped = nn.Sequential(nn.Conv3d(4, 8, 3, groups=2), nn.GELU(), nn.AdaptiveAvgPool3d(1))
+    with pytest.raises(fullfuse.UnsupportedError, match="groups"):
+        fullfuse.fused_model(grouped, path="fused")
+    assert fullfuse.fused_model(grouped).plans[0].path == "torch"
+
+
+def test_conv3d_plans_the_fused_kernel():
+    """A Conv3d region plans the fused kernel (checked again per input: it needs the sm_90 kernel and a ring that fits)."""
     conv3d = nn.Sequential(nn.Conv3d(2, 4, 3), nn.GELU(), nn.AdaptiveAvgPool3d(1))
-    with pytest.raises(fullfuse.UnsupportedError, match="Conv3d"):
-        fullfuse.fused_model(conv3d, path="fused")
-    assert fullfuse.fused_model(conv3d).plans[0].path == "fallback"
+    plan = fullfuse.fused_model(conv3d, path="fused").plans[0]
+    assert (plan.family, plan.path, plan.spec.dims) == ("A", "fused", 3)
+    assert fullfuse.fused_model(conv3d).plans[0].path == "fused"
 
 
 def test_explicit_kernel_path_on_cpu_input_is_a_clear_error():

@@ -394,6 +394,64 @@ def test_fused_a_gelu_specials(dtype, channels_last, pool):
     assert torch.allclose(got[fin], want[fin], rtol=rtol, atol=rtol), (got, want)
 
 
+_CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each must take the fused kernel on sm_90
+    ((2, 1, 6, 20, 40), 32, 3, 1, 1, 1),                       # C 1 x depth 3: one channel group, straight-line kernel
+    ((3, 4, 7, 9, 270), 64, 3, (1, 1, 1), (1, 1, 0), 1),       # 2 groups, two column segments
+    ((2, 5, 12, 8, 10), 16, (3, 1, 3), (3, 2, 1), (0, 0, 1), (2, 1, 1)),   # depth stride 3, dilation 2; row stride 2
+    ((1, 2, 4, 5, 6), 7, (5, 3, 3), 1, (2, 1, 1), 1),          # kernel deeper (5) than the input (4): 4 output depths
+]
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", _CONV3D, ids=lambda s: "x".join(map(str, s[0])))
+def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
+    """Conv3d -> GELU -> global pool on the fused kernel (path "fused": it must serve these, no step down), every
+    precision, both layouts, atomic and deterministic partials, against float64; the deterministic mode repeats bits.
+    ieee's ring is twice as large: it serves one channel group (C_in x kernel depth <= 8) and refuses more."""
+    xs, k_out, kernel, stride, padding, dilation = shape
+    if mode == "ieee" and xs[1] * (kernel if isinstance(kernel, int) else kernel[0]) > 8:
+        model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), nn.AdaptiveAvgPool3d(1))
+        with pytest.raises(fullfuse.UnsupportedError, match="one block per SM|shared memory"):
+            fullfuse.fused_model(model.cuda().eval(), path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
+        return
+    g = torch.Generator("cuda").manual_seed(SEED)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
+    conv = nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation).cuda()
+    pool_layer = nn.AdaptiveAvgPool3d(1) if pool == "mean" else nn.AdaptiveMaxPool3d(1)
+    model = nn.Sequential(conv, nn.GELU(), pool_layer).eval()
+    x = torch.randn(xs, device="cuda", generator=g)
+    with torch.no_grad(), cudnn_conv_precision("ieee"):
+        want = model.double()(x.double().to(dtype).double())
+    model = model.float().to(dtype)
+    fused = fullfuse.fused_model(model, path="fused", precision=mode if dtype == torch.float32 else "auto",
+                                 deterministic=deterministic)
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+    with torch.no_grad():
+        got = fused(x)
+        again = fused(x)
+    assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
+    err = errors(got, want)
+    assert err["relerr"] <= TOLERANCE[mode], (err, SEED)
+    if deterministic:
+        assert torch.equal(got, again)
+
+
+def test_fused_a_conv3d_beyond_the_kernel_says_why():
+    """A Conv3d whose (channel, depth tap) pairs make a ring too large for two blocks per SM: path "fused" refuses with
+    the reason, "auto" runs the fallback and records it."""
+    model = nn.Sequential(nn.Conv3d(8, 16, 3), nn.GELU(), nn.AdaptiveAvgPool3d(1)).cuda().eval()
+    x = torch.randn(1, 8, 5, 6, 7, device="cuda")
+    with pytest.raises(fullfuse.UnsupportedError, match="shared memory|one block per SM"):
+        fullfuse.fused_model(model, path="fused")(x)
+    auto = fullfuse.fused_model(model)
+    with torch.no_grad():
+        auto(x)
+    assert auto.plans[0].last_path == "fallback" and "block" in auto.plans[0].last_reason
+
+
 def test_torch_compile_fullgraph_on_gpu():
     model = SeedA().cuda().eval()
     compiled = torch.compile(fullfuse.fused_model(model), fullgraph=True)

@@ -42,6 +42,22 @@ struct WGInBound {
   }
 };
 
+// Where element (channel c, row h, column w) of loader image n lies in x (off) and whether it is inside x (else it
+// reads as zero).  Conv2d: image n of x, always inside.  Conv3d (WGParams vT): image n / vDout at output depth
+// n % vDout, channel c / vT at depth tap c % vT, i.e. depth slice z = d vsd - vpd + t vdd, inside when 0 <= z < vD.
+// (The loaders that serve a Conv3d: ELEM, REG and, for NCDHW, NCHW4 / NCHW8.)
+__device__ __forceinline__ bool wg_x_at(const WGParams& p, long long n, int c, int h, int w, long long& off) {
+  if (p.vT == 0) {
+    off = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+    return true;
+  }
+  const long long ni = n / p.vDout;
+  const int d = (int)(n - ni * p.vDout), ci = c / p.vT, t = c - ci * p.vT, z = d * p.vsd - p.vpd + t * p.vdd;
+  off = p.nhwc ? (((ni * p.vD + z) * p.H + h) * p.W + w) * p.vC + ci
+               : (((ni * p.vC + ci) * p.vD + z) * p.H + h) * (long long)p.W + w;
+  return z >= 0 && z < p.vD;
+}
+
 // fp32 NCHW loaders: v[e] = 4 columns of channel 4 hp + e -> 4 columns x 4 channels at blk (plane hp), rounded to tf32,
 // bounded; ieee also the column's bf16 small part
 template <bool SPLIT>
@@ -112,8 +128,9 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
       const long long c0 = rowc + pl * G * plane + w0;
 #pragma unroll
       for (int e = 0; e < G; ++e) {
-        const bool ok = wok && pl * G + e < p.C;
-        cp_async16(blk + ((e + j) & (G - 1)) * 16, reinterpret_cast<const char*>(p.x) + (ok ? (c0 + e * plane) * (16 / G) : 0), ok);
+        long long off = c0 + e * plane;
+        const bool ok = wok && pl * G + e < p.C && (p.vT == 0 || wg_x_at(p, n, pl * G + e, h, w0, off));
+        cp_async16(blk + ((e + j) & (G - 1)) * 16, reinterpret_cast<const char*>(p.x) + (ok ? off * (16 / G) : 0), ok);
       }
     } else {
       uint32_t v[G][4];
@@ -216,9 +233,10 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = hp * 4 + e;
-          const bool ok = wok && c < p.C;
+          long long off = ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
+          const bool ok = wok && c < p.C && (p.vT == 0 || wg_x_at(p, n, c, h, w0, off));
           const float* src = reinterpret_cast<const float*>(p.x);
-          if (ok) src += ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
+          if (ok) src += off;
           cp_async16(blk + ((e + (j >> 1)) & 3) * 16, src, ok);
         }
       } else {
@@ -252,9 +270,10 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
       const uint32_t dst = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD + col) * 16 + e * 4);
       if (MODE == 0) {
         const int w = wbase + col;
-        const bool ok = hok && w >= 0 && w < p.W && c < p.C;
+        long long off = 0;
+        const bool ok = hok && w >= 0 && w < p.W && c < p.C && wg_x_at(p, n, c, h, w, off);
         const float* src = reinterpret_cast<const float*>(p.x);
-        if (ok) src += p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+        if (ok) src += off;
         cp_async4(dst, src, ok);
       } else {
         float v;
@@ -288,10 +307,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         for (int e = 0; e < 8; ++e) {
           const int c = cg * 8 + e;
           hv[e] = 0u;
-          if (ok && c < p.C) {
-            const long long gi = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
-            hv[e] = load_elem_h<DT>(p.x, gi);
-          }
+          long long gi;
+          if (ok && c < p.C && wg_x_at(p, n, c, h, w, gi)) hv[e] = load_elem_h<DT>(p.x, gi);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {

@@ -50,12 +50,12 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const WGPiece pc(p, L0, L1);
       pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
-        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.n, pc.hbase + j, pc.wbase);   // (pre <= NST)
+        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
-      if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.n, pc.hbase, pc.wbase, bound);
+      if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 
   for (long long l = L0; l < L1;) {
     const WGPiece pc(p, l, L1);
-    const long long n = pc.n;
+    const long long n = pc.n, nx = pc.nx;   // the image the pool reduces over, the loaders' image (WGPiece)
     const int np = pc.np, qv = pc.qv, hbase = pc.hbase, wbase = pc.wbase;
     if (n != cur_n) { flush(cur_n); cur_n = n; }
     __syncthreads();                                             // previous piece's wgmmas done in every warp
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           if (j > 0) __syncthreads();
           if (tid == 0)
             for (int r = issued; r < want; ++r)
-              wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), n, hbase + r, wbase);
+              wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
           issued = want;
         }
         wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
@@ -141,15 +141,15 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         __syncthreads();
         if (tid == 0)
           for (int r = issued; r < nahead; ++r)
-            wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), n, hbase + r, wbase);
+            wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
-        if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, n, hbase, wbase, bound);
+        if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, nx, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
     } else {
-      wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, n, hbase, wbase, bound);
+      wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
     // post-copy pass (MODE 1: tf32 rounding, NCHW transposes, the input bound) of row group t + 1 and the copies of
     // group t + D run while row t's wgmmas do: only the barrier stays between rows
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #ifdef FF_FUSED_A_DIAG
       if (first_rows) { FA_DIAG_STAMP(2); first_rows = false; }
 #endif
-      if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, n, hbase, wbase, bound);
+      if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
             int st = tak.st() + (p.D - 1) * p.sh;
             st -= st >= p.NST ? p.NST : 0;
             for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
-              wg_tma_row<DT, LM>(p, ring, stage0, bar0, st, n, hbase + r, wbase);
+              wg_tma_row<DT, LM>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
               st = wg_stage_next(p, st);
             }
           }
@@ -193,12 +193,12 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
               wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-            if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, n, hbase, wbase, bound);
+            if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
             if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
           }
           if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
             cp_wait_n(p.D - 1);
-            if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, n, hbase, wbase, bound);
+            if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, nx, hbase, wbase, bound);
           }
         }
         if (!DIAG_OFF(12)) wg_wait0();

@@ -54,6 +54,12 @@ struct WGParams {
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
+  // Conv3d (vT > 0; 0 = Conv2d): the kernel runs it as a Conv2d over loader images (image, output depth d) and
+  // channels C = vC x vT, channel c = (input channel c / vT, depth tap c % vT), which reads depth slice
+  // d vsd - vpd + (c % vT) vdd of the vD slices (outside them: zero padding).  The weights (K, vC, vT, R, S) are then
+  // the Conv2d's (K, C, R, S) as they lie.  An image's lines run over its vDout output depths (lines_d lines each),
+  // so its pool covers every output depth (wg_x_at, WGPiece).
+  int vT, vC, vD, vDout, vsd, vpd, vdd, lines_d;
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
   long long L, lines_img; int G, J;

@@ -18,12 +18,20 @@ __device__ __forceinline__ float wg_quad_reduce(float (&r)[2], bool mean, float 
 }
 
 // The lines [L0, L1) of a block, walked piece by piece (a piece = consecutive output rows of one image and segment,
-// whose input rows, nrows of them, stream through the ring once).
+// whose input rows, nrows of them, stream through the ring once).  n = the image (what the pool reduces over), nx =
+// the loaders' image: n, or for a Conv3d (image, output depth) as wg_x_at reads it (an image's lines: its output
+// depths one after another, lines_d each).
 struct WGPiece {
-  long long n; int np, qv, hbase, wbase, nrows, nhalf;
+  long long n, nx; int np, qv, hbase, wbase, nrows, nhalf;
   __device__ __forceinline__ WGPiece(const WGParams& p, long long l, long long L1) {
     n = l / p.lines_img;
-    const int rem = (int)(l - n * p.lines_img);
+    int rem = (int)(l - n * p.lines_img);
+    nx = n;
+    if (p.vT) {
+      const int d = rem / p.lines_d;
+      rem -= d * p.lines_d;
+      nx = n * p.vDout + d;
+    }
     const int seg = rem / p.P, pa = rem - seg * p.P;
     np = (int)min((long long)(p.P - pa), L1 - l);
     const int q0 = seg * WG_NT;

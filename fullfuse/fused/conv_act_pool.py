@@ -16,8 +16,6 @@ LIB = "fused_conv_act_pool"
 
 def static_unsupported(spec: ConvActPoolSpec) -> Optional[str]:
     """Why the fused kernel can never serve this spec (None if it may, depending on the input)."""
-    if spec.dims != 2:
-        return "the fused kernel covers Conv2d only; Conv3d runs the fallback"
     if spec.groups != 1:
         return "groups != 1"
     if spec.padding_mode != "zeros":
@@ -25,19 +23,26 @@ def static_unsupported(spec: ConvActPoolSpec) -> Optional[str]:
     return None
 
 
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
 def _layout(x: torch.Tensor):
     if x.is_contiguous():
         return x, 0
-    if x.is_contiguous(memory_format=torch.channels_last):
+    if x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim()]):
         return x, 1
     return x.contiguous(), 0
 
 
 def _shape_args(spec, x, channels_last, mode, deterministic):
-    n, c, h, w = x.shape
+    """The C API's problem: the Conv2d's (rows, columns) and, for a Conv3d, its depth in the last five (D = 0: none)."""
+    n, c, *space = x.shape
+    k, s, p, d = spec.kernel_size, spec.stride, spec.padding, spec.dilation
+    depth = (space[0], k[0], s[0], p[0], d[0]) if spec.dims == 3 else (0, 1, 1, 0, 1)
+    h, w = space[-2:]
     precision = PRECISIONS.get(mode, 0)
-    return (dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *spec.kernel_size, *spec.stride,
-            *spec.padding, *spec.dilation, ACTIVATIONS[spec.activation], POOLS[spec.pool], precision, int(deterministic))
+    return (dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *k[-2:], *s[-2:], *p[-2:], *d[-2:],
+            ACTIVATIONS[spec.activation], POOLS[spec.pool], precision, int(deterministic), *depth)
 
 
 def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
@@ -55,13 +60,13 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device), everything that depends only on those worked
     out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
-    copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last))
+    copy = not (x.is_contiguous() or x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim()]))
     channels_last = 0 if copy else _layout(x)[1]
     args = _shape_args(spec, x, channels_last, mode, deterministic)
     n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
     # the atomic mean accumulates into out; every other mode writes each element once
     atomic = spec.pool == "mean" and not deterministic
-    shape = (n, k, 1, 1) if spec.keepdim else (n, k)
+    shape = (n, k, *([1] * spec.dims)) if spec.keepdim else (n, k)
     ws_fn = "ff_fused_conv_act_pool_workspace_bytes"
 
     def run(x, weight, bias):
