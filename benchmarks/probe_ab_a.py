@@ -3,6 +3,8 @@ interleaved rep by rep (each after an L2 flush), so that clock and machine drift
 comparison for kernel changes whose effect is a few percent.
 
     FF_AB_LIBS="old=/path/libfused_conv_act_pool.so,new=/path/..." PYTHONPATH=. python3 benchmarks/probe_ab_a.py
+Libraries built before commit 0841f20 take the C API without its five Conv3d depth arguments: compare against them with
+the probes of their own commit.
 Env: FF_AB_REPS (default 40); FF_PROBE_MODES / FF_PROBE_LAYOUTS as probe_fused_a.py.  Cases: the seed (atomic mean,
 GELU erf) per mode and layout, and N = 1 and 128 in the deterministic mode (the default of fused_model), channels_last.
 """

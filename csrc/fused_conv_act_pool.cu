@@ -464,29 +464,33 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
 }
 
-template <int DT, bool SPLIT, int LM>
+template <int DT, bool SPLIT, int LM, bool VOL = false>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op and the column pair,
   // 5) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
-  // 16-bit only the 168-register build.  (wg_plan may run fewer blocks per SM than a build allows.)
-  constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 ? 4 : 3);
+  // 16-bit only the 168-register build; a Conv3d (VOL) only the 168-register one too.  (wg_plan may run fewer blocks per
+  // SM than a build allows.)
+  constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 && !VOL ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
-  auto kern = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB>
-              : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW>
-                                                  : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB>;
+  auto kern = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB, VOL>
+              : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL>
+                                                  : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
   return (int)cudaGetLastError();
 }
 
-// One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).
+// One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).  A Conv3d (prm.vT):
+// the kernels built for it.
 template <int DT, bool SPLIT>
 int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
+  if (prm.vT > 0)
+    return lm == LM_COLS ? wg_launch_t<DT, SPLIT, LM_COLS, true>(prm, smem, stream) : wg_launch_t<DT, SPLIT, LM_ANY, true>(prm, smem, stream);
   if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(prm, smem, stream);
   if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(prm, smem, stream);
   if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(prm, smem, stream);
@@ -504,7 +508,7 @@ int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem
 // Input loader: channels_last with C % 8 == 0 -> TVEC (knob off: VEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 ->
 // TNCHW (knob off: NCHW4 / NCHW8); else ELEM (fp32) / REG (16-bit).  The 16-byte and TMA loaders need a 16-byte-aligned
 // input; knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
-// A Conv3d (wg_x_at): NCDHW as NCHW, without TMA (NCHW4 / NCHW8), else ELEM / REG.
+// A Conv3d (wg_x_at_vol): NCDHW as NCHW, without TMA (NCHW4 / NCHW8), else ELEM / REG.
 int wg_loader(int dtype, int channels_last, int C, int W, const void* x, const Vol& v) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
   if (v.D > 0) {

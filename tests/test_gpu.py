@@ -414,7 +414,7 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
     xs, k_out, kernel, stride, padding, dilation = shape
     if mode == "ieee" and xs[1] * (kernel if isinstance(kernel, int) else kernel[0]) > 8:
         model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), nn.AdaptiveAvgPool3d(1))
-        with pytest.raises(fullfuse.UnsupportedError, match="one block per SM|shared memory"):
+        with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM|shared memory"):
             fullfuse.fused_model(model.cuda().eval(), path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
         return
     g = torch.Generator("cuda").manual_seed(SEED)
@@ -444,7 +444,7 @@ def test_fused_a_conv3d_beyond_the_kernel_says_why():
     the reason, "auto" runs the fallback and records it."""
     model = nn.Sequential(nn.Conv3d(8, 16, 3), nn.GELU(), nn.AdaptiveAvgPool3d(1)).cuda().eval()
     x = torch.randn(1, 8, 5, 6, 7, device="cuda")
-    with pytest.raises(fullfuse.UnsupportedError, match="shared memory|one block per SM"):
+    with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="shared memory|one block per SM"):
         fullfuse.fused_model(model, path="fused")(x)
     auto = fullfuse.fused_model(model)
     with torch.no_grad():

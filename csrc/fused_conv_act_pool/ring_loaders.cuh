@@ -42,15 +42,12 @@ struct WGInBound {
   }
 };
 
-// Where element (channel c, row h, column w) of loader image n lies in x (off) and whether it is inside x (else it
-// reads as zero).  Conv2d: image n of x, always inside.  Conv3d (WGParams vT): image n / vDout at output depth
-// n % vDout, channel c / vT at depth tap c % vT, i.e. depth slice z = d vsd - vpd + t vdd, inside when 0 <= z < vD.
-// (The loaders that serve a Conv3d: ELEM, REG and, for NCDHW, NCHW4 / NCHW8.)
-__device__ __forceinline__ bool wg_x_at(const WGParams& p, long long n, int c, int h, int w, long long& off) {
-  if (p.vT == 0) {
-    off = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
-    return true;
-  }
+// A Conv3d's element (channel c, row h, column w) of loader image n: where it lies in x (off) and whether it is inside
+// x (else it reads as zero).  Image n / vDout at output depth n % vDout, channel c / vT at depth tap c % vT, i.e.
+// depth slice z = d vsd - vpd + t vdd, inside when 0 <= z < vD (WGParams vT).  The loaders that serve a Conv3d — ELEM,
+// REG and, for NCDHW, NCHW4 / NCHW8 — call it where their template parameter VOL is set; their Conv2d code is left as
+// it was (the Conv2d kernels' SASS is unchanged).
+__device__ __forceinline__ bool wg_x_at_vol(const WGParams& p, long long n, int c, int h, int w, long long& off) {
   const long long ni = n / p.vDout;
   const int d = (int)(n - ni * p.vDout), ci = c / p.vT, t = c - ci * p.vT, z = d * p.vsd - p.vpd + t * p.vdd;
   off = p.nhwc ? (((ni * p.vD + z) * p.H + h) * p.W + w) * p.vC + ci
@@ -113,7 +110,7 @@ __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, u
 // up to G - 1 positions before the row (slot slack).  Chunk e of group j lands at position (e + j) mod G of its block:
 // the 8 threads of a 16-byte shared-memory phase (consecutive groups, G * 16 bytes apart) then copy into and load
 // from 8 different bank groups (else all 8 in one); the stores of the transposed columns keep their conflicts.
-template <int G, int MODE, class F>
+template <int G, int MODE, bool VOL, class F>
 __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, F&& transpose) {
   const int wq = (wbase >= 0) ? (wbase & ~(G - 1)) : -((G - 1 - wbase) & ~(G - 1));   // floor(wbase / G) * G
   const int delta = wq - wbase;                                                         // -(G - 1) .. 0 positions
@@ -128,9 +125,9 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
       const long long c0 = rowc + pl * G * plane + w0;
 #pragma unroll
       for (int e = 0; e < G; ++e) {
-        long long off = c0 + e * plane;
-        const bool ok = wok && pl * G + e < p.C && (p.vT == 0 || wg_x_at(p, n, pl * G + e, h, w0, off));
-        cp_async16(blk + ((e + j) & (G - 1)) * 16, reinterpret_cast<const char*>(p.x) + (ok ? off * (16 / G) : 0), ok);
+        long long off = 0;
+        const bool ok = wok && pl * G + e < p.C && (!VOL || wg_x_at_vol(p, n, pl * G + e, h, w0, off));
+        cp_async16(blk + ((e + j) & (G - 1)) * 16, reinterpret_cast<const char*>(p.x) + (ok ? (VOL ? off : c0 + e * plane) * (16 / G) : 0), ok);
       }
     } else {
       uint32_t v[G][4];
@@ -152,7 +149,7 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
 
 // One input row (relative row j of the current piece) into its ring slot. MODE 0: issue (cp.async or register
 // loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; ieee: also the small part).
-template <int DT, bool SPLIT, int LM, int MODE>
+template <int DT, bool SPLIT, int LM, int MODE, bool VOL = false>
 __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, WGInBound& bound) {
   const int tid = threadIdx.x;
   const bool hok = (h >= 0 && h < p.H);
@@ -233,10 +230,10 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = hp * 4 + e;
-          long long off = ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
-          const bool ok = wok && c < p.C && (p.vT == 0 || wg_x_at(p, n, c, h, w0, off));
+          long long off = 0;
+          const bool ok = wok && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w0, off));
           const float* src = reinterpret_cast<const float*>(p.x);
-          if (ok) src += off;
+          if (ok) src += VOL ? off : ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
           cp_async16(blk + ((e + (j >> 1)) & 3) * 16, src, ok);
         }
       } else {
@@ -249,7 +246,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
     }
   } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group, 8 columns)
     // As NCHW4, with 8 channels x 8 columns per task and the [col][8 ch] entries of the 16-bit slot.
-    wg_nchw_row<8, MODE>(p, slot, n, h, wbase, [&](uint32_t blk, int, const uint32_t (&v)[8][4]) {
+    wg_nchw_row<8, MODE, VOL>(p, slot, n, h, wbase, [&](uint32_t blk, int, const uint32_t (&v)[8][4]) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {   // column i: channels 2k, 2k + 1 from chunks 2k, 2k + 1
         uint32_t b[4];
@@ -271,9 +268,9 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
       if (MODE == 0) {
         const int w = wbase + col;
         long long off = 0;
-        const bool ok = hok && w >= 0 && w < p.W && c < p.C && wg_x_at(p, n, c, h, w, off);
+        const bool ok = hok && w >= 0 && w < p.W && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w, off));
         const float* src = reinterpret_cast<const float*>(p.x);
-        if (ok) src += off;
+        if (ok) src += VOL ? off : p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
         cp_async4(dst, src, ok);
       } else {
         float v;
@@ -307,8 +304,11 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         for (int e = 0; e < 8; ++e) {
           const int c = cg * 8 + e;
           hv[e] = 0u;
-          long long gi;
-          if (ok && c < p.C && wg_x_at(p, n, c, h, w, gi)) hv[e] = load_elem_h<DT>(p.x, gi);
+          long long gi = 0;
+          if (ok && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w, gi))) {
+            if (!VOL) gi = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+            hv[e] = load_elem_h<DT>(p.x, gi);
+          }
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -332,13 +332,13 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 // the last input row (relative to the piece) output row t reads: row group t = the rows (hi(t - 1), hi(t)] (group 0
 // from row 0), the ones output row t needs first
 __device__ __forceinline__ int wg_group_hi(const WGParams& p, int t) { return t * p.sh + (p.R - 1) * p.dh; }
-template <int DT, bool SPLIT, int LM, int MODE>
+template <int DT, bool SPLIT, int LM, int MODE, bool VOL>
 __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase, int wbase,
                                          WGInBound& bound) {
   if (t >= np) return;
   const int jlo = (t == 0) ? 0 : wg_group_hi(p, t - 1) + 1, jhi = wg_group_hi(p, t);
   for (int j = jlo; j <= jhi; ++j)
-    wg_row<DT, SPLIT, LM, MODE>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
+    wg_row<DT, SPLIT, LM, MODE, VOL>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
 }
 
 // TNCHW post-copy pass of one row, 16-bit: the stage holds [channel group][box][8 ch][tma_bc columns] from column

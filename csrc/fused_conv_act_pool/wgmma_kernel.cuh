@@ -7,9 +7,11 @@
 #include "fused_conv_act_pool/wgmma_block_setup.cuh"
 #include "fused_conv_act_pool/wgmma_reduce.cuh"
 
-// MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255)
-template <int DT, bool SPLIT, int LM, int NOPS, int MINB>
+// MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255); VOL: a Conv3d (WGParams vT;
+// the per-element and NCHW loaders only)
+template <int DT, bool SPLIT, int LM, int NOPS, int MINB, bool VOL>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
+  static_assert(!VOL || LM == WG_LM_ELEM || LM == WG_LM_REG || LM == WG_LM_NCHW4 || LM == WG_LM_NCHW8, "Conv3d loaders");
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool TMA = wg_lm_tma(LM);
@@ -47,15 +49,15 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
     if (L0 < L1) {
-      const WGPiece pc(p, L0, L1);
+      const WGPiece<VOL> pc(p, L0, L1);
       pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
         for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
-    const WGPiece pc(p, L0, L1);
+    const WGPiece<VOL> pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
-      if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
+      if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   };
 
   for (long long l = L0; l < L1;) {
-    const WGPiece pc(p, l, L1);
+    const WGPiece<VOL> pc(p, l, L1);
     const long long n = pc.n, nx = pc.nx;   // the image the pool reduces over, the loaders' image (WGPiece)
     const int np = pc.np, qv = pc.qv, hbase = pc.hbase, wbase = pc.wbase;
     if (n != cur_n) { flush(cur_n); cur_n = n; }
@@ -145,11 +147,11 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
-        if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, t, np, nx, hbase, wbase, bound);
+        if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, np, nx, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
     } else {
-      wg_group<DT, SPLIT, LM, 0>(p, ring, 0, np, nx, hbase, wbase, bound);
+      wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
     // post-copy pass (MODE 1: tf32 rounding, NCHW transposes, the input bound) of row group t + 1 and the copies of
     // group t + D run while row t's wgmmas do: only the barrier stays between rows
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #ifdef FF_FUSED_A_DIAG
       if (first_rows) { FA_DIAG_STAMP(2); first_rows = false; }
 #endif
-      if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, 0, np, nx, hbase, wbase, bound);
+      if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     for (int t = 0; t < np; ++t) {
@@ -193,12 +195,12 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
               wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-            if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
+            if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
             if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
           }
           if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
             cp_wait_n(p.D - 1);
-            if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1>(p, ring, t + 1, np, nx, hbase, wbase, bound);
+            if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
           }
         }
         if (!DIAG_OFF(12)) wg_wait0();

@@ -54,12 +54,6 @@ struct WGParams {
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
-  // Conv3d (vT > 0; 0 = Conv2d): the kernel runs it as a Conv2d over loader images (image, output depth d) and
-  // channels C = vC x vT, channel c = (input channel c / vT, depth tap c % vT), which reads depth slice
-  // d vsd - vpd + (c % vT) vdd of the vD slices (outside them: zero padding).  The weights (K, vC, vT, R, S) are then
-  // the Conv2d's (K, C, R, S) as they lie.  An image's lines run over its vDout output depths (lines_d lines each),
-  // so its pool covers every output depth (wg_x_at, WGPiece).
-  int vT, vC, vD, vDout, vsd, vpd, vdd, lines_d;
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
   long long L, lines_img; int G, J;
@@ -79,6 +73,13 @@ struct WGParams {
   // 16-byte aligned raised an illegal instruction on the H200), and tma_cols counts those columns too
   int tma_nbox, tma_bc, tma_bytes, tma_cols, tma_delta, NST, stage_off, stage_bytes, bar_off;
   unsigned long long mST, mBC; int sST, sBC;
+  // Conv3d (vT > 0; 0 = Conv2d): the kernel runs it as a Conv2d over loader images (image, output depth d) and
+  // channels C = vC x vT, channel c = (input channel c / vT, depth tap c % vT), which reads depth slice
+  // d vsd - vpd + (c % vT) vdd of the vD slices (outside them: zero padding).  The weights (K, vC, vT, R, S) are then
+  // the Conv2d's (K, C, R, S) as they lie.  An image's lines run over its vDout output depths (lines_d lines each),
+  // so its pool covers every output depth (wg_x_at_vol, WGPiece).  (Last, so that the Conv2d kernels' parameter
+  // offsets, and with them their code, stay as they were.)
+  int vT, vC, vD, vDout, vsd, vpd, vdd, lines_d;
 };
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");

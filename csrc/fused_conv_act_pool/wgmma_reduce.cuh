@@ -19,15 +19,16 @@ __device__ __forceinline__ float wg_quad_reduce(float (&r)[2], bool mean, float 
 
 // The lines [L0, L1) of a block, walked piece by piece (a piece = consecutive output rows of one image and segment,
 // whose input rows, nrows of them, stream through the ring once).  n = the image (what the pool reduces over), nx =
-// the loaders' image: n, or for a Conv3d (image, output depth) as wg_x_at reads it (an image's lines: its output
-// depths one after another, lines_d each).
+// the loaders' image: n, or for a Conv3d (image, output depth) as wg_x_at_vol reads it (an image's lines: its output
+// depths one after another, lines_d each; VOL: the kernel serves Conv3d).
+template <bool VOL>
 struct WGPiece {
   long long n, nx; int np, qv, hbase, wbase, nrows, nhalf;
   __device__ __forceinline__ WGPiece(const WGParams& p, long long l, long long L1) {
     n = l / p.lines_img;
     int rem = (int)(l - n * p.lines_img);
     nx = n;
-    if (p.vT) {
+    if (VOL) {
       const int d = rem / p.lines_d;
       rem -= d * p.lines_d;
       nx = n * p.vDout + d;

@@ -2,7 +2,7 @@
 the activation and reduces per (image, channel); only (N, C_out) values leave the chip."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -26,12 +26,18 @@ def static_unsupported(spec: ConvActPoolSpec) -> Optional[str]:
 _CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
-def _layout(x: torch.Tensor):
+def _kernel_layout(x: torch.Tensor) -> Tuple[bool, int]:
+    """(copy x first, channels_last): the layout the kernel reads x in — its own (NCHW / NCDHW or channels_last), else
+    a contiguous copy.  A channels_last_3d input whose rows suit the 16-byte NCDHW loader (W % 4 fp32, % 8 16-bit) is
+    copied to NCDHW too: the copy (one read and write of the input, which the call then holds as extra memory) costs
+    far less than the per-element loader a channels_last_3d Conv3d takes (benchmarks/NOTES.md run 28)."""
     if x.is_contiguous():
-        return x, 0
+        return False, 0
     if x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim()]):
-        return x, 1
-    return x.contiguous(), 0
+        if x.dim() == 5 and x.shape[-1] % (4 if x.dtype == torch.float32 else 8) == 0:
+            return True, 0
+        return False, 1
+    return True, 0
 
 
 def _shape_args(spec, x, channels_last, mode, deterministic):
@@ -51,7 +57,7 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     if reason:
         return reason
     try:
-        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_shape_args(spec, x, _layout(x)[1], mode, deterministic))
+        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_shape_args(spec, x, _kernel_layout(x)[1], mode, deterministic))
     except Exception as exc:  # no nvcc and no cached build, or a build failure
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     return None if why is None else why.decode()
@@ -60,8 +66,7 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device), everything that depends only on those worked
     out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
-    copy = not (x.is_contiguous() or x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim()]))
-    channels_last = 0 if copy else _layout(x)[1]
+    copy, channels_last = _kernel_layout(x)
     args = _shape_args(spec, x, channels_last, mode, deterministic)
     n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
     # the atomic mean accumulates into out; every other mode writes each element once
