@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     p_check.add_argument("--seed", type=int, default=None)
     p_bench = sub.add_parser("bench", help="eager vs torch.compile vs fallback vs fused at the seed shapes")
     p_bench.add_argument("--family", choices=["A", "B", "both"], default="both")
-    p_bench.add_argument("--shape", type=_shape, default=None, help="input shape, e.g. 128,8,256,256")
+    p_bench.add_argument("--shape", type=_shape, default=None, help="input shape, e.g. 128,8,256,256 (family A: a 5-d shape benchmarks its Conv3d form)")
     p_bench.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p_bench.add_argument("--precision", choices=["auto", "tf32", "ieee"], default="auto")
     p_bench.add_argument("--layout", choices=["contiguous", "channels_last", "both"], default="contiguous")
