@@ -352,7 +352,10 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
     p.bar_off = p.stage_off + p.NST * p.stage_bytes;
     w.smem = (size_t)p.bar_off + 8 * (size_t)p.NST + 128;   // + the kernel's alignment of its layout to 128 bytes
     p.tma_nbox = nbox; p.tma_bc = bc; p.tma_cols = (int)cols; p.tma_delta = tdelta;
-    p.tma_bytes = tvec ? p.CG * (dtype == FF_F32 ? 2 : 1) * nbox * bc * 16 : (int)stage_bytes;
+    // (a Conv3d's boxes land C x T of the group's 8 channel rows: wg_tma_row)
+    p.tma_bytes = tvec ? p.CG * (dtype == FF_F32 ? 2 : 1) * nbox * bc * 16
+                : v.D > 0 ? nbox * C * bc * (dtype == FF_F32 ? 4 : 2) : (int)stage_bytes;
+    if (v.D > 0 && (tvec || p.CG != 1)) return w;
   }
   // ops
   int nops = 0;
@@ -490,7 +493,9 @@ template <int DT, bool SPLIT>
 int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
   if (prm.vT > 0)
-    return lm == LM_COLS ? wg_launch_t<DT, SPLIT, LM_COLS, true>(prm, smem, stream) : wg_launch_t<DT, SPLIT, LM_ANY, true>(prm, smem, stream);
+    return lm == WG_LM_TNCHW ? wg_launch_t<DT, SPLIT, WG_LM_TNCHW, true>(prm, smem, stream)
+           : lm == LM_COLS   ? wg_launch_t<DT, SPLIT, LM_COLS, true>(prm, smem, stream)
+                             : wg_launch_t<DT, SPLIT, LM_ANY, true>(prm, smem, stream);
   if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(prm, smem, stream);
   if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(prm, smem, stream);
   if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(prm, smem, stream);
@@ -508,10 +513,15 @@ int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem
 // Input loader: channels_last with C % 8 == 0 -> TVEC (knob off: VEC); NCHW with W % 4 (fp32) / 8 (16-bit) == 0 ->
 // TNCHW (knob off: NCHW4 / NCHW8); else ELEM (fp32) / REG (16-bit).  The 16-byte and TMA loaders need a 16-byte-aligned
 // input; knobs switch them off.  (wg_plan may still turn a TMA loader into the one it replaces.)
-// A Conv3d (wg_x_at_vol): NCDHW as NCHW, without TMA (NCHW4 / NCHW8), else ELEM / REG.
+// A Conv3d (wg_x_at_vol): NCDHW as NCHW — TNCHW when C x T <= 8 (one channel group), else NCHW4 / NCHW8 — other
+// layouts ELEM / REG.
 int wg_loader(int dtype, int channels_last, int C, int W, const void* x, const Vol& v) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
   if (v.D > 0) {
+    // TMA rows where one box per column range brings every (c, t) channel: C x T <= 8, T dd depth slices per box
+    if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && knobs().tma && (f32 ? knobs().nchw4 : knobs().vec16) &&
+        (long long)C * v.T <= 8 && (long long)v.T * v.dd <= 256 && v.dd <= 8)   // (TMA: element strides <= 8)
+      return WG_LM_TNCHW;
     if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
       return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
     return f32 ? WG_LM_ELEM : WG_LM_REG;
@@ -550,7 +560,16 @@ bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
   const CUtensorMapDataType ty = dtype == FF_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
   const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
   CUresult r;
-  if (lm == WG_LM_TVEC) {
+  if (q.vT > 0) {   // a Conv3d, TNCHW: NCDHW as (W, H, D, C, N), box tma_bc x 1 x T dd slices (every dd-th) x C channels
+    const cuuint64_t D = (cuuint64_t)q.vD, Ci = (cuuint64_t)q.vC;
+    const cuuint64_t dims[5] = {W, H, D, Ci, N};
+    const cuuint64_t strides[4] = {W * es, H * W * es, D * H * W * es, Ci * D * H * W * es};
+    const cuuint32_t box[5] = {(cuuint32_t)q.tma_bc, 1, (cuuint32_t)(q.vT * q.vdd), (cuuint32_t)q.vC, 1};
+    const cuuint32_t estr[5] = {1, 1, (cuuint32_t)q.vdd, 1, 1};
+    r = encode(&q.tmap, ty, 5, const_cast<void*>(x), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  } else if (lm == WG_LM_TVEC) {
     const cuuint64_t dims[5] = {cq, C / cq, W, H, N};
     const cuuint64_t strides[4] = {16, C * es, W * C * es, H * W * C * es};
     const cuuint32_t box[5] = {(cuuint32_t)cq, 1, (cuuint32_t)q.tma_bc, 1, 1};

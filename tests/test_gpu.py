@@ -395,10 +395,11 @@ def test_fused_a_gelu_specials(dtype, channels_last, pool):
 
 
 _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each must take the fused kernel on sm_90
-    ((2, 1, 6, 20, 40), 32, 3, 1, 1, 1),                       # C 1 x depth 3: one channel group, straight-line kernel
+    ((2, 1, 6, 20, 40), 32, 3, 1, 1, 1),                       # C 1 x depth 3: one channel group, straight-line, TMA
     ((3, 4, 7, 9, 270), 64, 3, (1, 1, 1), (1, 1, 0), 1),       # 2 groups, two column segments
     ((2, 5, 12, 8, 10), 16, (3, 1, 3), (3, 2, 1), (0, 0, 1), (2, 1, 1)),   # depth stride 3, dilation 2; row stride 2
     ((1, 2, 4, 5, 6), 7, (5, 3, 3), 1, (2, 1, 1), 1),          # kernel deeper (5) than the input (4): 4 output depths
+    ((2, 2, 9, 6, 48), 16, 3, (2, 1, 1), 1, (2, 1, 1)),        # C 2 x 3 <= 8, W % 8 == 0: TMA rows, every 2nd slice
 ]
 
 

@@ -424,12 +424,23 @@ struct WGRowSlot {
 // announced on the stage's mbarrier.  TVEC: the stage is ring slot j % RB itself (NST == RB) and each box lands
 // 16 bytes of channels (4 fp32 / 8 16-bit) x tma_bc columns where the slot's layout has them; TNCHW: stage st at
 // stage_off, [channel group][box][8 ch][tma_bc columns].  Rows, columns and channels outside the input arrive as zeros.
-template <int DT, int LM>
+// A Conv3d (VOL, TNCHW with C x T <= 8: one channel group): the map is NCDHW's 5-d one and each box (tma_bc columns, 1
+// row, T depth slices from the loader image's first, C channels) lands the group's (c, t) channels in order, c T + t,
+// its C x T rows of the 8 (the rest stay zero: wg_tma_zero_vol).
+template <int DT, int LM, bool VOL = false>
 __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int st, long long n,
                                            int h, int wbase) {
   constexpr int ESZ = DT == FF_F32 ? 4 : 2;
   const uint32_t bar = bar0 + 8u * st;
   mbar_expect_tx(bar, (unsigned)p.tma_bytes);
+  if (VOL) {
+    const long long ni = n / p.vDout;
+    const int z0 = (int)(n - ni * p.vDout) * p.vsd - p.vpd;
+    for (int b = 0; b < p.tma_nbox; ++b)
+      tma_load5(stage0 + (uint32_t)(st * p.stage_bytes + b * 8 * ESZ * p.tma_bc), &p.tmap, bar, wbase - p.tma_delta + b * p.tma_bc,
+                h, z0, 0, (int)ni);
+    return;
+  }
   for (int g = 0; g < (LM == WG_LM_TVEC ? p.CG * (8 / (16 / ESZ)) : p.CG); ++g)
     for (int b = 0; b < p.tma_nbox; ++b) {
       if (LM == WG_LM_TVEC)
@@ -439,6 +450,17 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
         tma_load4(stage0 + (uint32_t)(st * p.stage_bytes + (g * p.tma_nbox + b) * 8 * ESZ * p.tma_bc), &p.tmap, bar,
                   wbase - p.tma_delta + b * p.tma_bc, h, g * 8, (int)n);
     }
+}
+// A Conv3d's TNCHW stages (wg_tma_row): the rows C x T .. 7 of every box, which its boxes never write, zeroed once per
+// block (threads tid of nthr; before the first post-copy pass reads them)
+template <int DT>
+__device__ __forceinline__ void wg_tma_zero_vol(const WGParams& p, unsigned char* stages, int tid, int nthr) {
+  constexpr int ESZ = DT == FF_F32 ? 4 : 2;
+  const int rowb = p.tma_bc * ESZ, pad = (8 - p.C) * rowb;   // bytes per channel row, unwritten bytes per box
+  for (int i = tid * 4; i < p.NST * p.tma_nbox * pad; i += nthr * 4) {
+    const int box = i / pad, off = i - box * pad;
+    *reinterpret_cast<uint32_t*>(stages + (long long)box * 8 * rowb + p.C * rowb + off) = 0u;
+  }
 }
 // All threads: wait for the next row's stage at.st() (tph = the stages' phase bits), then its post-copy pass into ring
 // slot at.rs() (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).

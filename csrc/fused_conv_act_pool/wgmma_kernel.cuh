@@ -11,7 +11,8 @@
 // the per-element and NCHW loaders only)
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB, bool VOL>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
-  static_assert(!VOL || LM == WG_LM_ELEM || LM == WG_LM_REG || LM == WG_LM_NCHW4 || LM == WG_LM_NCHW8, "Conv3d loaders");
+  static_assert(!VOL || LM == WG_LM_ELEM || LM == WG_LM_REG || LM == WG_LM_NCHW4 || LM == WG_LM_NCHW8 || LM == WG_LM_TNCHW,
+                "Conv3d loaders");
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool TMA = wg_lm_tma(LM);
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const WGPiece<VOL> pc(p, L0, L1);
       pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
-        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
+        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece<VOL> pc(p, L0, L1);
@@ -61,6 +62,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
+  if constexpr (VOL && LM == WG_LM_TNCHW) wg_tma_zero_vol<DT>(p, smem + p.stage_off, tid, 128);   // (read after that barrier too)
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
@@ -134,7 +136,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           if (j > 0) __syncthreads();
           if (tid == 0)
             for (int r = issued; r < want; ++r)
-              wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
+              wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
           issued = want;
         }
         wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         __syncthreads();
         if (tid == 0)
           for (int r = issued; r < nahead; ++r)
-            wg_tma_row<DT, LM>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
+            wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
             int st = tak.st() + (p.D - 1) * p.sh;
             st -= st >= p.NST ? p.NST : 0;
             for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
-              wg_tma_row<DT, LM>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
+              wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
               st = wg_stage_next(p, st);
             }
           }
