@@ -517,22 +517,18 @@ int wg_launch(int dtype, int precision, int lm, const WGParams& prm, size_t smem
 // layouts ELEM / REG.
 int wg_loader(int dtype, int channels_last, int C, int W, const void* x, const Vol& v) {
   const bool f32 = dtype == FF_F32, aligned = ((uintptr_t)x & 15) == 0;
+  // NCHW (NCDHW) rows that the 16-byte loaders and TNCHW take: W % 4 (fp32) / 8 (16-bit) == 0, their knob on
+  const bool cols = !channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16);
   if (v.D > 0) {
     // TMA rows where one box per column range brings every (c, t) channel: C x T <= 8, T dd depth slices per box
-    if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && knobs().tma && (f32 ? knobs().nchw4 : knobs().vec16) &&
-        (long long)C * v.T <= 8 && (long long)v.T * v.dd <= 256 && v.dd <= 8)   // (TMA: element strides <= 8)
+    if (cols && knobs().tma && (long long)C * v.T <= 8 && (long long)v.T * v.dd <= 256 && v.dd <= 8)   // (TMA: element strides <= 8)
       return WG_LM_TNCHW;
-    if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
-      return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
-    return f32 ? WG_LM_ELEM : WG_LM_REG;
+  } else {
+    const bool vec = channels_last && C % 8 == 0 && aligned && (f32 || knobs().vec16);
+    if (knobs().tma && (vec || cols)) return vec ? WG_LM_TVEC : WG_LM_TNCHW;
+    if (vec) return WG_LM_VEC;
   }
-  if (aligned && knobs().tma && (f32 || knobs().vec16)) {
-    if (channels_last && C % 8 == 0) return WG_LM_TVEC;
-    if (!channels_last && W % (f32 ? 4 : 8) == 0 && (!f32 || knobs().nchw4)) return WG_LM_TNCHW;
-  }
-  if (channels_last && C % 8 == 0 && aligned && (f32 || knobs().vec16)) return WG_LM_VEC;
-  if (!channels_last && W % (f32 ? 4 : 8) == 0 && aligned && (f32 ? knobs().nchw4 : knobs().vec16))
-    return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
+  if (cols) return f32 ? WG_LM_NCHW4 : WG_LM_NCHW8;
   return f32 ? WG_LM_ELEM : WG_LM_REG;
 }
 // The TMA loaders' tensor map of input x (wg_tma_row), through the driver's cuTensorMapEncodeTiled looked up at run

@@ -159,33 +159,26 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
 }
 
 // --------------------------------------------------------------------------------------------------------------
-// Epilogue of one 64ch x 16px tile: activation + accumulate into per-thread running sums / maxima.
+// Epilogue of one 64ch x 16px tile: activation + accumulate into per-thread running sums / maxima.  WHOLE: all 16
+// pixels valid (no per-value test), else the first nvalid.
+template <bool WHOLE, int ACT, int POOL, int MT>
+__device__ __forceinline__ void epi_values(float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid, int tig) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = WHOLE || (j * 8 + 2 * tig + (e & 1)) < nvalid;
+        float y = ff_activate<ACT>(acc[mt][j][e]);
+        if (POOL == FF_POOL_MEAN) red[mt][e >> 1] += ok ? y : 0.0f;
+        else if (ok) red[mt][e >> 1] = ff_max_nan(red[mt][e >> 1], y);
+      }
+}
 template <int ACT, int POOL, int MT>
 __device__ __forceinline__ void epi_tile(float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid, int tig) {
-  if (nvalid >= 16) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float y = ff_activate<ACT>(acc[mt][j][e]);
-          if (POOL == FF_POOL_MEAN) red[mt][e >> 1] += y;
-          else red[mt][e >> 1] = ff_max_nan(red[mt][e >> 1], y);
-        }
-  } else {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          bool ok = (j * 8 + 2 * tig + (e & 1)) < nvalid;
-          float y = ff_activate<ACT>(acc[mt][j][e]);
-          if (POOL == FF_POOL_MEAN) red[mt][e >> 1] += ok ? y : 0.0f;
-          else if (ok) red[mt][e >> 1] = ff_max_nan(red[mt][e >> 1], y);
-        }
-  }
+  if (nvalid >= 16) epi_values<true, ACT, POOL, MT>(acc, red, nvalid, tig);
+  else epi_values<false, ACT, POOL, MT>(acc, red, nvalid, tig);
 }
 
 template <int POOL, int MT>
