@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  bench-3d  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  bench-3d  general-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -92,6 +92,8 @@ for stage in "$@"; do
         ff bench --family A --shape $s --variants eager compile fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -4
         ff bench --family A --shape $s --dtype bfloat16 --variants eager fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -3
       done ;;
+    general-a)   # family A beyond the seed: fused vs fallback vs eager over common Conv2d shapes (benchmarks/general_a.py)
+      python3 benchmarks/general_a.py --out "$OUT" 2>&1 | tee "$OUT/general_a.txt" | tail -40 ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;

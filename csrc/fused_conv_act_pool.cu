@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
 #include "codes.h"
@@ -620,6 +621,28 @@ const char* ff_fused_conv_act_pool_unsupported(int dtype, int channels_last, lon
   const Vol v = make_vol(D, T, sd, pd, dd);
   return choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                 deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v).why;
+}
+
+// Which kernel serves the call, in words (shown in the fused model's `.plans`); null where none does.
+const char* ff_fused_conv_act_pool_kernel(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
+                                          int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation, int pool,
+                                          int precision, int deterministic, int D, int T, int sd, int pd, int dd) {
+  const Vol v = make_vol(D, T, sd, pd, dd);
+  const Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                          deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v);
+  if (c.why) return nullptr;
+  static thread_local char text[192];
+  if (!c.wp.ok) {
+    snprintf(text, sizeof text, "mma.sync kernel, %s", dtype != FF_F32 ? "16-bit MMAs" : precision == FF_PREC_IEEE ? "3xTF32" : "TF32");
+    return text;
+  }
+  static const char* const rows[] = {"channels_last rows by 16-byte copies", "rows per element", "rows per element",
+                                     "NCHW rows by 16-byte copies", "NCHW rows by 16-byte copies", "channels_last rows by TMA",
+                                     "NCHW rows by TMA"};
+  const bool line = wg_straight_ops(dtype, c.wp.prm.nops, c.wp.prm.col_j >= 0) > 0;
+  snprintf(text, sizeof text, "sm_90 wgmma kernel%s, %s, %d ops per tile (%s), %d blocks per SM", v.D > 0 ? " (Conv3d)" : "",
+           rows[c.wp.lm], c.wp.prm.nops, line ? "straight-line" : "general chain", c.wp.bps);
+  return text;
 }
 
 size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,

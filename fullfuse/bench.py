@@ -45,17 +45,17 @@ def _variant(name: str, model, precision: str, x) -> Optional[Callable]:
 
 
 def bench_family(family: str, shape, dtype: str, precision: str, channels_last: bool, variants, repeats: int,
-                 seed: int = 0) -> Dict:
+                 seed: int = 0, conv: Optional[tuple] = None) -> Dict:
     torch.manual_seed(seed)
     dims = len(shape) - 2 if family == "A" else 3       # family A: a 5-d shape benchmarks the Conv3d form
-    model = seed_model(family, shape[1], dims).cuda().to(DTYPES[dtype]).eval()
+    model = seed_model(family, shape[1], dims, conv).cuda().to(DTYPES[dtype]).eval()
     x = torch.randn(shape, device="cuda", dtype=DTYPES[dtype])
     if channels_last:
         fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
         x, model = x.contiguous(memory_format=fmt), model.to(memory_format=fmt)
     mode = resolve(precision, x.dtype)
     with torch.no_grad(), cudnn_conv_precision("ieee"):
-        ref = seed_model(family, shape[1], dims).cuda().double()
+        ref = seed_model(family, shape[1], dims, conv).cuda().double()
         ref.load_state_dict(model.state_dict())
         reference = ref(x.double())
         del ref
@@ -85,13 +85,15 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
         if name in ("fallback", "fused"):
             row["plans"] = [str(p) for p in fn_model.plans]
             row["ran"] = [p.last_path for p in fn_model.plans]
+            row["reasons"] = [p.last_reason for p in fn_model.plans]
             row["chunk_schedules"] = [str(d) for d in pipeline.describe()]
             row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe()]
         rows.append(row)
         clock = f"  SM {state['sm_clock_mhz']:.0f} MHz {state.get('power_w', 0):.0f} W" if "sm_clock_mhz" in state else ""
         print(f"  {name:22} {timing['median_ms']:8.3f} ms (min {timing['min_ms']:.3f})  relerr {err['relerr']:.2e}  "
               f"extra mem {extra / 2**20:8.1f} MB  host {timing['host_us_median']:.0f} us{clock}", flush=True)
-    return {"family": family, "shape": list(shape), "dtype": dtype, "precision": precision, "mode": mode,
+    return {"family": family, "shape": list(shape), "conv": str(model.conv) if family == "A" else None, "dtype": dtype,
+            "precision": precision, "mode": mode,
             "layout": "channels_last" if channels_last else "contiguous", "rows": rows}
 
 
@@ -139,7 +141,7 @@ def bench_cpu(families) -> int:
 
 
 def main(families=("A", "B"), shape=None, dtype="float32", precision="auto", layouts=("contiguous",),
-         variants=VARIANTS, repeats=30, out_dir="benchmarks/results", tag="") -> int:
+         variants=VARIANTS, repeats=30, out_dir="benchmarks/results", tag="", conv=None) -> int:
     if not torch.cuda.is_available():
         return bench_cpu(families)
     env = environment()
@@ -149,8 +151,11 @@ def main(families=("A", "B"), shape=None, dtype="float32", precision="auto", lay
     for family in families:
         for layout in layouts:
             fam_shape = tuple(shape) if shape else SEED_SHAPE[family]
-            print(f"{family} {fam_shape} {dtype} precision={precision} layout={layout}", flush=True)
-            results.append(bench_family(family, fam_shape, dtype, precision, layout == "channels_last", variants, repeats))
+            fam_conv = conv if family == "A" else None
+            print(f"{family} {fam_shape}{' conv ' + str(fam_conv) if fam_conv else ''} {dtype} precision={precision} "
+                  f"layout={layout}", flush=True)
+            results.append(bench_family(family, fam_shape, dtype, precision, layout == "channels_last", variants, repeats,
+                                        conv=fam_conv))
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     p_bench = sub.add_parser("bench", help="eager vs torch.compile vs fallback vs fused at the seed shapes")
     p_bench.add_argument("--family", choices=["A", "B", "both"], default="both")
     p_bench.add_argument("--shape", type=_shape, default=None, help="input shape, e.g. 128,8,256,256 (family A: a 5-d shape benchmarks its Conv3d form)")
+    p_bench.add_argument("--conv", type=_shape, default=None,
+                         help="family A's conv: out_channels,kernel_size[,stride[,padding]] (default the seed's 64,3,1,0)")
     p_bench.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p_bench.add_argument("--precision", choices=["auto", "tf32", "ieee"], default="auto")
     p_bench.add_argument("--layout", choices=["contiguous", "channels_last", "both"], default="contiguous")
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     from .bench import VARIANTS, main as run
     layouts = ("contiguous", "channels_last") if args.layout == "both" else (args.layout,)
     return run(families, args.shape, args.dtype, args.precision, layouts, tuple(args.variants or VARIANTS),
-               args.repeats, args.out, args.tag)
+               args.repeats, args.out, args.tag, args.conv)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
     if requested in ("auto", "fused"):
         why = fused_static_unsupported(spec) or _fused_module(spec).unsupported(spec, x, mode, deterministic)
         if why is None:
-            return "fused", "fused kernel serves it"
+            return "fused", "fused kernel serves it: " + _fused_module(spec).kernel(spec, x, mode, deterministic)
         if requested == "fused":
             raise UnsupportedError(f"fullfuse: the fused kernel cannot serve this call: {why}")
         return "fallback", why

@@ -33,6 +33,7 @@ SIGNATURES: Dict[str, Dict[str, Tuple[Any, list]]] = {
     },
     "fused_conv_act_pool": {                    # csrc/fused_conv_act_pool.cu
         "ff_fused_conv_act_pool_unsupported": (c_char_p, _FUSED_A_SHAPE),
+        "ff_fused_conv_act_pool_kernel": (c_char_p, _FUSED_A_SHAPE),
         "ff_fused_conv_act_pool_workspace_bytes": (c_size_t, _FUSED_A_SHAPE),
         "ff_fused_conv_act_pool": (c_int, [_P, _P, _P, _P, *_FUSED_A_SHAPE, _P]),
     },

@@ -48,6 +48,18 @@ def test_seed_models_same_output_on_cpu(family):
     assert plan.last_path == "torch" and "cpu" in plan.last_reason
 
 
+def test_bench_conv_option_builds_that_conv():
+    from fullfuse.cli import _shape
+    from fullfuse.seed_models import seed_model
+    conv = seed_model("A", 3, 2, _shape("128,7,2,3")).conv
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding) == (3, 128, (7, 7), (2, 2), (3, 3))
+    conv = seed_model("A", 8, 2, (32, 1)).conv
+    assert (conv.out_channels, conv.kernel_size, conv.stride, conv.padding) == (32, (1, 1), (1, 1), (0, 0))
+    assert seed_model("A").conv.kernel_size == (3, 3) and seed_model("A").conv.out_channels == 64
+    with pytest.raises(ValueError, match="out_channels,kernel_size"):
+        seed_model("A", 8, 2, (32,))
+
+
 def test_patterns_inside_a_larger_model():
     torch.manual_seed(1)
     model = Backbone().eval()

@@ -183,6 +183,22 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
             assert auto.plans[0].last_path == "fused"
 
 
+@pytest.mark.parametrize("conv, kernel", [((8, 64, 3), "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),
+                                          ((8, 128, 3), "mma.sync kernel, TF32")])
+def test_fused_a_plan_names_the_kernel(conv, kernel):
+    """`.plans` says which fused kernel served a call (the C API's ff_fused_conv_act_pool_kernel): the seed's conv takes
+    the wgmma kernel with TMA rows, 128 output channels the mma.sync kernel."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    model = nn.Sequential(nn.Conv2d(*conv), nn.GELU(), nn.AdaptiveAvgPool2d(1)).cuda().eval()
+    fused = fullfuse.fused_model(model, path="fused", precision="tf32")
+    x = torch.randn(2, 8, 64, 64, device="cuda")
+    with torch.no_grad():
+        fused(x)
+    assert fused.plans[0].last_path == "fused"
+    assert fused.plans[0].last_reason.startswith("fused kernel serves it: " + kernel), fused.plans[0].last_reason
+
+
 def test_wrong_device_dtype_and_rank():
     model = SeedA().cuda().eval()
     fused = fullfuse.fused_model(model)

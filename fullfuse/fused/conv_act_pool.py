@@ -63,6 +63,12 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     return None if why is None else why.decode()
 
 
+def kernel(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
+    """Which kernel serves this call, in words (``unsupported`` said one does)."""
+    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *_shape_args(spec, x, _kernel_layout(x)[1], mode, deterministic))
+    return text.decode() if text else "fused kernel"
+
+
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device), everything that depends only on those worked
     out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""

@@ -57,6 +57,11 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     return None if why is None else why.decode()
 
 
+def kernel(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
+    """Which kernel serves this call, in words (``unsupported`` said one does)."""
+    return "sm_90 wgmma kernel: the transposed conv per sub-pixel class, window maxima in shared memory"
+
+
 def padded_channels(c_in: int, dtype: torch.dtype = torch.float32) -> int:
     """Input channels of one packed weight slice (fb_ksteps in the kernel): C_in padded up to 8, 16, 32 or 64 for
     fp32 (8-channel k steps), up to 16, 32 or 64 for bf16 / fp16 (16-channel k steps)."""
