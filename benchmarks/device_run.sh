@@ -93,7 +93,10 @@ for stage in "$@"; do
         ff bench --family A --shape $s --dtype bfloat16 --variants eager fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -3
       done ;;
     general-a)   # family A beyond the seed: fused vs fallback vs eager over common Conv2d shapes (benchmarks/general_a.py)
-      python3 benchmarks/general_a.py --out "$OUT" 2>&1 | tee "$OUT/general_a.txt" | tail -40 ;;
+      python3 benchmarks/general_a.py --out "$OUT" 2>&1 | tee "$OUT/general_a.txt" | tail -40
+      python3 benchmarks/general_a.py --quick --modes float32:ieee --out "$OUT" 2>&1 | tee "$OUT/general_a_ieee.txt" | tail -8
+      FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --quick --modes float32:auto float32:ieee bfloat16:auto --tag mma_sync_only \
+        --out "$OUT" 2>&1 | tee "$OUT/general_a_mma_sync_only.txt" | tail -10 ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;
     bench-quick) ff bench --variants eager fallback fused --layout both --repeats 20 --out "$OUT" 2>&1 | tail -30 ;;
     bench-full) ff bench --layout both --out "$OUT" 2>&1 | tail -40 ;;

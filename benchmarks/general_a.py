@@ -4,7 +4,10 @@ Each row is `fullfuse bench`'s measurement (fullfuse.bench.bench_family: CUDA ev
 against float64) for one (input shape, conv, dtype, layout); the fused row records which kernel served it (`.plans`).
 Writes benchmarks/results/general_a_<stamp>.json and prints a markdown table (ms, and fused / fallback).
 
-    python3 benchmarks/general_a.py [--out DIR] [--repeats N] [--quick]
+    python3 benchmarks/general_a.py [--out DIR] [--repeats N] [--quick] [--modes float32:auto float32:ieee ...] [--tag T]
+
+FF_FUSED_A_IMPL=1 in the environment puts every fused call on the mma.sync kernel (the library's knob), for a
+side-by-side look at the two kernels (--tag says which run is which).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ GRID = [
     ((32, 8, 255, 255), (64, 3, 1, 0), "odd width"),
     ((32, 32, 128, 128), (64, 3, 1, 1), "32 input channels"),
 ]
-QUICK = [0, 2, 4, 11]
+QUICK = [0, 2, 10, 11]
 
 
 def main() -> int:
@@ -43,7 +46,8 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    ap.add_argument("--modes", nargs="*", default=["float32:auto", "bfloat16:auto"], help="dtype:precision")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("general_a: needs a CUDA GPU")
@@ -53,17 +57,21 @@ def main() -> int:
     grid = [GRID[i] for i in QUICK] if args.quick else GRID
     results = []
     for shape, conv, what in grid:
-        for dtype in args.dtypes:
+        for dtype, precision in (m.split(":") for m in args.modes):
             for channels_last in (False, True):
-                print(f"{shape} conv {conv} {dtype} {'channels_last' if channels_last else 'NCHW'}: {what}", flush=True)
-                res = bench_family("A", shape, dtype, "auto", channels_last, ("eager", "fallback", "fused"), args.repeats,
-                                   conv=conv)
+                print(f"{shape} conv {conv} {dtype} {precision} {'channels_last' if channels_last else 'NCHW'}: {what}",
+                      flush=True)
+                res = bench_family("A", shape, dtype, precision, channels_last, ("eager", "fallback", "fused"),
+                                   args.repeats, conv=conv)
                 res["what"], res["conv_args"] = what, list(conv)
+                for row in res["rows"]:   # the process-wide plan lists (bench_family's), which grow with every shape here
+                    row.pop("cudnn_frontend_plans", None)
+                    row.pop("chunk_schedules", None)
                 results.append(res)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"general_a_{stamp}.json"
+    path = out / f"general_a_{stamp}{'_' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps({"environment": env, "results": results}, indent=1))
     print(table(results))
     print(f"wrote {path}")
@@ -76,7 +84,7 @@ def table(results) -> str:
              "|---|---|---|---|---|---|---|---|"]
     groups = {}
     for r in results:
-        groups.setdefault((tuple(r["shape"]), tuple(r["conv_args"]), r["dtype"]), {})[r["layout"]] = r
+        groups.setdefault((tuple(r["shape"]), tuple(r["conv_args"]), f"{r['dtype']} {r['mode']}"), {})[r["layout"]] = r
     for (shape, conv, dtype), by_layout in groups.items():
         cells, kernels = {v: [] for v in ("eager", "fallback", "fused", "ratio")}, []
         for layout in ("contiguous", "channels_last"):

@@ -6,14 +6,15 @@
 //
 // Two implementations, chosen per call by the host side below (the kernels live in fused_conv_act_pool/, one
 // concept per header, included in dependency order):
-//   * sm_90 (H100/H200), any dtype (TF32 / ieee / bf16 / fp16), stride-1 columns, K <= 64: wgmma path
+//   * sm_90 (H100/H200), any dtype (TF32 / ieee / bf16 / fp16), stride-1 columns: wgmma path
 //     (fa_wgmma_kernel, wgmma_kernel.cuh) - weights (A) and input rows (B, a shared-memory ring with the halo) both fed to the
-//     tensor cores by descriptors.  ieee there: x w ~ x_hi w_hi (tf32) + bf16(x) bf16(w_lo) + bf16(x_lo) bf16(w)
+//     tensor cores by descriptors; one launch per 64 output channels (WGPlan).
+//     ieee there: x w ~ x_hi w_hi (tf32) + bf16(x) bf16(w_lo) + bf16(x_lo) bf16(w)
 //     (x_hi = tf32(x), x_lo = x - x_hi, w likewise): the two small terms are ONE bf16 k16 wgmma whose K chunks are the
 //     (x, w_lo) and (x_lo, w) pairs, so a tap costs two wgmmas instead of 3xTF32's three; each bf16 rounding is 2^-9
 //     of a term already 2^-11 of x w, i.e. <= 2^-18 |x w| per product (3xTF32: ~2^-21), well inside ieee's 1e-5.
-//   * otherwise (sm_80, strided columns, K > 64, ...; mma_sync_kernel.cuh): implicit GEMM on mma.sync (TF32 m16n8k8; 3xTF32 for
-//     precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
+//   * otherwise (sm_80, strided columns, output rows of <= 56 / 64 pixels, ...; mma_sync_kernel.cuh): implicit GEMM
+//     on mma.sync (TF32 m16n8k8; 3xTF32 for precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
 //     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
 //     = one filter tap (r,s) x 8 input channels; tile [chgroup][row][col][8 ch]; epilogue per 64ch x 16px tile.
 #include <cuda.h>   // CUtensorMap (the driver function that fills it is looked up at run time: no libcuda link)
@@ -60,13 +61,15 @@ struct Plan {
 // FF_FUSED_A_TMA = 0 keeps the input on the per-thread 16-byte copies (VEC / NCHW4 / NCHW8) instead of the TMA loaders.
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16; };
+// FF_FUSED_A_NARROW = 0 keeps narrow output rows on the wgmma kernel (choose; the tests run it that way too).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16, narrow; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
-            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1)};
+            get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1),
+            get("FF_FUSED_A_NARROW", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
@@ -115,8 +118,8 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   long long nu = (long long)R * S * pl.CG;
   if (nu > NU_MAX) {
     pl.mma_why = "fused_conv_act_pool: R*S*ceil(C/8) > 9 K units of 8 input channels: beyond the mma.sync kernel (9, "
-                 "register-resident weights); the sm_90 wgmma kernel takes up to 64 with stride-1 columns, <= 64 output "
-                 "channels and a ring of input rows that fits in shared memory";
+                 "register-resident weights); the sm_90 wgmma kernel takes up to 64 with stride-1 columns and a ring of "
+                 "input rows that fits in shared memory";
     return pl;
   }
   pl.nu = (int)nu;
@@ -208,13 +211,18 @@ const char* vol_why(const Vol& v, int C) {
   return nullptr;
 }
 
-// ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, K <= 64, a ring that fits) ----
+// ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, a ring that fits) ----
+// The kernel covers 64 output channels (its A operand, one m64 wgmma row block); K > 64 runs nkb = ceil(K / 64)
+// launches in stream order, launch kb with channels 64 kb .. (prm.K of them), each into an (N, its K) block of the
+// workspace's tmp that a 2-d copy then puts into out's columns (the counters and partials serve them in turn: each
+// launch leaves them zeroed).
 struct WGPlan {
   bool ok;
   int lm, bps;   // the input loader (WG_LM_*) the layout is for; blocks per SM
+  int nkb;       // launches of 64 output channels
   const char* why;   // set when the shape is beyond this kernel's capacity (for the user's message)
-  WGParams prm;
-  size_t smem, ws_cnt_bytes, ws_bytes;
+  WGParams prm;      // (prm.K: the first launch's channels, min(K, 64))
+  size_t smem, ws_cnt_bytes, ws_tmp_off, ws_bytes;
 };
 
 // The op count a straight-line kernel (wgmma issue without a fence per op) exists for, else 0: fp32 3x3 over <= 8
@@ -236,7 +244,9 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   if (base.why || knobs().impl != 0) return w;
   const DevInfo di = dev_info();
   if (!(di.major == 9 && di.minor == 0)) return w;
-  if (sw != 1 || K > 64) return w;
+  if (sw != 1) return w;
+  w.nkb = (K + 63) / 64;
+  K = K < 64 ? K : 64;   // per launch
   // 16-bit inputs: k16 ops = 8 channels + 8 more columns (FF_FUSED_A_WG16=0: mma.sync path)
   if (dtype != FF_F32 && !knobs().wg16) return w;
   const bool split = (dtype == FF_F32 && precision == FF_PREC_IEEE);
@@ -448,6 +458,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   if (!need_ws) w.ws_bytes = 0;
   else if (pool == FF_POOL_MAX) w.ws_bytes = w.ws_cnt_bytes + (size_t)N * K * 4;
   else w.ws_bytes = w.ws_cnt_bytes + (size_t)G * p.J * 64 * 4;
+  w.ws_tmp_off = (w.ws_bytes + 255) / 256 * 256;
+  if (w.nkb > 1) w.ws_bytes = w.ws_tmp_off + (size_t)N * w.nkb * 64 * 4;
   w.ok = true;
   return w;
 }
@@ -599,11 +611,16 @@ Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, in
   c.why = c.pl.why;
   if (c.why) return c;
   if (v.D > 0)
-    c.pl.mma_why = "fused_conv_act_pool: a Conv3d needs the sm_90 wgmma kernel (stride-1 columns, <= 64 output channels, "
+    c.pl.mma_why = "fused_conv_act_pool: a Conv3d needs the sm_90 wgmma kernel (stride-1 columns, "
                    "C_in x kernel depth x R x S / 8 <= 64 K units, a ring of input rows that fits); the mma.sync kernel "
                    "covers Conv2d only";
   c.wp = wg_plan(dtype, channels_last, N, Cx, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                  deterministic, c.pl, lm, v);
+  // Narrow output rows: a wgmma tile is 128 pixels of one output row, so rows of Q <= 56 (TF32) / 64 (16-bit) pixels
+  // leave more than half of every tile empty, and the mma.sync kernel's 16-pixel tiles are faster there (measured at
+  // Q = 30 and 62, NOTES run 29; ieee not measured: it keeps the wgmma kernel)
+  if (c.wp.ok && !c.pl.mma_why && knobs().narrow && precision != FF_PREC_IEEE && c.pl.Q <= (dtype == FF_F32 ? 56 : 64))
+    c.wp.ok = false;
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
 }
@@ -680,7 +697,27 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
       q.gelu_fast = knobs().noclamp;
       q.fulltile = knobs().fulltile;
       q.h2 = dtype != FF_F32 && activation == FF_ACT_GELU_ERF && pool == FF_POOL_MEAN && knobs().h2 ? 1 : 0;
-      return wg_launch(dtype, precision, wp.lm, q, wp.smem, stream);
+      if (wp.nkb == 1) return wg_launch(dtype, precision, wp.lm, q, wp.smem, stream);
+      // K > 64: one launch per 64 channels (WGPlan), launch kb's (N, K_kb) block of tmp copied into out's columns
+      const bool atomic_mean = pool == FF_POOL_MEAN && !deterministic;
+      const size_t wrow = (size_t)q.C * R * S * (dtype == FF_F32 ? 4 : 2);   // bytes of one output channel's weights
+      float* const tmp = (float*)(ws + wp.ws_tmp_off);
+      for (int kb = 0; kb < wp.nkb; ++kb) {
+        WGParams qk = q;
+        const int k0 = 64 * kb;
+        qk.K = K - k0 < 64 ? K - k0 : 64;
+        qk.w = (const char*)weight + (size_t)k0 * wrow;
+        qk.bias = bias ? bias + k0 : nullptr;
+        qk.out = tmp + (size_t)N * k0;
+        cudaError_t e = atomic_mean ? cudaMemsetAsync(qk.out, 0, (size_t)N * qk.K * 4, stream) : cudaSuccess;
+        if (e != cudaSuccess) return (int)e;
+        const int r = wg_launch(dtype, precision, wp.lm, qk, wp.smem, stream);
+        if (r) return r;
+        e = cudaMemcpy2DAsync(out + k0, (size_t)K * 4, qk.out, (size_t)qk.K * 4, (size_t)qk.K * 4, (size_t)N,
+                              cudaMemcpyDeviceToDevice, stream);
+        if (e != cudaSuccess) return (int)e;
+      }
+      return 0;
     }
   }
   if (pl.ws_bytes && !workspace) return (int)cudaErrorInvalidValue;

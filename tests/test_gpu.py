@@ -53,10 +53,12 @@ def test_fused_path_matches_float64(case, combo):
     assert result["ok"], f"{result} (seed {SEED})"
 
 
-def test_fused_a_copy_loaders_without_tma():
-    """FF_FUSED_A_TMA=0: family A's input through the per-thread 16-byte copy loaders (VEC, NCHW4, NCHW8), which serve
-    wherever a TMA loader's layout does not fit beside the ring or its tensor map cannot be made.  The library reads its
-    knobs once per process, hence a child process."""
+@pytest.mark.parametrize("knob", ["FF_FUSED_A_TMA", "FF_FUSED_A_NARROW"])
+def test_fused_a_check_cases_with_knob_off(knob):
+    """The check cases on path "fused" with a knob at 0.  FF_FUSED_A_TMA=0: family A's input through the per-thread
+    16-byte copy loaders (VEC, NCHW4, NCHW8), which serve wherever a TMA loader's layout does not fit beside the ring or
+    its tensor map cannot be made.  FF_FUSED_A_NARROW=0: the cases' narrow output rows (which the mma.sync kernel
+    serves by default) on the wgmma kernel.  The library reads its knobs once per process, hence a child process."""
     code = (
         "import fullfuse\n"
         "from fullfuse.check import cases, run_case\n"
@@ -73,7 +75,7 @@ def test_fused_a_copy_loaders_without_tma():
         "                bad.append((case.name, dtype, prec, cl, r))\n"
         "print('ran', ran, 'bad', bad)\n"
         "assert ran and not bad\n")
-    env = dict(os.environ, FF_FUSED_A_TMA="0")
+    env = dict(os.environ, **{knob: "0"})
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"seed {SEED}: " + proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -183,16 +185,21 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
             assert auto.plans[0].last_path == "fused"
 
 
-@pytest.mark.parametrize("conv, kernel", [((8, 64, 3), "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),
-                                          ((8, 128, 3), "mma.sync kernel, TF32")])
-def test_fused_a_plan_names_the_kernel(conv, kernel):
+@pytest.mark.parametrize("conv, width, precision, kernel", [
+    ((8, 64, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),
+    ((8, 128, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA"),   # two launches of 64 channels
+    ((8, 64, 3), 58, "tf32", "mma.sync kernel, TF32"),                   # rows of 56 pixels
+    ((8, 64, 3), 58, "ieee", "sm_90 wgmma kernel, rows per element"),   # ieee keeps the wgmma kernel (W % 4 != 0)
+])
+def test_fused_a_plan_names_the_kernel(conv, width, precision, kernel):
     """`.plans` says which fused kernel served a call (the C API's ff_fused_conv_act_pool_kernel): the seed's conv takes
-    the wgmma kernel with TMA rows, 128 output channels the mma.sync kernel."""
+    the wgmma kernel with TMA rows, also with 128 output channels; rows of <= 56 output pixels (TF32) the mma.sync
+    kernel, whose 16-pixel tiles are faster there."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     model = nn.Sequential(nn.Conv2d(*conv), nn.GELU(), nn.AdaptiveAvgPool2d(1)).cuda().eval()
-    fused = fullfuse.fused_model(model, path="fused", precision="tf32")
-    x = torch.randn(2, 8, 64, 64, device="cuda")
+    fused = fullfuse.fused_model(model, path="fused", precision=precision)
+    x = torch.randn(2, 8, 64, width, device="cuda")
     with torch.no_grad():
         fused(x)
     assert fused.plans[0].last_path == "fused"
@@ -272,7 +279,7 @@ def test_fused_a_gelu_dense_sweep(pool):
     """The fused A kernel's own GELU (the clamp-free form it takes while inputs and weights are bounded, wg_epi in
     csrc/fused_conv_act_pool/wgmma_epilogue.cuh): a 1x1 conv of weight 1 over TF32-exact inputs is the identity, one value per image,
     |err| <= 1e-6 * max(1, |x|) against float64 over a dense sweep plus large finite values up to the bound.  (One
-    channel of one pixel per image is the same memory in either layout; test_fused_a_gelu_specials covers layouts.)"""
+    channel per image is the same memory in either layout; test_fused_a_gelu_specials covers layouts.)"""
     conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
     with torch.no_grad():
         conv.weight.fill_(1.0)
@@ -281,13 +288,18 @@ def test_fused_a_gelu_dense_sweep(pool):
     big = torch.tensor([16.0, 16.5, 20.0, 1e6, 1e15], device="cuda")
     x = torch.cat([torch.linspace(-12.0, 12.0, 1 << 18, device="cuda"), big, -big])
     x = _tf32(x).view(-1, 1, 1, 1)
+    # rows of 128 columns (rows of <= 56 take the mma.sync kernel): max over 128 copies of the value, or the mean of
+    # the value and 127 of -1e4 (GELU -0 in the kernel too), times 128 — exact, so the sweep sees each GELU value
+    wide = x.expand(-1, 1, 1, 128) if pool == "max" else torch.cat([x, torch.full_like(x, -1e4).expand(-1, 1, 1, 127)], 3)
     with torch.no_grad():
-        got = fused(x).view(-1).double()
+        got = fused(wide.contiguous()).view(-1).double() * (1 if pool == "max" else 128)
     x64 = x.view(-1).double()
     ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
     worst = ((got - ref).abs() / x64.abs().clamp(min=1)).max().item()
     assert worst <= 1e-6, worst
     assert fused.plans[0].last_path == "fused"
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert "wgmma" in fused.plans[0].last_reason, fused.plans[0].last_reason
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -308,8 +320,10 @@ def test_fused_a_16bit_gelu_dense_sweep(dtype):
                        device="cuda", dtype=dtype)
     x = torch.cat([vals, big, -big]).view(-1, 1, 1, 1)
     with torch.no_grad():
-        got = fused(x).view(-1).double()
+        got = fused(x.expand(-1, 1, 1, 128).contiguous()).view(-1).double()   # 128 copies: the wgmma kernel's rows
     assert fused.plans[0].last_path == "fused"
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert "wgmma" in fused.plans[0].last_reason, fused.plans[0].last_reason
     x64 = x.view(-1).double()
     ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
     half_ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11   # of |out| <= max(1, |x|): 8 / 11 significant bits
@@ -450,6 +464,46 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
         got = fused(x)
         again = fused(x)
     assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
+    err = errors(got, want)
+    assert err["relerr"] <= TOLERANCE[mode], (err, SEED)
+    if deterministic:
+        assert torch.equal(got, again)
+
+
+_MANY_CHANNELS = [   # (input shape, C_out, kernel, padding): rows of > 64 output pixels, so the wgmma kernel on sm_90
+    ((2, 8, 12, 100), 128, 3, 0),          # two launches of 64 channels
+    ((3, 5, 9, 140), 200, (3, 5), (1, 2)),  # four, the last of 8 channels
+    ((1, 16, 6, 130), 72, 1, 0),           # two, 64 + 8
+]
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", _MANY_CHANNELS, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}")
+def test_fused_a_more_than_64_output_channels(shape, mode, channels_last, pool, deterministic):
+    """C_out > 64 on the wgmma kernel: one launch per 64 output channels, each with its weights and bias and into its
+    columns of the output (WGPlan in csrc/fused_conv_act_pool.cu), every precision, layout, pool and reduction mode,
+    against float64; the deterministic mode repeats bits."""
+    xs, k_out, kernel, padding = shape
+    g = torch.Generator("cuda").manual_seed(SEED)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()
+    x = torch.randn(xs, device="cuda", generator=g)
+    with torch.no_grad(), cudnn_conv_precision("ieee"):
+        want = model.double()(x.double().to(dtype).double())
+    model = model.float().to(dtype)
+    fused = fullfuse.fused_model(model, path="fused", precision=mode if dtype == torch.float32 else "auto",
+                                 deterministic=deterministic)
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    with torch.no_grad():
+        got = fused(x)
+        again = fused(x)
+    assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert "wgmma" in fused.plans[0].last_reason, fused.plans[0].last_reason
     err = errors(got, want)
     assert err["relerr"] <= TOLERANCE[mode], (err, SEED)
     if deterministic:
