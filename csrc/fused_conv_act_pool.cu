@@ -13,7 +13,7 @@
 //     (x_hi = tf32(x), x_lo = x - x_hi, w likewise): the two small terms are ONE bf16 k16 wgmma whose K chunks are the
 //     (x, w_lo) and (x_lo, w) pairs, so a tap costs two wgmmas instead of 3xTF32's three; each bf16 rounding is 2^-9
 //     of a term already 2^-11 of x w, i.e. <= 2^-18 |x w| per product (3xTF32: ~2^-21), well inside ieee's 1e-5.
-//   * otherwise (sm_80, strided columns, output rows of <= 56 / 64 pixels, ...; mma_sync_kernel.cuh): implicit GEMM
+//   * otherwise (sm_80, strided columns, output rows of <= 48 / 64 pixels, ...; mma_sync_kernel.cuh): implicit GEMM
 //     on mma.sync (TF32 m16n8k8; 3xTF32 for precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
 //     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
 //     = one filter tap (r,s) x 8 input channels; tile [chgroup][row][col][8 ch]; epilogue per 64ch x 16px tile.
@@ -616,11 +616,12 @@ Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, in
                    "covers Conv2d only";
   c.wp = wg_plan(dtype, channels_last, N, Cx, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                  deterministic, c.pl, lm, v);
-  // Narrow output rows: a wgmma tile is 128 pixels of one output row, so rows of Q <= 56 (TF32) / 64 (16-bit) pixels
-  // leave more than half of every tile empty, and the mma.sync kernel's 16-pixel tiles are faster there (measured at
-  // Q = 30 and 62, NOTES run 29; ieee not measured: it keeps the wgmma kernel)
-  if (c.wp.ok && !c.pl.mma_why && knobs().narrow && precision != FF_PREC_IEEE && c.pl.Q <= (dtype == FF_F32 ? 56 : 64))
-    c.wp.ok = false;
+  // Narrow output rows: a wgmma tile is 128 pixels of one output row, so a row of Q pixels fills Q / 128 of it, and
+  // the mma.sync kernel's 16-pixel tiles are faster below: measured at Q = 30 (1.8-2.6x faster in every mode) and
+  // 62 (ieee 1.2-1.3x, TF32 channels_last 1.3x faster; TF32 NCHW and 16-bit 6-18 % slower), NOTES run 29; the
+  // thresholds between come from time ~ 1 / Q (wgmma) vs ~ ceil(Q / 16) / Q (mma.sync) per output
+  const int q_narrow = precision == FF_PREC_IEEE || (dtype == FF_F32 && channels_last) ? 64 : 48;
+  if (c.wp.ok && !c.pl.mma_why && knobs().narrow && c.pl.Q <= q_narrow) c.wp.ok = false;
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
 }

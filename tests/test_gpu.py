@@ -186,15 +186,16 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
 
 
 @pytest.mark.parametrize("conv, width, precision, kernel", [
-    ((8, 64, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),
+    ((8, 64, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),   # rows of 62
     ((8, 128, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA"),   # two launches of 64 channels
-    ((8, 64, 3), 58, "tf32", "mma.sync kernel, TF32"),                   # rows of 56 pixels
-    ((8, 64, 3), 58, "ieee", "sm_90 wgmma kernel, rows per element"),   # ieee keeps the wgmma kernel (W % 4 != 0)
+    ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48 pixels
+    ((8, 64, 3), 66, "ieee", "mma.sync kernel, 3xTF32"),                 # ieee: rows of 64
+    ((8, 64, 3), 68, "ieee", "sm_90 wgmma kernel, NCHW rows by"),       # ieee: rows of 66
 ])
 def test_fused_a_plan_names_the_kernel(conv, width, precision, kernel):
     """`.plans` says which fused kernel served a call (the C API's ff_fused_conv_act_pool_kernel): the seed's conv takes
-    the wgmma kernel with TMA rows, also with 128 output channels; rows of <= 56 output pixels (TF32) the mma.sync
-    kernel, whose 16-pixel tiles are faster there."""
+    the wgmma kernel with TMA rows, also with 128 output channels; rows of <= 48 output pixels (TF32 NCHW; ieee <= 64)
+    the mma.sync kernel, whose 16-pixel tiles are faster there."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     model = nn.Sequential(nn.Conv2d(*conv), nn.GELU(), nn.AdaptiveAvgPool2d(1)).cuda().eval()
@@ -448,22 +449,30 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM|shared memory"):
             fullfuse.fused_model(model.cuda().eval(), path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
         return
-    g = torch.Generator("cuda").manual_seed(SEED)
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
     conv = nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation).cuda()
     pool_layer = nn.AdaptiveAvgPool3d(1) if pool == "mean" else nn.AdaptiveMaxPool3d(1)
-    model = nn.Sequential(conv, nn.GELU(), pool_layer).eval()
-    x = torch.randn(xs, device="cuda", generator=g)
+    _fused_a_matches_float64(nn.Sequential(conv, nn.GELU(), pool_layer).eval(), xs, mode,
+                             torch.channels_last_3d if channels_last else torch.contiguous_format, deterministic)
+
+
+def _fused_a_matches_float64(model, shape, mode, memory_format, deterministic, kernel=None):
+    """``model`` (fp32, on the GPU) on path "fused" at precision ``mode`` (tf32 / ieee / bfloat16 / float16) against
+    float64 on a fresh random input of ``shape``; the deterministic mode repeats bits; on sm_90 the kernel that served
+    it must be named ``kernel`` in `.plans` (where given)."""
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
+    x = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(SEED))
     with torch.no_grad(), cudnn_conv_precision("ieee"):
         want = model.double()(x.double().to(dtype).double())
     model = model.float().to(dtype)
     fused = fullfuse.fused_model(model, path="fused", precision=mode if dtype == torch.float32 else "auto",
                                  deterministic=deterministic)
-    x = x.to(dtype).contiguous(memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+    x = x.to(dtype).contiguous(memory_format=memory_format)
     with torch.no_grad():
         got = fused(x)
         again = fused(x)
     assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
+    if kernel and torch.cuda.get_device_capability() == (9, 0):
+        assert kernel in fused.plans[0].last_reason, fused.plans[0].last_reason
     err = errors(got, want)
     assert err["relerr"] <= TOLERANCE[mode], (err, SEED)
     if deterministic:
@@ -472,7 +481,7 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
 
 _MANY_CHANNELS = [   # (input shape, C_out, kernel, padding): rows of > 64 output pixels, so the wgmma kernel on sm_90
     ((2, 8, 12, 100), 128, 3, 0),          # two launches of 64 channels
-    ((3, 5, 9, 140), 200, (3, 5), (1, 2)),  # four, the last of 8 channels
+    ((3, 5, 9, 140), 200, 3, (1, 2)),      # four, the last of 8 channels
     ((1, 16, 6, 130), 72, 1, 0),           # two, 64 + 8
 ]
 
@@ -487,27 +496,10 @@ def test_fused_a_more_than_64_output_channels(shape, mode, channels_last, pool, 
     columns of the output (WGPlan in csrc/fused_conv_act_pool.cu), every precision, layout, pool and reduction mode,
     against float64; the deterministic mode repeats bits."""
     xs, k_out, kernel, padding = shape
-    g = torch.Generator("cuda").manual_seed(SEED)
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()
-    x = torch.randn(xs, device="cuda", generator=g)
-    with torch.no_grad(), cudnn_conv_precision("ieee"):
-        want = model.double()(x.double().to(dtype).double())
-    model = model.float().to(dtype)
-    fused = fullfuse.fused_model(model, path="fused", precision=mode if dtype == torch.float32 else "auto",
-                                 deterministic=deterministic)
-    x = x.to(dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    with torch.no_grad():
-        got = fused(x)
-        again = fused(x)
-    assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
-    if torch.cuda.get_device_capability() == (9, 0):
-        assert "wgmma" in fused.plans[0].last_reason, fused.plans[0].last_reason
-    err = errors(got, want)
-    assert err["relerr"] <= TOLERANCE[mode], (err, SEED)
-    if deterministic:
-        assert torch.equal(got, again)
+    _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
+                             deterministic, kernel="sm_90 wgmma kernel")
 
 
 def test_fused_a_conv3d_beyond_the_kernel_says_why():
