@@ -431,6 +431,7 @@ _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each mu
     ((2, 5, 12, 8, 10), 16, (3, 1, 3), (3, 2, 1), (0, 0, 1), (2, 1, 1)),   # depth stride 3, dilation 2; row stride 2
     ((1, 2, 4, 5, 6), 7, (5, 3, 3), 1, (2, 1, 1), 1),          # kernel deeper (5) than the input (4): 4 output depths
     ((2, 2, 9, 6, 48), 16, 3, (2, 1, 1), 1, (2, 1, 1)),        # C 2 x 3 <= 8, W % 8 == 0: TMA rows, every 2nd slice
+    ((2, 2, 5, 4, 72), 96, 3, 1, (1, 0, 1), 1),                # 96 output channels: two launches (64 + 32)
 ]
 
 
