@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="*", type=int, default=None, help="indices into GRID")
     ap.add_argument("--modes", nargs="*", default=["float32:auto", "bfloat16:auto"], help="dtype:precision")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
@@ -54,7 +55,7 @@ def main() -> int:
         return 1
     env = environment()
     print(f"general_a on {env['gpu']}: torch {env['torch']}, CUDA {env['cuda']}, commit {env['commit']}", flush=True)
-    grid = [GRID[i] for i in QUICK] if args.quick else GRID
+    grid = [GRID[i] for i in (args.only if args.only is not None else QUICK if args.quick else range(len(GRID)))]
     results = []
     for shape, conv, what in grid:
         for dtype, precision in (m.split(":") for m in args.modes):

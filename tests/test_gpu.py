@@ -1,5 +1,6 @@
 """GPU tests: every path against float64 on fresh random inputs (outputs poisoned with NaN first), the seed models,
 bad inputs, determinism, NaN/Inf behaviour and a dense sweep of the fast GELU.  Skipped without CUDA."""
+import copy
 import math
 import os
 import subprocess
@@ -205,6 +206,19 @@ def test_fused_a_plan_names_the_kernel(conv, width, precision, kernel):
         fused(x)
     assert fused.plans[0].last_path == "fused"
     assert fused.plans[0].last_reason.startswith("fused kernel serves it: " + kernel), fused.plans[0].last_reason
+
+
+def test_fused_a_small_channels_last_input_is_copied():
+    """channels_last input with fewer than 8 channels and W % 4 == 0 (fp32): the fused call reads a contiguous copy
+    through the NCHW loaders (faster than the per-element channels_last loader, NOTES run 29), same result."""
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GELU(), nn.AdaptiveAvgPool2d(1)).cuda().eval()
+    x = torch.randn(2, 3, 20, 132, device="cuda", generator=torch.Generator("cuda").manual_seed(SEED))
+    with torch.no_grad(), cudnn_conv_precision("ieee"):
+        want = copy.deepcopy(model).double()(x.double())
+        fused = fullfuse.fused_model(model, path="fused", precision="ieee")
+        got = fused(x.contiguous(memory_format=torch.channels_last))
+    assert fused.plans[0].last_path == "fused" and "contiguous copy" in fused.plans[0].last_reason, fused.plans[0].last_reason
+    assert errors(got, want)["relerr"] <= TOLERANCE["ieee"]
 
 
 def test_wrong_device_dtype_and_rank():

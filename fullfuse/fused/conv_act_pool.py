@@ -28,13 +28,15 @@ _CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 def _kernel_layout(x: torch.Tensor) -> Tuple[bool, int]:
     """(copy x first, channels_last): the layout the kernel reads x in — its own (NCHW / NCDHW or channels_last), else
-    a contiguous copy.  A channels_last_3d input whose rows suit the 16-byte NCDHW loader (W % 4 fp32, % 8 16-bit) is
-    copied to NCDHW too: the copy (one read and write of the input, which the call then holds as extra memory) costs
-    far less than the per-element loader a channels_last_3d Conv3d takes (benchmarks/NOTES.md run 28)."""
+    a contiguous copy.  A channels_last(_3d) input that only the per-element loader would read — a Conv3d's, or a
+    Conv2d's with fewer than 8 channels — is copied to NCHW / NCDHW when its rows suit the TMA / 16-byte loaders there
+    (W % 4 fp32, % 8 16-bit): the copy (one read and write of the input, which the call then holds as extra memory)
+    costs far less than the per-element loader (benchmarks/NOTES.md runs 28, 29)."""
     if x.is_contiguous():
         return False, 0
     if x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim()]):
-        if x.dim() == 5 and x.shape[-1] % (4 if x.dtype == torch.float32 else 8) == 0:
+        rows_suit = x.shape[-1] % (4 if x.dtype == torch.float32 else 8) == 0
+        if rows_suit and (x.dim() == 5 or x.shape[1] < 8):
             return True, 0
         return False, 1
     return True, 0
@@ -65,8 +67,9 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
 
 def kernel(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
     """Which kernel serves this call, in words (``unsupported`` said one does)."""
-    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *_shape_args(spec, x, _kernel_layout(x)[1], mode, deterministic))
-    return text.decode() if text else "fused kernel"
+    copy, channels_last = _kernel_layout(x)
+    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *_shape_args(spec, x, channels_last, mode, deterministic))
+    return (text.decode() if text else "fused kernel") + (", on a contiguous copy of the input" if copy else "")
 
 
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
