@@ -111,7 +111,8 @@ def plot(results: List[Dict], path: Path) -> None:
         bars = ax.bar(names, values, color=["#2a7" if n in ("fallback", "fused") else "#888" for n in names])
         ax.bar_label(bars, fmt="%.2f")
         ax.set_ylabel("median ms (lower is better)")
-        ax.set_title(f"{res['family']} {tuple(res['shape'])} {res['dtype']} {res['mode']} {res['layout']}", fontsize=9)
+        conv = f" {res['conv']}" if res.get("conv") else ""
+        ax.set_title(f"{res['family']} {tuple(res['shape'])}{conv} {res['dtype']} {res['mode']} {res['layout']}", fontsize=8)
         ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -60,6 +60,15 @@ def test_bench_conv_option_builds_that_conv():
         seed_model("A", 8, 2, (32,))
 
 
+def test_bench_plot_titles_name_a_changed_conv(tmp_path):
+    from fullfuse.bench import plot
+    rows = [{"variant": "eager", "available": True, "median_ms": 1.0}, {"variant": "fused", "available": True, "median_ms": 0.5}]
+    base = {"shape": [2, 8, 32, 32], "dtype": "float32", "mode": "tf32", "layout": "contiguous", "rows": rows}
+    plot([dict(base, family="A", conv="Conv2d(8, 128, kernel_size=(3, 3))"), dict(base, family="B", conv=None)],
+         tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
 def test_patterns_inside_a_larger_model():
     torch.manual_seed(1)
     model = Backbone().eval()
