@@ -42,15 +42,17 @@ def _kernel_layout(x: torch.Tensor) -> Tuple[bool, int]:
     return True, 0
 
 
-def _shape_args(spec, x, channels_last, mode, deterministic):
-    """The C API's problem: the Conv2d's (rows, columns) and, for a Conv3d, its depth in the last five (D = 0: none)."""
+def _problem(spec, x, mode, deterministic) -> Tuple[bool, tuple]:
+    """(copy x first (_kernel_layout), the C API's problem): the Conv2d's (rows, columns) and, for a Conv3d, its depth
+    in the last five (D = 0: none), in the layout the kernel reads x in."""
+    copy, channels_last = _kernel_layout(x)
     n, c, *space = x.shape
     k, s, p, d = spec.kernel_size, spec.stride, spec.padding, spec.dilation
     depth = (space[0], k[0], s[0], p[0], d[0]) if spec.dims == 3 else (0, 1, 1, 0, 1)
     h, w = space[-2:]
     precision = PRECISIONS.get(mode, 0)
-    return (dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *k[-2:], *s[-2:], *p[-2:], *d[-2:],
-            ACTIVATIONS[spec.activation], POOLS[spec.pool], precision, int(deterministic), *depth)
+    return copy, (dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *k[-2:], *s[-2:], *p[-2:], *d[-2:],
+                  ACTIVATIONS[spec.activation], POOLS[spec.pool], precision, int(deterministic), *depth)
 
 
 def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
@@ -59,7 +61,7 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     if reason:
         return reason
     try:
-        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_shape_args(spec, x, _kernel_layout(x)[1], mode, deterministic))
+        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_problem(spec, x, mode, deterministic)[1])
     except Exception as exc:  # no nvcc and no cached build, or a build failure
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     return None if why is None else why.decode()
@@ -67,16 +69,15 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
 
 def kernel(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
     """Which kernel serves this call, in words (``unsupported`` said one does)."""
-    copy, channels_last = _kernel_layout(x)
-    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *_shape_args(spec, x, channels_last, mode, deterministic))
+    copy, args = _problem(spec, x, mode, deterministic)
+    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *args)
     return (text.decode() if text else "fused kernel") + (", on a contiguous copy of the input" if copy else "")
 
 
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device), everything that depends only on those worked
     out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
-    copy, channels_last = _kernel_layout(x)
-    args = _shape_args(spec, x, channels_last, mode, deterministic)
+    copy, args = _problem(spec, x, mode, deterministic)
     n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
     # the atomic mean accumulates into out; every other mode writes each element once
     atomic = spec.pool == "mean" and not deterministic
