@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  general-a-s2  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -100,6 +100,10 @@ for stage in "$@"; do
     general-a-quick)   # the grid's four quick shapes (seed conv, 128 channels, 62- and 30-pixel rows) in TF32, ieee and bf16
       python3 benchmarks/general_a.py --quick --modes float32:auto float32:ieee bfloat16:auto --out "$OUT" 2>&1 \
         | tee "$OUT/general_a_quick.txt" | tail -14 ;;
+    general-a-s2)   # the grid's stride-2 rows, then the same forced onto the mma.sync kernel (FF_FUSED_A_IMPL=1)
+      python3 benchmarks/general_a.py --only 4 14 15 --out "$OUT" 2>&1 | tee "$OUT/general_a_s2.txt" | tail -30
+      FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --only 4 14 15 --tag mma_sync_only --out "$OUT" 2>&1 \
+        | tee "$OUT/general_a_s2_mma_sync_only.txt" | tail -30 ;;
     general-a-rgb)   # the grid's RGB row (C 3: channels_last copied to NCHW first)
       python3 benchmarks/general_a.py --only 8 --out "$OUT" 2>&1 | tee "$OUT/general_a_rgb.txt" | tail -4 ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;

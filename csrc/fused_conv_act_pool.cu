@@ -211,7 +211,8 @@ const char* vol_why(const Vol& v, int C) {
   return nullptr;
 }
 
-// ---- wgmma path plan (sm_90 only; shapes with stride-1 columns, a ring that fits) ----
+// ---- wgmma path plan (sm_90 only; shapes with stride-1 columns — stride 2 through the TMA loaders, WG_NT2 — and a
+//      ring that fits) ----
 // The kernel covers 64 output channels (its A operand, one m64 wgmma row block); K > 64 runs nkb = ceil(K / 64)
 // launches in stream order, launch kb with channels 64 kb .. (prm.K of them), each into an (N, its K) block of the
 // workspace's tmp that a 2-d copy then puts into out's columns (the counters and partials serve them in turn: each
@@ -244,7 +245,9 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   if (base.why || knobs().impl != 0) return w;
   const DevInfo di = dev_info();
   if (!(di.major == 9 && di.minor == 0)) return w;
-  if (sw != 1) return w;
+  // stride-2 columns: a Conv2d through the TMA loaders, each plane's even columns then its odd ones (WG_NT2)
+  const bool sw2 = sw == 2;
+  if (sw != 1 && !(sw2 && tma && v.D == 0)) return w;
   w.nkb = (K + 63) / 64;
   K = K < 64 ? K : 64;   // per launch
   // 16-bit inputs: k16 ops = 8 channels + 8 more columns (FF_FUSED_A_WG16=0: mma.sync path)
@@ -254,8 +257,11 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   p.N = (int)N; p.C = C; p.H = H; p.W = W; p.K = K; p.R = R; p.S = S; p.sh = sh; p.ph = ph; p.pw = pw; p.dh = dh; p.dw = dw;
   p.P = base.P; p.Q = base.Q; p.act = activation; p.pool = pool; p.det = deterministic ? 1 : 0;
   p.CG = base.CG;
-  p.nseg = (p.Q + WG_NT - 1) / WG_NT;
-  long long twa = ((long long)WG_NT + (long long)(S - 1) * dw + 7) / 8 * 8;
+  const int nt = sw2 ? WG_NT2 : WG_NT;   // output pixels per segment
+  p.nseg = (p.Q + nt - 1) / nt;
+  // the input columns a segment's ops read, from its first (SW2: 2 (nt - 1) + (S - 1) dw + 1, half of them per parity)
+  const long long span_c = sw2 ? 2LL * (nt - 1) + (long long)(S - 1) * dw + 1 : (long long)nt + (long long)(S - 1) * dw;
+  long long twa = sw2 ? 2 * (((span_c + 1) / 2 + 7) / 8 * 8) : (span_c + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
   // TMA boxes of at most 256 columns: TVEC's tma_bc % 8 == 0 (each box lands 128-byte aligned in its plane); TNCHW fp32
@@ -263,20 +269,29 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   // (channel rows 16 bytes apart modulo 128, wg_tnchw16_row)
   const int cpb = dtype == FF_F32 ? 4 : 8;   // columns per 16 bytes of NCHW input: TNCHW boxes start at a multiple
   const int tdelta = tnchw ? ((-pw) % cpb + cpb) % cpb : 0;   // wbase mod cpb (segments start at multiples of 256 columns)
-  const long long cols = (long long)WG_NT + (long long)(S - 1) * dw + tdelta;   // the columns a row's ops read (+ delta)
+  const long long cols = span_c + tdelta;   // the columns a row's ops read (+ delta)
+  // SW2, TVEC: boxes of every other column, per parity (a box spans 2 tma_bc <= 256 columns)
+  const long long box_cols = sw2 && tvec ? (span_c + 1) / 2 : cols;
+  const int bmax = sw2 && tvec ? 128 : 256;
   int nbox = 0, bc = 0;
   if (tma) {
-    for (nbox = (int)((cols + 255) / 256);; ++nbox) {
-      bc = (int)((cols + nbox - 1) / nbox);
+    for (nbox = (int)((box_cols + bmax - 1) / bmax);; ++nbox) {
+      bc = (int)((box_cols + nbox - 1) / nbox);
       bc = tvec ? (bc + 7) / 8 * 8 : dtype == FF_F32 ? (bc + 3) / 8 * 8 + 4 : (bc + 55) / 64 * 64 + 8;
-      if (bc <= 256) break;
+      if (bc <= bmax) break;
     }
   }
+  // SW2: positions per parity, and from a plane's even half to its odd one (TVEC: right after it, 128-byte aligned for
+  // the boxes; TNCHW: after WG_PAD more of slack, which its pass's columns before the segment and past its end use)
+  const long long twh = !sw2 ? 0 : tvec ? (long long)nbox * bc : twa / 2;
+  if (sw2 && tvec) p.TWa = (int)(2 * twh);
+  p.sw2_sub = !sw2 ? 0 : (int)(tvec ? twh : twh + WG_PAD);
+  auto posr = [&](long long c) { return sw2 ? (c & 1) * p.sw2_sub + (c >> 1) : c; };   // wg_pos - WG_PAD
   // a channel plane: slack both sides (NCHW4 / NCHW8 groups overhang), then fp32 planes start 64 (channels_last: the
   // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 32 bytes (NCHW4: see there) apart modulo 128;
   // TVEC: 128-byte aligned planes of the slack and the TMA boxes
-  const long long plane = tvec ? ((long long)WG_PAD + (long long)nbox * bc) * 16
-                               : ((long long)p.TWa + 2 * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 32);
+  const long long plane = tvec ? ((long long)WG_PAD + (sw2 ? 2 * twh : (long long)nbox * bc)) * 16
+                               : ((long long)p.TWa + (sw2 ? 3 : 2) * WG_PAD) * 16 + (dtype != FF_F32 ? 0 : channels_last ? 64 : 32);
   p.plane_bytes = (int)plane;
   p.nq = dtype == FF_F32 ? (p.TWa + 3) / 4 + 1 : (p.TWa + 7) / 8 + 1;   // NCHW4 / NCHW8 column groups per row
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
@@ -364,7 +379,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
     w.smem = (size_t)p.bar_off + 8 * (size_t)p.NST + 128;   // + the kernel's alignment of its layout to 128 bytes
     p.tma_nbox = nbox; p.tma_bc = bc; p.tma_cols = (int)cols; p.tma_delta = tdelta;
     // (a Conv3d's boxes land C x T of the group's 8 channel rows: wg_tma_row)
-    p.tma_bytes = tvec ? p.CG * (dtype == FF_F32 ? 2 : 1) * nbox * bc * 16
+    p.tma_bytes = tvec ? p.CG * (dtype == FF_F32 ? 2 : 1) * (sw2 ? 2 : 1) * nbox * bc * 16
                 : v.D > 0 ? nbox * C * bc * (dtype == FF_F32 ? 4 : 2) : (int)stage_bytes;
     if (v.D > 0 && (tvec || p.CG != 1)) return w;
   }
@@ -390,9 +405,11 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
     for (int s = 0; s < S; s += step_s)
       for (int cg = 0; cg < p.CG; ++cg) {
         if (col16 && s == S - 1 && r < 2) continue;   // (0, 2) and (1, 2): the column pair below
-        const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + (long long)s * dw) * 16;
+        const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + posr((long long)s * dw)) * 16;
         const bool pair = step_s == 2 && s + 1 < S;
-        const long long lbo = dtype == FF_F32 ? plane : pair ? (long long)dw * 16 : (p.CG - cg) * plane;
+        // (a pair's taps: s even, so SW2 puts tap s + 1 in the odd half or further on in the even one: lbo > 0)
+        const long long lbo = dtype == FF_F32 ? plane
+                              : pair ? (posr((long long)(s + 1) * dw) - posr((long long)s * dw)) * 16 : (p.CG - cg) * plane;
         add_op((r * S + s) * p.CG + cg, pair ? (r * S + s + 1) * p.CG + cg : WG_UNIT_NONE, off, lbo, r * dh);
       }
   // the column pair (WG_COL16_OPS, one channel group): op WG_COL16_J after (2, 0) + (2, 1) and (2, 2); its LBO and, where
@@ -400,7 +417,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   // descriptor table (wg_dtab_fill)
   if (col16) {
     const int tap02 = 2, tap12 = S + 2;
-    add_op(tap02, tap12, (WG_PAD + 2LL * dw) * 16, 0, 0);
+    add_op(tap02, tap12, (WG_PAD + posr(2LL * dw)) * 16, 0, 0);
     p.op_u0[nops] = tap12; p.op_u1[nops] = tap02;
   }
   p.col_j = col16 ? WG_COL16_J : -1;
@@ -465,7 +482,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
 }
 
 // The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
-// loader it replaces, else that one (VEC / NCHW4 / NCHW8).
+// loader it replaces, else that one (VEC / NCHW4 / NCHW8).  Stride-2 columns have only the TMA loaders (the caller sizes
+// the workspace for the mma.sync kernel too, which serves them where the tensor map cannot be made).
 WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
                int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm,
                const Vol& v) {
@@ -473,35 +491,35 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
     return wg_plan_lm(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                       deterministic, base, l, v);
   };
-  if (!wg_lm_tma(lm)) return plan(lm);
+  if (!wg_lm_tma(lm) || sw == 2) return plan(lm);
   const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
   if (!a.ok) return a;
   const WGPlan t = plan(lm);
   return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
 }
 
-template <int DT, bool SPLIT, int LM, bool VOL = false>
+template <int DT, bool SPLIT, int LM, bool VOL = false, bool SW2 = false>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op and the column pair,
   // 5) get the
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
   // 16-bit only the 168-register build; a Conv3d (VOL) only the 168-register one too.  (wg_plan may run fewer blocks per
-  // SM than a build allows.)
+  // SM than a build allows.)  Stride-2 columns (SW2): the 168-register straight-line build only.
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 && !VOL ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
-  auto kern = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB, VOL>
-              : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL>
-                                                  : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL>;
+  auto kern = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, SW2 ? MINB_FEW : MINB, VOL, SW2>
+              : (SW2 || DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2>
+                                                         : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL, SW2>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
   return (int)cudaGetLastError();
 }
 
-// One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).  A Conv3d (prm.vT):
-// the kernels built for it.
+// One kernel per (dtype, precision, loader); the loader was picked for this dtype (wg_loader).  A Conv3d (prm.vT),
+// stride-2 columns (prm.sw2_sub): the kernels built for them.
 template <int DT, bool SPLIT>
 int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int LM_COLS = DT == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, LM_ANY = DT == FF_F32 ? WG_LM_ELEM : WG_LM_REG;
@@ -509,6 +527,9 @@ int wg_launch_dt(int lm, const WGParams& prm, size_t smem, cudaStream_t stream) 
     return lm == WG_LM_TNCHW ? wg_launch_t<DT, SPLIT, WG_LM_TNCHW, true>(prm, smem, stream)
            : lm == LM_COLS   ? wg_launch_t<DT, SPLIT, LM_COLS, true>(prm, smem, stream)
                              : wg_launch_t<DT, SPLIT, LM_ANY, true>(prm, smem, stream);
+  if (prm.sw2_sub > 0)
+    return lm == WG_LM_TVEC ? wg_launch_t<DT, SPLIT, WG_LM_TVEC, false, true>(prm, smem, stream)
+                            : wg_launch_t<DT, SPLIT, WG_LM_TNCHW, false, true>(prm, smem, stream);
   if (lm == WG_LM_TVEC) return wg_launch_t<DT, SPLIT, WG_LM_TVEC>(prm, smem, stream);
   if (lm == WG_LM_TNCHW) return wg_launch_t<DT, SPLIT, WG_LM_TNCHW>(prm, smem, stream);
   if (lm == WG_LM_VEC) return wg_launch_t<DT, SPLIT, WG_LM_VEC>(prm, smem, stream);
@@ -546,8 +567,8 @@ int wg_loader(int dtype, int channels_last, int C, int W, const void* x, const V
 }
 // The TMA loaders' tensor map of input x (wg_tma_row), through the driver's cuTensorMapEncodeTiled looked up at run
 // time; false if it is not there or refuses (the caller then plans the copy loader).  TVEC: NHWC as (16 bytes of
-// channels, C / that, W, H, N), box 16 bytes x 1 x tma_bc; TNCHW: NCHW as (W, H, C, N), box tma_bc x 1 x 8 channels
-// (channels >= C read as zeros).  16-bit input moves as uint16.
+// channels, C / that, W, H, N), box 16 bytes x 1 x tma_bc (stride-2 columns: x 2 tma_bc, every other column); TNCHW:
+// NCHW as (W, H, C, N), box tma_bc x 1 x 8 channels (channels >= C read as zeros).  16-bit input moves as uint16.
 bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                               const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -581,8 +602,9 @@ bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
   } else if (lm == WG_LM_TVEC) {
     const cuuint64_t dims[5] = {cq, C / cq, W, H, N};
     const cuuint64_t strides[4] = {16, C * es, W * C * es, H * W * C * es};
-    const cuuint32_t box[5] = {(cuuint32_t)cq, 1, (cuuint32_t)q.tma_bc, 1, 1};
-    r = encode(&q.tmap, ty, 5, const_cast<void*>(x), dims, strides, box, ones,
+    const cuuint32_t ew = q.sw2_sub > 0 ? 2 : 1;
+    const cuuint32_t box[5] = {(cuuint32_t)cq, 1, ew * (cuuint32_t)q.tma_bc, 1, 1}, estr[5] = {1, 1, ew, 1, 1};
+    r = encode(&q.tmap, ty, 5, const_cast<void*>(x), dims, strides, box, estr,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   } else {
@@ -625,6 +647,15 @@ Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, in
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
 }
+// choose() for a call of the C API below: a Conv3d's depth (D > 0) from its arguments, the loader for input x (null:
+// the loader an aligned x gets, as the workspace query and the plan's description assume)
+Choice choose_call(const void* x, int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh,
+                   int sw, int ph, int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, int D,
+                   int T, int sd, int pd, int dd) {
+  const Vol v = make_vol(D, T, sd, pd, dd);
+  return choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                deterministic, wg_loader(dtype, channels_last, C, W, x, v), v);
+}
 }  // namespace
 
 extern "C" {
@@ -636,18 +667,16 @@ const char* ff_fused_conv_act_pool_unsupported(int dtype, int channels_last, lon
                                                int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
                                                int pool, int precision, int deterministic, int D, int T, int sd, int pd,
                                                int dd) {
-  const Vol v = make_vol(D, T, sd, pd, dd);
-  return choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v).why;
+  return choose_call(nullptr, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                     deterministic, D, T, sd, pd, dd).why;
 }
 
 // Which kernel serves the call, in words (shown in the fused model's `.plans`); null where none does.
 const char* ff_fused_conv_act_pool_kernel(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R,
                                           int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation, int pool,
                                           int precision, int deterministic, int D, int T, int sd, int pd, int dd) {
-  const Vol v = make_vol(D, T, sd, pd, dd);
-  const Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                          deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v);
+  const Choice c = choose_call(nullptr, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool,
+                               precision, deterministic, D, T, sd, pd, dd);
   if (c.why) return nullptr;
   static thread_local char text[192];
   if (!c.wp.ok) {
@@ -658,8 +687,9 @@ const char* ff_fused_conv_act_pool_kernel(int dtype, int channels_last, long lon
                                      "NCHW rows by 16-byte copies", "NCHW rows by 16-byte copies", "channels_last rows by TMA",
                                      "NCHW rows by TMA"};
   const bool line = wg_straight_ops(dtype, c.wp.prm.nops, c.wp.prm.col_j >= 0) > 0;
-  snprintf(text, sizeof text, "sm_90 wgmma kernel%s, %s, %d ops per tile (%s), %d blocks per SM", v.D > 0 ? " (Conv3d)" : "",
-           rows[c.wp.lm], c.wp.prm.nops, line ? "straight-line" : "general chain", c.wp.bps);
+  snprintf(text, sizeof text, "sm_90 wgmma kernel%s, %s%s, %d ops per tile (%s), %d blocks per SM",
+           D > 0 ? " (Conv3d)" : "", rows[c.wp.lm], c.wp.prm.sw2_sub > 0 ? " split into even / odd columns (stride 2)" : "",
+           c.wp.prm.nops, line ? "straight-line" : "general chain", c.wp.bps);
   return text;
 }
 
@@ -667,10 +697,11 @@ size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long
                                               int S, int sh, int sw, int ph, int pw, int dh, int dw, int activation,
                                               int pool, int precision, int deterministic, int D, int T, int sd, int pd,
                                               int dd) {
-  const Vol v = make_vol(D, T, sd, pd, dd);
-  const Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                          deterministic, wg_loader(dtype, channels_last, C, W, nullptr, v), v);
-  return c.why ? 0 : c.wp.ok ? c.wp.ws_bytes : c.pl.ws_bytes;
+  const Choice c = choose_call(nullptr, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool,
+                               precision, deterministic, D, T, sd, pd, dd);
+  // stride-2 columns on the wgmma kernel: the mma.sync kernel's too, which serves the call where the tensor map cannot be
+  // made (ff_fused_conv_act_pool: no copy loader takes stride 2)
+  return c.why ? 0 : !c.wp.ok ? c.pl.ws_bytes : c.wp.prm.sw2_sub > 0 ? std::max(c.wp.ws_bytes, c.pl.ws_bytes) : c.wp.ws_bytes;
 }
 
 int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias, float* out, int dtype, int channels_last,
@@ -678,9 +709,10 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
                            int dw, int activation, int pool, int precision, int deterministic, int D, int T, int sd,
                            int pd, int dd, void* workspace, cudaStream_t stream) {
   const Vol v = make_vol(D, T, sd, pd, dd);
-  Choice c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                    deterministic, wg_loader(dtype, channels_last, C, W, x, v), v);
-  if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, dtype, x))   // no TMA after all: the copy loader
+  Choice c = choose_call(x, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                         deterministic, D, T, sd, pd, dd);
+  // no TMA after all: the copy loader (stride-2 columns: none, so the mma.sync kernel)
+  if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, dtype, x))
     c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic,
                c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, v);
   if (c.why) return (int)cudaErrorNotSupported;

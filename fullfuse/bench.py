@@ -60,6 +60,9 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
         reference = ref(x.double())
         del ref
     rows = []
+    # the fallback's cuDNN plans and chunk schedules are process-wide caches: a row records the entries this call added
+    # (a grid of shapes in one process would otherwise repeat every earlier shape's in each row)
+    seen = {"cudnn_frontend_plans": {d[0] for d in cudnn_conv.describe()}, "chunk_schedules": {d[0] for d in pipeline.describe()}}
     for name in variants:
         fn_model = _variant(name, model, precision, x)
         if fn_model is None:
@@ -86,8 +89,8 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
             row["plans"] = [str(p) for p in fn_model.plans]
             row["ran"] = [p.last_path for p in fn_model.plans]
             row["reasons"] = [p.last_reason for p in fn_model.plans]
-            row["chunk_schedules"] = [str(d) for d in pipeline.describe()]
-            row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe()]
+            row["chunk_schedules"] = [str(d) for d in pipeline.describe() if d[0] not in seen["chunk_schedules"]]
+            row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe() if d[0] not in seen["cudnn_frontend_plans"]]
         rows.append(row)
         clock = f"  SM {state['sm_clock_mhz']:.0f} MHz {state.get('power_w', 0):.0f} W" if "sm_clock_mhz" in state else ""
         print(f"  {name:22} {timing['median_ms']:8.3f} ms (min {timing['min_ms']:.3f})  relerr {err['relerr']:.2e}  "

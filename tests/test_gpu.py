@@ -192,6 +192,7 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
     ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48 pixels
     ((8, 64, 3), 66, "ieee", "mma.sync kernel, 3xTF32"),                 # ieee: rows of 64
     ((8, 64, 3), 68, "ieee", "sm_90 wgmma kernel, NCHW rows by"),       # ieee: rows of 66
+    ((8, 64, 3, 2, 1), 256, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA split into even / odd columns (stride 2)"),
 ])
 def test_fused_a_plan_names_the_kernel(conv, width, precision, kernel):
     """`.plans` says which fused kernel served a call (the C API's ff_fused_conv_act_pool_kernel): the seed's conv takes
@@ -515,6 +516,31 @@ def test_fused_a_more_than_64_output_channels(shape, mode, channels_last, pool, 
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()
     _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
                              deterministic, kernel="sm_90 wgmma kernel")
+
+
+_STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation): stride-2 columns, rows of > 64 output pixels
+    ((2, 8, 12, 264), 40, 3, 2, 1, 1),         # two segments of 128 output pixels (the second of 4), row stride 2
+    ((2, 8, 9, 136), 16, 3, (1, 2), 1, 1),     # row stride 1
+    ((1, 8, 10, 240), 24, 3, 2, 2, 2),         # dilation 2: every tap in the even columns
+    ((2, 5, 7, 160), 72, (3, 4), 2, (1, 3), 1),   # 5 channels, an even filter width, two launches of 64 channels
+]
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", _STRIDE2, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}-k{s[2]}-s{s[3]}")
+def test_fused_a_stride_2_columns(shape, mode, channels_last, pool, deterministic):
+    """Stride-2 columns on the wgmma kernel (its TMA loaders put each row's even columns, then its odd ones, in the ring
+    slot: wgmma_params.cuh, WG_NT2) against float64, every precision, layout, pool and reduction mode; the kernel named
+    in `.plans` where it serves the call (ieee's ring does not fit two blocks per SM: the mma.sync kernel; 5 channels
+    channels_last: no TMA rows, the copy to NCHW does)."""
+    xs, k_out, kernel, stride, padding, dilation = shape
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
+    _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
+                             deterministic, kernel=None if mode == "ieee" else "even / odd columns (stride 2)")
 
 
 def test_fused_a_conv3d_beyond_the_kernel_says_why():

@@ -55,10 +55,10 @@ __device__ __forceinline__ bool wg_x_at_vol(const WGParams& p, long long n, int 
   return z >= 0 && z < p.vD;
 }
 
-// fp32 NCHW loaders: v[e] = 4 columns of channel 4 hp + e -> 4 columns x 4 channels at blk (plane hp), rounded to tf32,
+// fp32 NCHW loaders: v[e] = 4 columns of channel 4 hp + e -> column i's 4 channels at at(i) (plane hp), rounded to tf32,
 // bounded; ieee also the column's bf16 small part
-template <bool SPLIT>
-__device__ __forceinline__ void wg_store_cols4(const WGParams& p, uint32_t blk, int hp, const uint32_t (&v)[4][4], WGInBound& bound) {
+template <bool SPLIT, class At>
+__device__ __forceinline__ void wg_store_cols4(const WGParams& p, At&& at, int hp, const uint32_t (&v)[4][4], WGInBound& bound) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint32_t b[4];
@@ -69,11 +69,12 @@ __device__ __forceinline__ void wg_store_cols4(const WGParams& p, uint32_t blk, 
       b[e] = f2tf32(x[e]);
       bound.add(x[e]);
     }
-    asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+    const uint32_t dst = at(i);
+    asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
     if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
       uint32_t xb[2], xl[2];
       wg_small_pairs(x, b, xb, xl);
-      const uint32_t ds = blk + i * 16 - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
+      const uint32_t ds = dst - (hp & 1) * p.plane_bytes + (hp & 1) * 8 + p.small_off;
       asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds), "r"(xb[0]), "r"(xb[1]) : "memory");
       asm volatile("st.shared.v2.u32 [%0],{%1,%2};" :: "r"(ds + p.plane_bytes), "r"(xl[0]), "r"(xl[1]) : "memory");
     }
@@ -84,8 +85,8 @@ __device__ __forceinline__ void wg_store_cols4(const WGParams& p, uint32_t blk, 
 // (TMA, wg_tma_row), which goes to slot position WG_PAD - tma_delta (the slack before the row); task =
 // (plane hp, 4-column group j), plane-fastest: the 8 threads of a 16-byte shared-memory phase load 4 groups of each of
 // two planes, which lie 16 tma_bc = 64 bytes apart modulo 128 (tma_bc = 4 mod 8): conflict-free; they store into the
-// slot's planes 32 bytes apart modulo 128 (2-way, as NCHW4).
-template <bool SPLIT>
+// slot's planes 32 bytes apart modulo 128 (2-way, as NCHW4).  SW2: each column to its parity's position (wg_pos).
+template <bool SPLIT, bool SW2 = false>
 __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, uint32_t stg, WGInBound& bound) {
   const int HP = 2 * p.CG, ng = (p.tma_cols + 3) >> 2;
   for (int task = threadIdx.x; task < HP * ng; task += 128) {
@@ -98,7 +99,13 @@ __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, u
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(src + e * p.tma_bc * 4));
-    wg_store_cols4<SPLIT>(p, slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD - p.tma_delta + c0) * 16), hp, v, bound);
+    if (SW2) {
+      const uint32_t pl = slot + (uint32_t)(hp * p.plane_bytes);
+      wg_store_cols4<SPLIT>(p, [&](int i) { return pl + (uint32_t)(wg_pos<true>(p, c0 + i - p.tma_delta) * 16); }, hp, v, bound);
+    } else {
+      const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD - p.tma_delta + c0) * 16);
+      wg_store_cols4<SPLIT>(p, [&](int i) { return blk + i * 16; }, hp, v, bound);
+    }
   }
 }
 
@@ -241,7 +248,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + (j >> 1)) & 3) * 16));
-        wg_store_cols4<SPLIT>(p, blk, hp, v, bound);
+        wg_store_cols4<SPLIT>(p, [&](int i) { return blk + i * 16; }, hp, v, bound);
       }
     }
   } else if (LM == WG_LM_NCHW8) {                      // 16-bit NCHW, W % 8 == 0: task = (channel group, 8 columns)
@@ -349,18 +356,21 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
 // complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (NOTES run 17 item 9).
 // Block k of a thread's pass (k-th trip of its warp, lane's block clamped to the last): source offset in its stage,
 // destination offset in its slot.
+// (SW2: each column's entry at its parity's position, wg_pos: stmatrix takes one address per lane and row.)
 struct WGTn16Blk { uint32_t src, dst; };
+template <bool SW2 = false>
 __device__ __forceinline__ WGTn16Blk wg_tnchw16_blk(const WGParams& p, int b0, int nb, int q, int r) {
   const int blk = min(b0 + q, nb - 1);
   const int j = p.CG == 1 ? blk : fdiv(blk, p.mCG, p.sCG), cg = blk - j * p.CG;
   const int c0 = 8 * j, bx = fdiv(c0, p.mBC, p.sBC);
   return {(uint32_t)(((cg * p.tma_nbox + bx) * 8 + r) * p.tma_bc * 2 + (c0 - bx * p.tma_bc) * 2),
-          (uint32_t)(cg * p.plane_bytes + (WG_PAD - p.tma_delta + c0 + r) * 16)};
+          (uint32_t)(cg * p.plane_bytes + (SW2 ? wg_pos<true>(p, c0 + r - p.tma_delta) : WG_PAD - p.tma_delta + c0 + r) * 16)};
 }
 // The pass's offsets are the same for every row: where a warp's blocks take at most WG_TN16_TRIPS trips (nb <= 48: up
 // to ~384 columns of 8 channels) and the offsets fit 16 bits, they are worked out once per block, packed src | dst << 16
 // (the index arithmetic per row cost ~50 instructions per tile at the seed, NOTES run 23); otherwise per row.
 constexpr int WG_TN16_TRIPS = 3;
+template <bool SW2 = false>
 struct WGTn16 {
   uint32_t off[WG_TN16_TRIPS];
   bool pre;
@@ -371,7 +381,7 @@ struct WGTn16 {
     pre = on && nb <= 16 * WG_TN16_TRIPS && p.stage_bytes <= 65536 && p.slot_bytes <= 65536;
 #pragma unroll
     for (int k = 0; k < WG_TN16_TRIPS; ++k) {
-      const WGTn16Blk o = wg_tnchw16_blk(p, 4 * warp + 16 * k, nb, lane >> 3, lane & 7);
+      const WGTn16Blk o = wg_tnchw16_blk<SW2>(p, 4 * warp + 16 * k, nb, lane >> 3, lane & 7);
       off[k] = o.src | (o.dst << 16);
     }
   }
@@ -388,8 +398,9 @@ __device__ __forceinline__ void wg_tnchw16_move(uint32_t src, uint32_t dst, bool
                :: "r"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
 }
 // bnd: the input bound is wanted (not by the 16-bit GELU mean epilogue, which checks its own range)
+template <bool SW2>
 __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, bool bnd, WGInBound& bound,
-                                               const WGTn16& tn) {
+                                               const WGTn16<SW2>& tn) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nb = p.CG * ((p.tma_cols + 7) >> 3);
   if (tn.pre) {
@@ -398,7 +409,7 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
       if (4 * warp + 16 * k < nb) wg_tnchw16_move(stg + (tn.off[k] & 0xffffu), slot + (tn.off[k] >> 16), bnd, bound);
   } else {
     for (int b0 = 4 * warp; b0 < nb; b0 += 16) {   // warp-uniform; lanes past the end repeat the last block (same bytes)
-      const WGTn16Blk o = wg_tnchw16_blk(p, b0, nb, lane >> 3, lane & 7);
+      const WGTn16Blk o = wg_tnchw16_blk<SW2>(p, b0, nb, lane >> 3, lane & 7);
       wg_tnchw16_move(stg + o.src, slot + o.dst, bnd, bound);
     }
   }
@@ -427,7 +438,10 @@ struct WGRowSlot {
 // A Conv3d (VOL, TNCHW with C x T <= 8: one channel group): the map is NCDHW's 5-d one and each box (tma_bc columns, 1
 // row, T depth slices from the loader image's first, C channels) lands the group's (c, t) channels in order, c T + t,
 // its C x T rows of the 8 (the rest stay zero: wg_tma_zero_vol).
-template <int DT, int LM, bool VOL = false>
+// SW2, TVEC: two boxes per box range, every other column (the map's element stride 2 along W): the even columns from
+// wbase into the plane's first half, the odd ones from wbase + 1 into its second (sw2_sub positions on; TNCHW: as
+// stride 1, its pass sorts the columns).
+template <int DT, int LM, bool VOL = false, bool SW2 = false>
 __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int st, long long n,
                                            int h, int wbase) {
   constexpr int ESZ = DT == FF_F32 ? 4 : 2;
@@ -443,7 +457,12 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
   }
   for (int g = 0; g < (LM == WG_LM_TVEC ? p.CG * (8 / (16 / ESZ)) : p.CG); ++g)
     for (int b = 0; b < p.tma_nbox; ++b) {
-      if (LM == WG_LM_TVEC)
+      if (LM == WG_LM_TVEC && SW2) {
+#pragma unroll
+        for (int par = 0; par < 2; ++par)
+          tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + par * p.sw2_sub + b * p.tma_bc) * 16),
+                    &p.tmap, bar, 0, g, wbase + par + 2 * b * p.tma_bc, h, (int)n);
+      } else if (LM == WG_LM_TVEC)
         tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + b * p.tma_bc) * 16), &p.tmap, bar, 0, g,
                   wbase + b * p.tma_bc, h, (int)n);
       else
@@ -463,10 +482,11 @@ __device__ __forceinline__ void wg_tma_zero_vol(const WGParams& p, unsigned char
   }
 }
 // All threads: wait for the next row's stage at.st() (tph = the stages' phase bits), then its post-copy pass into ring
-// slot at.rs() (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).
-template <int DT, bool SPLIT, int LM>
+// slot at.rs() (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).  SW2:
+// TVEC's pass as stride 1's (in place over every position, even then odd: TWa = both halves), TNCHW's sorts columns.
+template <int DT, bool SPLIT, int LM, bool SW2 = false>
 __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, WGRowSlot& at,
-                                            uint32_t& tph, bool post, WGInBound& bound, const WGTn16& tn) {
+                                            uint32_t& tph, bool post, WGInBound& bound, const WGTn16<SW2>& tn) {
   const int st = at.st(), rs = at.rs();
   at.step(p);
   mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
@@ -474,7 +494,7 @@ __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, ui
   if (LM == WG_LM_TVEC) {
     if (DT == FF_F32 || post) wg_row<DT, SPLIT, WG_LM_TVEC, 1>(p, ring + (uint32_t)(st * p.slot_bytes), 0, 0, 0, bound);
   } else {
-    if (DT == FF_F32) wg_tnchw_row<SPLIT>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
+    if (DT == FF_F32) wg_tnchw_row<SPLIT, SW2>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
     else wg_tnchw16_row(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), post, bound, tn);
   }
 }

@@ -8,11 +8,12 @@
 #include "fused_conv_act_pool/wgmma_reduce.cuh"
 
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255); VOL: a Conv3d (WGParams vT;
-// the per-element and NCHW loaders only)
-template <int DT, bool SPLIT, int LM, int NOPS, int MINB, bool VOL>
+// the per-element and NCHW loaders only); SW2: stride-2 columns (WG_NT2; the TMA loaders, Conv2d)
+template <int DT, bool SPLIT, int LM, int NOPS, int MINB, bool VOL, bool SW2 = false>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
   static_assert(!VOL || LM == WG_LM_ELEM || LM == WG_LM_REG || LM == WG_LM_NCHW4 || LM == WG_LM_NCHW8 || LM == WG_LM_TNCHW,
                 "Conv3d loaders");
+  static_assert(!SW2 || (!VOL && wg_lm_tma(LM)), "stride-2 columns: the TMA loaders, Conv2d");
 #ifdef FA_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool TMA = wg_lm_tma(LM);
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   // TNCHW skips the bound then
   const bool tpost = DT == FF_F32 || (gelu_fast && !h2_cap);
   WGInBound bound;
-  const WGTn16 tn(p, NOPS > 0);   // (16-bit TNCHW only; dead code elsewhere)
+  const WGTn16<SW2> tn(p, NOPS > 0);   // (16-bit TNCHW only; dead code elsewhere)
   // the first piece's first D row groups go out before the setup, so their DRAM latency runs under it (the ring, the
   // A operands, the ones plane and the descriptor table are disjoint shared memory); the line loop skips them.
   // TMA: the first `pre` rows (as many as the stages hold), after thread 0 initialised the stages' mbarriers.
@@ -50,13 +51,13 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
     if (L0 < L1) {
-      const WGPiece<VOL> pc(p, L0, L1);
+      const WGPiece<VOL, SW2> pc(p, L0, L1);
       pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
-        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
+        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
-    const WGPiece<VOL> pc(p, L0, L1);
+    const WGPiece<VOL, SW2> pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
       if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
       asm volatile("cp.async.commit_group;" ::: "memory");
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   };
 
   for (long long l = L0; l < L1;) {
-    const WGPiece<VOL> pc(p, l, L1);
+    const WGPiece<VOL, SW2> pc(p, l, L1);
     const long long n = pc.n, nx = pc.nx;   // the image the pool reduces over, the loaders' image (WGPiece)
     const int np = pc.np, qv = pc.qv, hbase = pc.hbase, wbase = pc.wbase;
     if (n != cur_n) { flush(cur_n); cur_n = n; }
@@ -136,16 +137,16 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           if (j > 0) __syncthreads();
           if (tid == 0)
             for (int r = issued; r < want; ++r)
-              wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
+              wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
           issued = want;
         }
-        wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
+        wg_tma_take<DT, SPLIT, LM, SW2>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
       }
       if (issued < nahead) {
         __syncthreads();
         if (tid == 0)
           for (int r = issued; r < nahead; ++r)
-            wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
+            wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, wg_stage_of(p, r), nx, hbase + r, wbase);
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
@@ -188,13 +189,13 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
             int st = tak.st() + (p.D - 1) * p.sh;
             st -= st >= p.NST ? p.NST : 0;
             for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
-              wg_tma_row<DT, LM, VOL>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
+              wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
               st = wg_stage_next(p, st);
             }
           }
           if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
             for (int r = wg_group_hi(p, t) + 1; r <= wg_group_hi(p, t + 1); ++r)
-              wg_tma_take<DT, SPLIT, LM>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
+              wg_tma_take<DT, SPLIT, LM, SW2>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
         } else {
           if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
             if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);

@@ -22,6 +22,13 @@
 //   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
+// Stride-2 columns (sw == 2; the TMA loaders TVEC / TNCHW, Conv2d; template parameter SW2 of fa_wgmma_kernel): output
+// pixel q reads input columns 2 q + s dw, 32 bytes apart, which no descriptor can step over (a core matrix's 8 rows are
+// 16 bytes apart), so each channel plane of a ring slot holds the segment's even columns, then its odd ones: column c
+// (relative to the segment's first, 2 q0 - pw; may be < 0) at position WG_PAD + (c & 1) sw2_sub + (c >> 1) (wg_pos).
+// Tap s then reads positions (s dw >> 1) .. + 127 of parity (s dw) & 1, consecutive: a stride-1 B operand again.
+// Segments are WG_NT2 output pixels (one half), so that a slot holds ~2 x 128 columns as a stride-1 one holds 256.
+constexpr int WG_NT2 = 128;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
 // 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
@@ -80,7 +87,13 @@ struct WGParams {
   // so its pool covers every output depth (wg_x_at_vol, WGPiece).  (Last, so that the Conv2d kernels' parameter
   // offsets, and with them their code, stay as they were.)
   int vT, vC, vD, vDout, vsd, vpd, vdd, lines_d;
+  // stride-2 columns (SW2): positions from a plane's even columns to its odd ones (0: stride 1)
+  int sw2_sub;
 };
+
+// slot position (in 16-byte entries from the plane's start) of input column c relative to the segment's first
+template <bool SW2>
+__device__ __forceinline__ int wg_pos(const WGParams& p, int c) { return SW2 ? WG_PAD + (c & 1) * p.sw2_sub + (c >> 1) : WG_PAD + c; }
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
 

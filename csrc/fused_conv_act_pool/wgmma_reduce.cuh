@@ -20,8 +20,9 @@ __device__ __forceinline__ float wg_quad_reduce(float (&r)[2], bool mean, float 
 // The lines [L0, L1) of a block, walked piece by piece (a piece = consecutive output rows of one image and segment,
 // whose input rows, nrows of them, stream through the ring once).  n = the image (what the pool reduces over), nx =
 // the loaders' image: n, or for a Conv3d (image, output depth) as wg_x_at_vol reads it (an image's lines: its output
-// depths one after another, lines_d each; VOL: the kernel serves Conv3d).
-template <bool VOL>
+// depths one after another, lines_d each; VOL: the kernel serves Conv3d).  SW2 (stride-2 columns, WG_NT2): segments of
+// WG_NT2 output pixels, one half each, that read input columns from 2 q0 - pw.
+template <bool VOL, bool SW2 = false>
 struct WGPiece {
   long long n, nx; int np, qv, hbase, wbase, nrows, nhalf;
   __device__ __forceinline__ WGPiece(const WGParams& p, long long l, long long L1) {
@@ -35,12 +36,13 @@ struct WGPiece {
     }
     const int seg = rem / p.P, pa = rem - seg * p.P;
     np = (int)min((long long)(p.P - pa), L1 - l);
-    const int q0 = seg * WG_NT;
-    qv = min(WG_NT, p.Q - q0);
+    constexpr int NT = SW2 ? WG_NT2 : WG_NT;
+    const int q0 = seg * NT;
+    qv = min(NT, p.Q - q0);
     hbase = pa * p.sh - p.ph;
-    wbase = q0 - p.pw;
+    wbase = (SW2 ? 2 * q0 : q0) - p.pw;
     nrows = (np - 1) * p.sh + (p.R - 1) * p.dh + 1;
-    nhalf = qv > WG_NT / 2 ? 2 : 1;
+    nhalf = SW2 ? 1 : qv > WG_NT / 2 ? 2 : 1;
   }
 };
 
