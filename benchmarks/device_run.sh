@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  general-a-s2  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-all  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  general-a-s2  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +18,7 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case "$stage" in
     tests) python3 -m pytest -q -x --timeout=900 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.txt" | tail -40; rc=$((rc | ${PIPESTATUS[0]})) ;;
+    tests-all) python3 -m pytest -q --timeout=900 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.txt" | tail -60; rc=$((rc | ${PIPESTATUS[0]})) ;;   # every failure, not the first
     tests-a) python3 -m pytest -q -x --timeout=900 -p no:cacheprovider tests/test_gpu.py -k "A: or fused_a or seed_models or gelu" 2>&1 | tee "$OUT/tests_a.txt" | tail -15; rc=$((rc | ${PIPESTATUS[0]})) ;;
     clock-a)   # SM clock / power while the fused A kernel runs; the wgmma + ALU overlap microbenchmark (carried binary .carry/pw)
       FF_FUSED_A_SO=$(python3 -c "from cutlass_ops.builder import library_path; print(library_path('fused_conv_act_pool'))") \

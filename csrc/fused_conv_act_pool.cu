@@ -509,9 +509,14 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 && !VOL ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
-  auto kern = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) == 0 ? fa_wgmma_kernel<DT, SPLIT, LM, 0, SW2 ? MINB_FEW : MINB, VOL, SW2>
-              : (SW2 || DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2>
-                                                         : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL, SW2>;
+  const bool line = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) > 0;
+  void (*kern)(WGParams);
+  if constexpr (SW2)
+    kern = line ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2> : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB_FEW, VOL, SW2>;
+  else
+    kern = !line ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB, VOL>
+           : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL>
+                                               : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);

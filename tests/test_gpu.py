@@ -518,11 +518,13 @@ def test_fused_a_more_than_64_output_channels(shape, mode, channels_last, pool, 
                              deterministic, kernel="sm_90 wgmma kernel")
 
 
-_STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation): stride-2 columns, rows of > 64 output pixels
-    ((2, 8, 12, 264), 40, 3, 2, 1, 1),         # two segments of 128 output pixels (the second of 4), row stride 2
-    ((2, 8, 9, 136), 16, 3, (1, 2), 1, 1),     # row stride 1
-    ((1, 8, 10, 240), 24, 3, 2, 2, 2),         # dilation 2: every tap in the even columns
-    ((2, 5, 7, 160), 72, (3, 4), 2, (1, 3), 1),   # 5 channels, an even filter width, two launches of 64 channels
+_STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation, modes): stride-2 columns, rows of > 64 output pixels
+    ((2, 8, 12, 264), 40, 3, 2, 1, 1, "all"),           # two segments of 128 output pixels (the second of 4), row stride 2
+    ((2, 8, 9, 136), 16, 3, (1, 2), 1, 1, "all"),       # row stride 1
+    ((1, 8, 10, 240), 24, 3, 2, 2, (1, 2), "all"),      # column dilation 2: every tap in the even columns
+    # 5 channels (channels_last: read through an NCHW copy), an even filter width, two launches of 64 channels; ieee's
+    # 3xTF32 ring would leave one block per SM, and 12 K units are beyond the mma.sync kernel: ieee refuses it
+    ((2, 5, 7, 160), 72, (3, 4), 2, (1, 3), 1, "no ieee"),
 ]
 
 
@@ -534,11 +536,15 @@ _STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation): stride
 def test_fused_a_stride_2_columns(shape, mode, channels_last, pool, deterministic):
     """Stride-2 columns on the wgmma kernel (its TMA loaders put each row's even columns, then its odd ones, in the ring
     slot: wgmma_params.cuh, WG_NT2) against float64, every precision, layout, pool and reduction mode; the kernel named
-    in `.plans` where it serves the call (ieee's ring does not fit two blocks per SM: the mma.sync kernel; 5 channels
-    channels_last: no TMA rows, the copy to NCHW does)."""
-    xs, k_out, kernel, stride, padding, dilation = shape
+    in `.plans` (ieee: its ring does not fit two blocks per SM, the mma.sync kernel serves it, or refuses with the
+    reason)."""
+    xs, k_out, kernel, stride, padding, dilation, modes = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
+    if mode == "ieee" and modes == "no ieee":
+        with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM|K units"):
+            fullfuse.fused_model(model, path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
+        return
     _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
                              deterministic, kernel=None if mode == "ieee" else "even / odd columns (stride 2)")
 
