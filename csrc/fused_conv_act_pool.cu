@@ -6,14 +6,15 @@
 //
 // Two implementations, chosen per call by the host side below (the kernels live in fused_conv_act_pool/, one
 // concept per header, included in dependency order):
-//   * sm_90 (H100/H200), any dtype (TF32 / ieee / bf16 / fp16), stride-1 columns: wgmma path
+//   * sm_90 (H100/H200), any dtype (TF32 / ieee / bf16 / fp16), stride-1 columns (stride 2 through the TMA loaders, each
+//     row's even columns apart from its odd ones: WG_NT2): wgmma path
 //     (fa_wgmma_kernel, wgmma_kernel.cuh) - weights (A) and input rows (B, a shared-memory ring with the halo) both fed to the
 //     tensor cores by descriptors; one launch per 64 output channels (WGPlan).
 //     ieee there: x w ~ x_hi w_hi (tf32) + bf16(x) bf16(w_lo) + bf16(x_lo) bf16(w)
 //     (x_hi = tf32(x), x_lo = x - x_hi, w likewise): the two small terms are ONE bf16 k16 wgmma whose K chunks are the
 //     (x, w_lo) and (x_lo, w) pairs, so a tap costs two wgmmas instead of 3xTF32's three; each bf16 rounding is 2^-9
 //     of a term already 2^-11 of x w, i.e. <= 2^-18 |x w| per product (3xTF32: ~2^-21), well inside ieee's 1e-5.
-//   * otherwise (sm_80, strided columns, output rows of <= 48 / 64 pixels, ...; mma_sync_kernel.cuh): implicit GEMM
+//   * otherwise (sm_80, column strides > 2, output rows of <= 48 / 64 pixels, ...; mma_sync_kernel.cuh): implicit GEMM
 //     on mma.sync (TF32 m16n8k8; 3xTF32 for precision=ieee; bf16/fp16 m16n8k16 + k8). GEMM M = output channels (A = weights, register-resident: K-dim <= 9
 //     "units"), GEMM N = output pixels (B = im2col straight from a shared-memory input tile with its halo), K-dim unit
 //     = one filter tap (r,s) x 8 input channels; tile [chgroup][row][col][8 ch]; epilogue per 64ch x 16px tile.
@@ -118,8 +119,8 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
   long long nu = (long long)R * S * pl.CG;
   if (nu > NU_MAX) {
     pl.mma_why = "fused_conv_act_pool: R*S*ceil(C/8) > 9 K units of 8 input channels: beyond the mma.sync kernel (9, "
-                 "register-resident weights); the sm_90 wgmma kernel takes up to 64 with stride-1 columns and a ring of "
-                 "input rows that fits in shared memory";
+                 "register-resident weights); the sm_90 wgmma kernel takes up to 64 with stride-1 columns (stride 2 "
+                 "with TMA rows) and a ring of input rows that fits in shared memory";
     return pl;
   }
   pl.nu = (int)nu;
