@@ -440,6 +440,15 @@ def test_fused_a_gelu_specials(dtype, channels_last, pool):
     assert torch.allclose(got[fin], want[fin], rtol=rtol, atol=rtol), (got, want)
 
 
+def _every_mode_layout_pool_reduction(test):
+    """Parametrize a fused-A shape sweep over precision mode, layout, pool and reduction mode (ids in that order, after
+    the shape)."""
+    for name, values in (("mode", ["tf32", "ieee", "bfloat16", "float16"]), ("channels_last", [False, True]),
+                         ("pool", ["mean", "max"]), ("deterministic", [True, False])):
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
 _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each must take the fused kernel on sm_90
     ((2, 1, 6, 20, 40), 32, 3, 1, 1, 1),                       # C 1 x depth 3: one channel group, straight-line, TMA
     ((3, 4, 7, 9, 270), 64, 3, (1, 1, 1), (1, 1, 0), 1),       # 2 groups, two column segments
@@ -450,10 +459,7 @@ _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each mu
 ]
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("pool", ["mean", "max"])
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@_every_mode_layout_pool_reduction
 @pytest.mark.parametrize("shape", _CONV3D, ids=lambda s: "x".join(map(str, s[0])))
 def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
     """Conv3d -> GELU -> global pool on the fused kernel (path "fused": it must serve these, no step down), every
@@ -502,10 +508,7 @@ _MANY_CHANNELS = [   # (input shape, C_out, kernel, padding): rows of > 64 outpu
 ]
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("pool", ["mean", "max"])
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@_every_mode_layout_pool_reduction
 @pytest.mark.parametrize("shape", _MANY_CHANNELS, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}")
 def test_fused_a_more_than_64_output_channels(shape, mode, channels_last, pool, deterministic):
     """C_out > 64 on the wgmma kernel: one launch per 64 output channels, each with its weights and bias and into its
@@ -528,10 +531,7 @@ _STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation, modes):
 ]
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("pool", ["mean", "max"])
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@_every_mode_layout_pool_reduction
 @pytest.mark.parametrize("shape", _STRIDE2, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}-k{s[2]}-s{s[3]}")
 def test_fused_a_stride_2_columns(shape, mode, channels_last, pool, deterministic):
     """Stride-2 columns on the wgmma kernel (its TMA loaders put each row's even columns, then its odd ones, in the ring
