@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-all  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  general-a-s2  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-all  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -105,6 +105,10 @@ for stage in "$@"; do
       python3 benchmarks/general_a.py --only 4 14 15 --out "$OUT" 2>&1 | tee "$OUT/general_a_s2.txt" | tail -30
       FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --only 4 14 15 --tag mma_sync_only --out "$OUT" 2>&1 \
         | tee "$OUT/general_a_s2_mma_sync_only.txt" | tail -30 ;;
+    general-a-s2-narrow)   # stride 2 with 64-pixel output rows: default kernel choice, wgmma only, mma.sync only
+      python3 benchmarks/general_a.py --only 16 --out "$OUT" 2>&1 | tee "$OUT/general_a_s2_narrow.txt" | tail -6
+      FF_FUSED_A_NARROW=0 python3 benchmarks/general_a.py --only 16 --tag wgmma_only --out "$OUT" 2>&1 | tee "$OUT/general_a_s2_narrow_wgmma.txt" | tail -6
+      FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --only 16 --tag mma_sync_only --out "$OUT" 2>&1 | tee "$OUT/general_a_s2_narrow_mma_sync.txt" | tail -6 ;;
     general-a-rgb)   # the grid's RGB row (C 3: channels_last copied to NCHW first)
       python3 benchmarks/general_a.py --only 8 --out "$OUT" 2>&1 | tee "$OUT/general_a_rgb.txt" | tail -4 ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;

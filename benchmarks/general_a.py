@@ -39,6 +39,7 @@ GRID = [
     ((32, 32, 128, 128), (64, 3, 1, 1), "32 input channels"),
     ((32, 16, 256, 256), (64, 3, 2, 1), "stride 2, 16 input channels"),
     ((32, 3, 224, 224), (64, 3, 2, 1), "RGB input, stride 2"),
+    ((128, 8, 128, 128), (64, 3, 2, 1), "stride 2, 64-pixel output rows"),
 ]
 QUICK = [0, 2, 10, 11]
 
