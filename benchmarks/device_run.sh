@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-all  tests-a  bench-3d  general-a  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -98,6 +98,8 @@ for stage in "$@"; do
       python3 benchmarks/general_a.py --quick --modes float32:ieee --out "$OUT" 2>&1 | tee "$OUT/general_a_ieee.txt" | tail -8
       FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --quick --modes float32:auto float32:ieee bfloat16:auto --tag mma_sync_only \
         --out "$OUT" 2>&1 | tee "$OUT/general_a_mma_sync_only.txt" | tail -10 ;;
+    general-a-grid)   # the whole grid once (TF32 and bf16, both layouts), nothing else
+      python3 benchmarks/general_a.py --out "$OUT" 2>&1 | tee "$OUT/general_a.txt" | tail -40 ;;
     general-a-quick)   # the grid's four quick shapes (seed conv, 128 channels, 62- and 30-pixel rows) in TF32, ieee and bf16
       python3 benchmarks/general_a.py --quick --modes float32:auto float32:ieee bfloat16:auto --out "$OUT" 2>&1 \
         | tee "$OUT/general_a_quick.txt" | tail -14 ;;
