@@ -287,7 +287,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   const long long twh = !sw2 ? 0 : tvec ? (long long)nbox * bc : twa / 2;
   if (sw2 && tvec) p.TWa = (int)(2 * twh);
   p.sw2_sub = !sw2 ? 0 : (int)(tvec ? twh : twh + WG_PAD);
-  auto posr = [&](long long c) { return sw2 ? (c & 1) * p.sw2_sub + (c >> 1) : c; };   // wg_pos - WG_PAD
+  auto posr = [&](long long c) { return (long long)(sw2 ? wg_pos<true>(p, (int)c) : wg_pos<false>(p, (int)c)) - WG_PAD; };
   // a channel plane: slack both sides (NCHW4 / NCHW8 groups overhang), then fp32 planes start 64 (channels_last: the
   // 16-byte copies alternate planes, 8 threads -> 8 bank groups) or 32 bytes (NCHW4: see there) apart modulo 128;
   // TVEC: 128-byte aligned planes of the slack and the TMA boxes

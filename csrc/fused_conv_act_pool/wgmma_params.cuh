@@ -91,9 +91,12 @@ struct WGParams {
   int sw2_sub;
 };
 
-// slot position (in 16-byte entries from the plane's start) of input column c relative to the segment's first
+// slot position (in 16-byte entries from the plane's start) of input column c relative to the segment's first (the
+// loaders' stores, and on the host the ops' B offsets)
 template <bool SW2>
-__device__ __forceinline__ int wg_pos(const WGParams& p, int c) { return SW2 ? WG_PAD + (c & 1) * p.sw2_sub + (c >> 1) : WG_PAD + c; }
+__host__ __device__ __forceinline__ int wg_pos(const WGParams& p, int c) {
+  return SW2 ? WG_PAD + (c & 1) * p.sw2_sub + (c >> 1) : WG_PAD + c;
+}
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
 
