@@ -506,7 +506,7 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
   // 16-bit only the 168-register build; a Conv3d (VOL) only the 168-register one too.  (wg_plan may run fewer blocks per
-  // SM than a build allows.)  Stride-2 columns (SW2): the 168-register straight-line build only.
+  // SM than a build allows.)  Stride-2 columns (SW2): the MINB_FEW builds only (straight-line and general).
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 && !VOL ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
