@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  general-a-r2  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -111,6 +111,11 @@ for stage in "$@"; do
       python3 benchmarks/general_a.py --only 16 --out "$OUT" 2>&1 | tee "$OUT/general_a_s2_narrow.txt" | tail -6
       FF_FUSED_A_NARROW=0 python3 benchmarks/general_a.py --only 16 --tag wgmma_only --out "$OUT" 2>&1 | tee "$OUT/general_a_s2_narrow_wgmma.txt" | tail -6
       FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --only 16 --tag mma_sync_only --out "$OUT" 2>&1 | tee "$OUT/general_a_s2_narrow_mma_sync.txt" | tail -6 ;;
+    general-a-r2)   # rows of 30..64 output pixels: default (two rows per tile), one row per tile, mma.sync only; 30-pixel rows on R2
+      python3 benchmarks/general_a.py --only 10 16 17 11 --out "$OUT" 2>&1 | tee "$OUT/general_a_r2.txt" | tail -10
+      FF_FUSED_A_R2=0 python3 benchmarks/general_a.py --only 10 16 17 --tag one_row_per_tile --out "$OUT" 2>&1 | tee "$OUT/general_a_r2_off.txt" | tail -8
+      FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --only 10 16 17 --tag mma_sync_only --out "$OUT" 2>&1 | tee "$OUT/general_a_r2_mma_sync.txt" | tail -8
+      FF_FUSED_A_NARROW=0 python3 benchmarks/general_a.py --only 11 --tag r2_at_30 --out "$OUT" 2>&1 | tee "$OUT/general_a_r2_at_30.txt" | tail -4 ;;
     general-a-rgb)   # the grid's RGB row (C 3: channels_last copied to NCHW first)
       python3 benchmarks/general_a.py --only 8 --out "$OUT" 2>&1 | tee "$OUT/general_a_rgb.txt" | tail -4 ;;
     bench-b) ff bench --family B --layout both --variants eager fallback fused --repeats 20 --out "$OUT" 2>&1 | tail -6 ;;

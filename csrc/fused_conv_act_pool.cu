@@ -63,14 +63,15 @@ struct Plan {
 // FF_FUSED_A_MINBPS = fewest blocks per SM the wgmma kernel may shrink to when a large filter's ring needs the room
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
 // FF_FUSED_A_NARROW = 0 keeps narrow output rows on the wgmma kernel (choose; the tests run it that way too).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16, narrow; };
+// FF_FUSED_A_R2 = 0 gives rows of 8..64 output pixels one row per wgmma tile instead of two (WG_NT_R2).
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16, narrow, r2; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1),
-            get("FF_FUSED_A_NARROW", 1)};
+            get("FF_FUSED_A_NARROW", 1), get("FF_FUSED_A_R2", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
@@ -325,7 +326,13 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
 #ifdef FF_FUSED_A_DIAG
   p.diag = getenv("FF_FUSED_A_DIAG_OFF") ? atoi(getenv("FF_FUSED_A_DIAG_OFF")) : 0;
 #endif
-  const long long need = (long long)sh + span + 1;     // ring slots: the rows of one output row + the next row's first
+  // two output rows per tile (WG_NT_R2): rows of 8 .. 64 output pixels (one segment) through the TMA loaders, Conv2d, not
+  // ieee (knob FF_FUSED_A_R2 = 0: one row per tile)
+  const bool r2 = knobs().r2 && tma && !split && v.D == 0 && p.Q >= 8 && p.Q <= WG_NT_R2;
+  p.r2 = r2 ? 1 : 0;
+  // ring slots: the rows of one output row + the next row's first; R2: + sh, as row t - 1's chain is still in flight
+  // while row t + 1's rows land
+  const long long need = (long long)sh + span + 1 + (r2 ? sh : 0);
   constexpr long long ONES = 128;                     // the bias op's ones block (8 rows x 16 B)
   auto dtab_bytes = [&](long long slots) { return slots * 2 * WG_DSTRIDE(nops_line) * 4; };   // B descriptor table (wg_dtab_fill)
   // TMA: TNCHW's stages (D = 2 row groups in flight, sh rows each) and the stages' mbarriers (TVEC: one per ring slot),
@@ -361,7 +368,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   if (tnchw) {
     p.D = tnchw_d;
   } else {
-    p.D = (int)((rb - 1 - span) / sh);
+    // group t + D's rows must miss row t's slots (R2: row t - 1's too)
+    p.D = (int)((rb - 1 - span) / sh) - (r2 ? 1 : 0);
     if (p.D > 8) p.D = 8;
   }
   if (p.D < 1) return w;
@@ -482,6 +490,9 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   return w;
 }
 
+// The copy loader that replaces TMA loader lm (where its layout does not fit or its tensor map cannot be made)
+int wg_copy_loader(int lm, int dtype) { return lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8; }
+
 // The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
 // loader it replaces, else that one (VEC / NCHW4 / NCHW8).  Stride-2 columns have only the TMA loaders (the caller sizes
 // the workspace for the mma.sync kernel too, which serves them where the tensor map cannot be made).
@@ -493,7 +504,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
                       deterministic, base, l, v);
   };
   if (!wg_lm_tma(lm) || sw == 2) return plan(lm);
-  const WGPlan a = plan(lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8);
+  const WGPlan a = plan(wg_copy_loader(lm, dtype));
   if (!a.ok) return a;
   const WGPlan t = plan(lm);
   return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
@@ -506,18 +517,25 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
   // 16-bit only the 168-register build; a Conv3d (VOL) only the 168-register one too.  (wg_plan may run fewer blocks per
-  // SM than a build allows.)  Stride-2 columns (SW2): the MINB_FEW builds only (straight-line and general).
+  // SM than a build allows.)  Stride-2 columns (SW2) and two rows per tile (R2): the MINB_FEW builds only (straight-line
+  // and general).
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 && !VOL ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
   const bool line = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) > 0;
-  void (*kern)(WGParams);
-  if constexpr (SW2)
-    kern = line ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2> : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB_FEW, VOL, SW2>;
-  else
-    kern = !line ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB, VOL>
-           : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL>
-                                               : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL>;
+  void (*kern)(WGParams) = nullptr;
+  if constexpr (wg_lm_tma(LM) && !SPLIT && !VOL)   // two output rows per tile (R2): the MINB_FEW builds
+    if (prm.r2)
+      kern = line ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2, true>
+                  : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB_FEW, VOL, SW2, true>;
+  if (!kern) {
+    if constexpr (SW2)
+      kern = line ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2> : fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB_FEW, VOL, SW2>;
+    else
+      kern = !line ? fa_wgmma_kernel<DT, SPLIT, LM, 0, MINB, VOL>
+             : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL>
+                                                 : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL>;
+  }
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
@@ -628,6 +646,7 @@ bool wg_encode_tmap(WGParams& q, int lm, int dtype, const void* x) {
 // (invalid call, or beyond both kernels: then the wgmma kernel's capacity message where it had one).
 // A Conv3d (v.D > 0) only on the wgmma kernel, as the Conv2d over C x T channels (Vol).
 struct Choice { Plan pl; WGPlan wp; const char* why; };
+constexpr int R2_NARROW = 32;   // rows of <= this many output pixels: the mma.sync kernel even with two rows per tile
 Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
               int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, int lm, const Vol& v) {
   Choice c{};
@@ -647,8 +666,9 @@ Choice choose(int dtype, int channels_last, long long N, int C, int H, int W, in
   // Narrow output rows: a wgmma tile is 128 pixels of one output row, so a row of Q pixels fills Q / 128 of it, and
   // the mma.sync kernel's 16-pixel tiles are faster below: measured at Q = 30 (1.8-2.6x faster in every mode) and
   // 62 (ieee 1.2-1.3x, TF32 channels_last 1.3x faster; TF32 NCHW and 16-bit 6-18 % slower), NOTES run 29; the
-  // thresholds between come from time ~ 1 / Q (wgmma) vs ~ ceil(Q / 16) / Q (mma.sync) per output
-  const int q_narrow = precision == FF_PREC_IEEE || (dtype == FF_F32 && channels_last) ? 64 : 48;
+  // thresholds between come from time ~ 1 / Q (wgmma) vs ~ ceil(Q / 16) / Q (mma.sync) per output.  Two rows per
+  // tile (R2) fill 2 Q / 128 of a tile: it keeps rows of more than R2_NARROW pixels (NOTES run 31).
+  const int q_narrow = c.wp.prm.r2 ? R2_NARROW : precision == FF_PREC_IEEE || (dtype == FF_F32 && channels_last) ? 64 : 48;
   if (c.wp.ok && !c.pl.mma_why && knobs().narrow && c.pl.Q <= q_narrow) c.wp.ok = false;
   if (!c.wp.ok && c.pl.mma_why) c.why = c.wp.why ? c.wp.why : c.pl.mma_why;
   return c;
@@ -684,7 +704,7 @@ const char* ff_fused_conv_act_pool_kernel(int dtype, int channels_last, long lon
   const Choice c = choose_call(nullptr, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool,
                                precision, deterministic, D, T, sd, pd, dd);
   if (c.why) return nullptr;
-  static thread_local char text[192];
+  static thread_local char text[256];
   if (!c.wp.ok) {
     snprintf(text, sizeof text, "mma.sync kernel, %s", dtype != FF_F32 ? "16-bit MMAs" : precision == FF_PREC_IEEE ? "3xTF32" : "TF32");
     return text;
@@ -693,9 +713,9 @@ const char* ff_fused_conv_act_pool_kernel(int dtype, int channels_last, long lon
                                      "NCHW rows by 16-byte copies", "NCHW rows by 16-byte copies", "channels_last rows by TMA",
                                      "NCHW rows by TMA"};
   const bool line = wg_straight_ops(dtype, c.wp.prm.nops, c.wp.prm.col_j >= 0) > 0;
-  snprintf(text, sizeof text, "sm_90 wgmma kernel%s, %s%s, %d ops per tile (%s), %d blocks per SM",
+  snprintf(text, sizeof text, "sm_90 wgmma kernel%s, %s%s%s, %d ops per tile (%s), %d blocks per SM",
            D > 0 ? " (Conv3d)" : "", rows[c.wp.lm], c.wp.prm.sw2_sub > 0 ? " split into even / odd columns (stride 2)" : "",
-           c.wp.prm.nops, line ? "straight-line" : "general chain", c.wp.bps);
+           c.wp.prm.r2 ? ", two output rows per tile" : "", c.wp.prm.nops, line ? "straight-line" : "general chain", c.wp.bps);
   return text;
 }
 
@@ -705,9 +725,16 @@ size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long
                                               int dd) {
   const Choice c = choose_call(nullptr, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool,
                                precision, deterministic, D, T, sd, pd, dd);
-  // stride-2 columns on the wgmma kernel: the mma.sync kernel's too, which serves the call where the tensor map cannot be
-  // made (ff_fused_conv_act_pool: no copy loader takes stride 2)
-  return c.why ? 0 : !c.wp.ok ? c.pl.ws_bytes : c.wp.prm.sw2_sub > 0 ? std::max(c.wp.ws_bytes, c.pl.ws_bytes) : c.wp.ws_bytes;
+  if (c.why) return 0;
+  size_t ws = c.wp.ok ? c.wp.ws_bytes : c.pl.ws_bytes;
+  // a TMA loader's plan: also the plan that serves the call where its tensor map cannot be made (ff_fused_conv_act_pool:
+  // the copy loader's — no stride 2, no two rows per tile — or the mma.sync kernel's)
+  if (c.wp.ok && wg_lm_tma(c.wp.lm)) {
+    const Choice f = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
+                            deterministic, wg_copy_loader(c.wp.lm, dtype), make_vol(D, T, sd, pd, dd));
+    if (!f.why) ws = std::max(ws, f.wp.ok ? f.wp.ws_bytes : f.pl.ws_bytes);
+  }
+  return ws;
 }
 
 int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias, float* out, int dtype, int channels_last,
@@ -720,7 +747,7 @@ int ff_fused_conv_act_pool(const void* x, const void* weight, const float* bias,
   // no TMA after all: the copy loader (stride-2 columns: none, so the mma.sync kernel)
   if (c.wp.ok && wg_lm_tma(c.wp.lm) && !wg_encode_tmap(c.wp.prm, c.wp.lm, dtype, x))
     c = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision, deterministic,
-               c.wp.lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8, v);
+               wg_copy_loader(c.wp.lm, dtype), v);
   if (c.why) return (int)cudaErrorNotSupported;
   const Plan& pl = c.pl;
   {

@@ -66,6 +66,9 @@ def cases(family: str, quick: bool = False) -> List[Case]:
             _a("3x3 C8, W 400, row stride 2", (3, 8, 13, 400), 40, 3, (2, 1), 1),
             # stride-2 columns: on sm_90 the wgmma kernel with each row's even / odd columns apart (its TMA loaders)
             _a("3x3 C8 s2 p1, W 264, two column segments", (2, 8, 12, 264), 40, 3, 2, 1),
+            # rows of 33..64 output pixels: on sm_90 two output rows per wgmma tile (an odd number of rows: the last
+            # row of a piece alone)
+            _a("3x3 C8, W 64, two rows per tile, odd P, max", (3, 8, 9, 64), 24, 3, pool="max"),
             # more than 64 output channels: one wgmma launch per 64 (rows of 98 pixels: the wgmma kernel's)
             _a("3x3 C8 K136, W 100, max", (2, 8, 7, 100), 136, 3, pool="max"),
             _a("3x3 C6, 300x400, max", (1, 6, 300, 400), 16, 3, pool="max"),

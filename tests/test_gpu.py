@@ -3,6 +3,7 @@ bad inputs, determinism, NaN/Inf behaviour and a dense sweep of the fast GELU.  
 import copy
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -54,12 +55,13 @@ def test_fused_path_matches_float64(case, combo):
     assert result["ok"], f"{result} (seed {SEED})"
 
 
-@pytest.mark.parametrize("knob", ["FF_FUSED_A_TMA", "FF_FUSED_A_NARROW"])
+@pytest.mark.parametrize("knob", ["FF_FUSED_A_TMA", "FF_FUSED_A_NARROW", "FF_FUSED_A_R2"])
 def test_fused_a_check_cases_with_knob_off(knob):
     """The check cases on path "fused" with a knob at 0.  FF_FUSED_A_TMA=0: family A's input through the per-thread
     16-byte copy loaders (VEC, NCHW4, NCHW8), which serve wherever a TMA loader's layout does not fit beside the ring or
     its tensor map cannot be made.  FF_FUSED_A_NARROW=0: the cases' narrow output rows (which the mma.sync kernel
-    serves by default) on the wgmma kernel.  The library reads its knobs once per process, hence a child process."""
+    serves by default) on the wgmma kernel, two rows per tile.  FF_FUSED_A_R2=0: rows of 33..64 pixels one per tile.
+    The library reads its knobs once per process, hence a child process."""
     code = (
         "import fullfuse\n"
         "from fullfuse.check import cases, run_case\n"
@@ -547,6 +549,32 @@ def test_fused_a_stride_2_columns(shape, mode, channels_last, pool, deterministi
         return
     _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
                              deterministic, kernel=None if mode == "ieee" else "even / odd columns (stride 2)")
+
+
+_TWO_ROWS = [   # (input shape, C_out, kernel, stride, padding): rows of 33..64 output pixels, two per wgmma tile
+    ((3, 8, 9, 64), 64, 3, 1, 0),            # Q 62, P 7: pairs and a last row alone
+    ((2, 8, 11, 40), 24, 3, 1, 1),           # Q 40, padding
+    ((2, 8, 5, 35), 16, 3, 1, 0),            # Q 33: the shortest rows that keep the wgmma kernel
+    ((2, 16, 6, 48), 72, (3, 5), 1, (1, 2)),  # two channel groups (the general op chain), two launches (64 + 8)
+    ((2, 8, 10, 128), 32, 3, 2, 1),          # stride 2: Q 64 of even / odd columns
+    ((2, 3, 8, 64), 64, 3, 1, 1),            # RGB (channels_last: on an NCHW copy)
+]
+
+
+@_every_mode_layout_pool_reduction
+@pytest.mark.parametrize("shape", _TWO_ROWS, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}-s{s[3]}")
+def test_fused_a_two_rows_per_tile(shape, mode, channels_last, pool, deterministic):
+    """Rows of 33..64 output pixels: two output rows per wgmma tile (WG_NT_R2 in wgmma_params.cuh) against float64,
+    every precision, layout, pool and reduction mode; the kernel named in `.plans` (ieee has no two-row tiles: the
+    mma.sync kernel serves it)."""
+    xs, k_out, kernel, stride, padding = shape
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding), nn.GELU(), pool_layer).cuda().eval()
+    try:
+        _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
+                                 deterministic, kernel=None if mode == "ieee" else "two output rows per tile")
+    except fullfuse.UnsupportedError as exc:   # ieee beyond both kernels (3xTF32's ring, > 9 K units): with the reason
+        assert mode == "ieee" and re.search("one block per SM|shared memory", str(exc)), exc
 
 
 def test_fused_a_conv3d_beyond_the_kernel_says_why():

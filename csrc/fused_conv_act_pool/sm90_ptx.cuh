@@ -35,6 +35,27 @@ FA_WGMMA_SS(wgh_tf32, "m64n128k8.f32.tf32.tf32", "1, 1")
 FA_WGMMA_SS(wgh_bf16, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0")
 FA_WGMMA_SS(wgh_f16, "m64n128k16.f32.f16.f16", "1, 1, 0, 0")
 #undef FA_WGMMA_SS
+// The m64n64 forms (two output rows per tile, WG_NT_R2): 32 accumulators, the n128 form's first 8 column blocks
+#define FA_WGMMA_ACC_REGS32 "{" \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define FA_WGMMA_ACC_OPERANDS32 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FA_WGMMA_SS32(NAME, SHAPE_TYPES, TAIL)                                                        \
+  __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int scale_d) {             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                       \
+                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " FA_WGMMA_ACC_REGS32 ", %32, %33, p, " TAIL \
+                 ";\n}\n"                                                                            \
+                 : FA_WGMMA_ACC_OPERANDS32                                                          \
+                 : "l"(da), "l"(db), "r"(scale_d));                                                 \
+  }
+FA_WGMMA_SS32(wgh_tf32_n64, "m64n64k8.f32.tf32.tf32", "1, 1")
+FA_WGMMA_SS32(wgh_bf16_n64, "m64n64k16.f32.bf16.bf16", "1, 1, 0, 0")
+FA_WGMMA_SS32(wgh_f16_n64, "m64n64k16.f32.f16.f16", "1, 1, 0, 0")
+#undef FA_WGMMA_SS32
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }

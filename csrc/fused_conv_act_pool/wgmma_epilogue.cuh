@@ -120,6 +120,34 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
   }
 }
 
+// The epilogue of two output rows per tile (WG_NT_R2): accumulators 4i + e hold row t's pixel 8i + 2 tig + (e & 1) for
+// i < 8, row t + 1's pixel 8 (i - 8) + 2 tig + (e & 1) for i >= 8 (two: row t + 1 exists).  Pixels >= qv of each row,
+// and the second row where there is none, are neutralised — mean: 0, which every activation maps to (+-)0; max: the
+// thread's value of the same channel at row t's pixel 2 tig (valid: qv >= 8), a duplicate that leaves the maximum as it
+// is — so that the whole-tile pass (no masks) serves both pools.
+template <int DT>
+__device__ __forceinline__ void wg_epi_r2(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
+                                          bool two, int tig, bool fast, bool h2) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
+  const bool mean = p.pool == FF_POOL_MEAN;
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    if ((i >= 8 && !two) || 8 * (i & 7) + 8 > qv) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = (i < 8 || two) && 8 * (i & 7) + 2 * tig + (e & 1) < qv;
+        acc[4 * i + e] = ok ? acc[4 * i + e] : mean ? 0.0f : acc[e & 2];
+      }
+    }
+  if (mean) {
+    if (DT != FF_F32 && h2) wg_epi_h2_checked(acc, red, dm, tig);
+    else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+  } else {
+    wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+  }
+}
+
 // 16-bit GELU means take the half-precision epilogue (wg_epi_h2_checked), which checks its own
 // range, so their rows need no input bound
 template <int DT>

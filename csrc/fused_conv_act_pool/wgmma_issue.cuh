@@ -40,7 +40,8 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
 // op (it has no ieee small terms); 16-bit carries the bias in a spare chunk or in a last op of its own alike.
 // B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared load
 // per op instead of ~10 instructions of ring-slot arithmetic.
-template <int DT, bool SPLIT, int NOPS>
+// H >= 0 (two output rows per tile, WG_NT_R2): m64n64 wgmmas into accumulators 32 H .. 32 H + 31 only (not ieee).
+template <int DT, bool SPLIT, int NOPS, int H = -1>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
                                          int half) {
 #ifdef FA_HAVE_WGMMA
@@ -67,7 +68,13 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
                             ? ((uint64_t)dl[NL - 1] | ((uint64_t)(128 >> 4) << 32))
                             : ((uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32));
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
-    if (DT == FF_BF16) {
+    if constexpr (H >= 0) {
+      static_assert(H < 0 || (!SPLIT && H < 2), "two rows per tile: halves 0 and 1, not ieee");
+      float* const d = acc + 32 * (H < 0 ? 0 : H);
+      if (DT == FF_BF16) wgh_bf16_n64(d, da, desc, j > 0);
+      else if (DT == FF_F16) wgh_f16_n64(d, da, desc, j > 0);
+      else wgh_tf32_n64(d, da, desc, j > 0);
+    } else if (DT == FF_BF16) {
       wgh_bf16(acc, da, desc, j > 0);
     } else if (DT == FF_F16) {
       wgh_f16(acc, da, desc, j > 0);

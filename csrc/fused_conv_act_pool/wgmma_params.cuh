@@ -29,6 +29,13 @@ constexpr int WG_NT = 256;
 // Tap s then reads positions (s dw >> 1) .. + 127 of parity (s dw) & 1, consecutive: a stride-1 B operand again.
 // Segments are WG_NT2 output pixels (one half), so that a slot holds ~2 x 128 columns as a stride-1 one holds 256.
 constexpr int WG_NT2 = 128;
+// Two output rows per tile (template parameter R2 of fa_wgmma_kernel; rows of 8 ..  WG_NT_R2 output pixels, one segment;
+// the TMA loaders, Conv2d, not ieee): a 128-pixel tile would hold one such row and leave the rest of its MMAs and
+// epilogue on padding, so rows t and t + 1 each get an m64n64 chain into one half of the 64 accumulators (the first
+// 8 column blocks: row t, the last 8: row t + 1), both waited for together, then one epilogue over both.  Row t's chain
+// is still in flight while row t + 1's rows land, so the ring holds sh more slots and the copies run one row group
+// less far ahead (wg_plan).
+constexpr int WG_NT_R2 = 64;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
 // 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
@@ -89,6 +96,8 @@ struct WGParams {
   int vT, vC, vD, vDout, vsd, vpd, vdd, lines_d;
   // stride-2 columns (SW2): positions from a plane's even columns to its odd ones (0: stride 1)
   int sw2_sub;
+  // two output rows per tile (R2; rows of 8..64 output pixels): 1, else 0
+  int r2;
 };
 
 // slot position (in 16-byte entries from the plane's start) of input column c relative to the segment's first (the
