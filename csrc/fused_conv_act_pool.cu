@@ -238,7 +238,7 @@ int wg_straight_ops(int dtype, int nops, bool col) {
 // (For a Conv3d, C = the input channels x the kernel depth: see Vol.)
 WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
                   int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm,
-                  const Vol& v) {
+                  const Vol& v, bool want_r2) {
   WGPlan w{};
   w.ok = false;
   w.why = nullptr;
@@ -261,8 +261,14 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   p.CG = base.CG;
   const int nt = sw2 ? WG_NT2 : WG_NT;   // output pixels per segment
   p.nseg = (p.Q + nt - 1) / nt;
-  // the input columns a segment's ops read, from its first (SW2: 2 (nt - 1) + (S - 1) dw + 1, half of them per parity)
-  const long long span_c = sw2 ? 2LL * (nt - 1) + (long long)(S - 1) * dw + 1 : (long long)nt + (long long)(S - 1) * dw;
+  // two output rows per tile (WG_NT_R2): rows of 8 .. 64 output pixels (one segment) through the TMA loaders, Conv2d, not
+  // ieee (knob FF_FUSED_A_R2 = 0: one row per tile)
+  const bool r2 = want_r2 && knobs().r2 && tma && !split && v.D == 0 && p.Q >= 8 && p.Q <= WG_NT_R2;
+  p.r2 = r2 ? 1 : 0;
+  // the input columns a segment's ops read, from its first (SW2: 2 (nt - 1) + (S - 1) dw + 1, half of them per parity);
+  // R2: the m64n64 ops read WG_NT_R2 output pixels of the segment
+  const int nts = r2 ? WG_NT_R2 : nt;
+  const long long span_c = sw2 ? 2LL * (nts - 1) + (long long)(S - 1) * dw + 1 : (long long)nts + (long long)(S - 1) * dw;
   long long twa = sw2 ? 2 * (((span_c + 1) / 2 + 7) / 8 * 8) : (span_c + 7) / 8 * 8;
   if (twa > 4096) return w;
   p.TWa = (int)twa;
@@ -326,10 +332,6 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
 #ifdef FF_FUSED_A_DIAG
   p.diag = getenv("FF_FUSED_A_DIAG_OFF") ? atoi(getenv("FF_FUSED_A_DIAG_OFF")) : 0;
 #endif
-  // two output rows per tile (WG_NT_R2): rows of 8 .. 64 output pixels (one segment) through the TMA loaders, Conv2d, not
-  // ieee (knob FF_FUSED_A_R2 = 0: one row per tile)
-  const bool r2 = knobs().r2 && tma && !split && v.D == 0 && p.Q >= 8 && p.Q <= WG_NT_R2;
-  p.r2 = r2 ? 1 : 0;
   // ring slots: the rows of one output row + the next row's first; R2: + sh, as row t - 1's chain is still in flight
   // while row t + 1's rows land
   const long long need = (long long)sh + span + 1 + (r2 ? sh : 0);
@@ -496,18 +498,26 @@ int wg_copy_loader(int lm, int dtype) { return lm == WG_LM_TVEC ? WG_LM_VEC : dt
 // The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
 // loader it replaces, else that one (VEC / NCHW4 / NCHW8).  Stride-2 columns have only the TMA loaders (the caller sizes
 // the workspace for the mma.sync kernel too, which serves them where the tensor map cannot be made).
+// Two output rows per tile (R2, TMA loaders only) where that plan keeps the blocks per SM of the one-row plan chosen so.
 WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
                int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm,
                const Vol& v) {
-  auto plan = [&](int l) {
+  auto plan = [&](int l, bool r2) {
     return wg_plan_lm(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                      deterministic, base, l, v);
+                      deterministic, base, l, v, r2);
   };
-  if (!wg_lm_tma(lm) || sw == 2) return plan(lm);
-  const WGPlan a = plan(wg_copy_loader(lm, dtype));
-  if (!a.ok) return a;
-  const WGPlan t = plan(lm);
-  return (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
+  WGPlan one{};
+  if (!wg_lm_tma(lm) || sw == 2) {
+    one = plan(lm, false);
+  } else {
+    const WGPlan a = plan(wg_copy_loader(lm, dtype), false);
+    if (!a.ok) return a;
+    const WGPlan t = plan(lm, false);
+    one = (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
+  }
+  if (!wg_lm_tma(lm)) return one;
+  const WGPlan two = plan(lm, true);
+  return (two.ok && two.prm.r2 && (!one.ok || two.bps >= one.bps)) ? two : one;
 }
 
 template <int DT, bool SPLIT, int LM, bool VOL = false, bool SW2 = false>
@@ -726,12 +736,15 @@ size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long
   const Choice c = choose_call(nullptr, dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool,
                                precision, deterministic, D, T, sd, pd, dd);
   if (c.why) return 0;
-  size_t ws = c.wp.ok ? c.wp.ws_bytes : c.pl.ws_bytes;
-  // a TMA loader's plan: also the plan that serves the call where its tensor map cannot be made (ff_fused_conv_act_pool:
-  // the copy loader's — no stride 2, no two rows per tile — or the mma.sync kernel's)
-  if (c.wp.ok && wg_lm_tma(c.wp.lm)) {
+  // the largest of the plans a call of this problem may take (ff_fused_conv_act_pool): the aligned input's loader, the
+  // copy loader that replaces a TMA loader whose tensor map cannot be made (no stride 2, no two rows per tile: the
+  // mma.sync kernel may serve instead), the loader of an input that is not 16-byte aligned
+  const Vol v = make_vol(D, T, sd, pd, dd);
+  const int lm = wg_loader(dtype, channels_last, C, W, nullptr, v);
+  size_t ws = 0;
+  for (int l : {lm, wg_lm_tma(lm) ? wg_copy_loader(lm, dtype) : lm, wg_loader(dtype, channels_last, C, W, (const void*)1, v)}) {
     const Choice f = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
-                            deterministic, wg_copy_loader(c.wp.lm, dtype), make_vol(D, T, sd, pd, dd));
+                            deterministic, l, v);
     if (!f.why) ws = std::max(ws, f.wp.ok ? f.wp.ws_bytes : f.pl.ws_bytes);
   }
   return ws;
