@@ -189,17 +189,21 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
 
 
 @pytest.mark.parametrize("conv, width, precision, kernel", [
-    ((8, 64, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),   # rows of 62
+    ((8, 64, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, two output rows per tile, 10 ops per tile "
+                             "(straight-line)"),                         # rows of 62
+    ((8, 64, 3), 130, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),   # rows of 128
     ((8, 128, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA"),   # two launches of 64 channels
-    ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48 pixels
+    ((8, 64, 3), 32, "tf32", "mma.sync kernel, TF32"),                   # rows of 30 pixels
+    ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48, W % 4 != 0: no TMA, one row per tile
     ((8, 64, 3), 66, "ieee", "mma.sync kernel, 3xTF32"),                 # ieee: rows of 64
     ((8, 64, 3), 68, "ieee", "sm_90 wgmma kernel, NCHW rows by"),       # ieee: rows of 66
     ((8, 64, 3, 2, 1), 256, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA split into even / odd columns (stride 2)"),
 ])
 def test_fused_a_plan_names_the_kernel(conv, width, precision, kernel):
     """`.plans` says which fused kernel served a call (the C API's ff_fused_conv_act_pool_kernel): the seed's conv takes
-    the wgmma kernel with TMA rows, also with 128 output channels; rows of <= 48 output pixels (TF32 NCHW; ieee <= 64)
-    the mma.sync kernel, whose 16-pixel tiles are faster there."""
+    the wgmma kernel with TMA rows, also with 128 output channels; rows of 33..64 output pixels two per wgmma tile (TMA
+    rows); rows of <= 32 (ieee <= 64; <= 48 where the rows cannot come by TMA) the mma.sync kernel, whose 16-pixel tiles
+    are faster there."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     model = nn.Sequential(nn.Conv2d(*conv), nn.GELU(), nn.AdaptiveAvgPool2d(1)).cuda().eval()
@@ -555,7 +559,7 @@ _TWO_ROWS = [   # (input shape, C_out, kernel, stride, padding): rows of 33..64 
     ((3, 8, 9, 64), 64, 3, 1, 0),            # Q 62, P 7: pairs and a last row alone
     ((2, 8, 11, 40), 24, 3, 1, 1),           # Q 40, padding
     ((2, 8, 5, 40), 16, (3, 8), 1, 0),       # Q 33: the shortest rows that keep the wgmma kernel; an even filter width
-    ((2, 16, 6, 48), 72, (3, 5), 1, (1, 2)),  # two channel groups (the general op chain), two launches (64 + 8)
+    ((2, 16, 6, 48), 72, 3, 1, 1),           # two channel groups (the general op chain), two launches (64 + 8)
     ((2, 8, 10, 128), 32, 3, 2, 1),          # stride 2: Q 64 of even / odd columns
     ((2, 3, 8, 64), 64, 3, 1, 1),            # RGB (channels_last: on an NCHW copy)
 ]

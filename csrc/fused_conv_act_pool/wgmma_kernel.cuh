@@ -7,6 +7,20 @@
 #include "fused_conv_act_pool/wgmma_block_setup.cuh"
 #include "fused_conv_act_pool/wgmma_reduce.cuh"
 
+// Before row t's wgmmas (fa_wgmma_kernel): the barrier after which the rows of output row t are in, and whether they are
+// bounded where the epilogue needs to know (the result only grows: a later row's answer covers the earlier rows too).
+// (DIAG_OFF 11: this thread's view, no barrier)
+template <int DT>
+__device__ __forceinline__ bool wg_row_ready(const WGParams& p, bool h2_cap, const WGInBound& bound) {
+  if (!DIAG_OFF(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  bool in_ok = true;
+  if (h2_cap) {
+    if (!DIAG_OFF(11)) __syncthreads();
+  } else {
+    in_ok = DIAG_OFF(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
+  }
+  return in_ok;
+}
 // MINB = blocks per SM the register budget is cut for (4: 128 registers, 3: 168, 2: 255); VOL: a Conv3d (WGParams vT;
 // the per-element and NCHW loaders only); SW2: stride-2 columns (WG_NT2; the TMA loaders, Conv2d); R2: two output rows
 // per tile (WG_NT_R2; the TMA loaders, Conv2d, not ieee)
@@ -168,81 +182,65 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #endif
       if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
-    // the loads beside row t's wgmmas: group t + D's copies go out (first: with the row's first half), group t + 1's
-    // rows land and get their post-copy pass (last: with its last half)
-    auto row_loads = [&](int t, bool first, bool last) {
-      if constexpr (TMA) {
-        if (first && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
-          // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at most)
-          int st = tak.st() + (p.D - 1) * p.sh;
-          st -= st >= p.NST ? p.NST : 0;
-          for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
-            wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
-            st = wg_stage_next(p, st);
-          }
-        }
-        if (last && t + 1 < np)      // group t + 1: wait, post-copy pass
-          for (int r = wg_group_hi(p, t) + 1; r <= wg_group_hi(p, t + 1); ++r)
-            wg_tma_take<DT, SPLIT, LM, SW2>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
-      } else {
-        if (first) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-          if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
-          if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
-        }
-        if (LM != WG_LM_REG && last) {   // group t + 1's copies (committed D groups ago) have landed
-          cp_wait_n(p.D - 1);
-          if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
-        }
-      }
-    };
-    // before row t's wgmmas: the rows of output row t are in (and bounded, where the epilogue needs to know?)  (DIAG_OFF
-    // 11: this thread's view, no barrier).  The GELU's clamp-free form where they are (the bound only grows: a later
-    // row's answer covers the earlier rows too).
-    auto row_ready = [&]() {
-      if (!DIAG_OFF(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      bool in_ok = true;
-      if (h2_cap) {
-        if (!DIAG_OFF(11)) __syncthreads();
-      } else {
-        in_ok = DIAG_OFF(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
-      }
-      return gelu_fast && in_ok;
-    };
     int rs = 0;                                                  // ring slot of input row t*sh
-    auto next_row = [&]() {
-      rs += p.sh;
-      rs -= (rs >= p.RB) ? p.RB : 0;
-    };
-    if constexpr (R2) {
-      // ---- rows t, t + 1 as one 64 x (2 x 64) tile: an m64n64 chain each, waited for together (WG_NT_R2) ----
-      for (int t = 0; t < np; t += 2) {
-        const bool two = t + 1 < np;
-        bool fast = row_ready();
-        if (!DIAG_OFF(12)) wg_issue<DT, SPLIT, NOPS, 0>(p, acc, sbase16, dtab, rs, 0);
-        row_loads(t, true, true);
-        next_row();
-        if (two) {
-          fast = row_ready();
-          if (!DIAG_OFF(12)) wg_issue<DT, SPLIT, NOPS, 1>(p, acc, sbase16, dtab, rs, 0);
-          row_loads(t + 1, true, true);
-          next_row();
-        }
-        if (!DIAG_OFF(12)) wg_wait0();
-        if (!DIAG_OFF(10)) wg_epi_r2<DT>(p, acc, red, dm, qv, two, tig, fast, h2_cap);
-      }
-    } else {
-      for (int t = 0; t < np; ++t) {
-        const bool fast = row_ready();
+    // R2 (two output rows per tile, WG_NT_R2): rows t, t + 1 (u = 0, 1) each issue an m64n64 chain into one half of the
+    // accumulators, waited for together after both, then one epilogue (the wait after the unrolled pair, not on a branch:
+    // a wait there made ptxas serialise every wgmma, C7518).  Row t + 1's in_ok covers row t's rows too.
+    constexpr int NR = R2 ? 2 : 1;
+    bool fast = false;
+    for (int t0 = 0; t0 < np; t0 += NR) {
+#pragma unroll
+      for (int u = 0; u < NR; ++u) {
+        const int t = t0 + u;
+        if (R2 && t >= np) break;
+        const bool in_ok = wg_row_ready<DT>(p, h2_cap, bound);   // (before the &&: every thread reaches its barrier)
+        fast = gelu_fast && in_ok;
         // ---- row t as two 64 x 128 halves (64 accumulator registers: the other blocks on the SM hide each other's
-        //      MMA and epilogue latencies) ----
+        //      MMA and epilogue latencies; R2: one 64-pixel half) ----
 #pragma unroll 1
         for (int half = 0; half < pc.nhalf; ++half) {
-          if (!DIAG_OFF(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
-          row_loads(t, half == 0, half == pc.nhalf - 1);
-          if (!DIAG_OFF(12)) wg_wait0();
-          if (!DIAG_OFF(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
+          if constexpr (R2) {
+            if (!DIAG_OFF(12)) {
+              if (u == 0) wg_issue<DT, SPLIT, NOPS, 0>(p, acc, sbase16, dtab, rs, 0);
+              else wg_issue<DT, SPLIT, NOPS, 1>(p, acc, sbase16, dtab, rs, 0);
+            }
+          } else {
+            if (!DIAG_OFF(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
+          }
+          if constexpr (TMA) {
+            if (half == 0 && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
+              // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at most)
+              int st = tak.st() + (p.D - 1) * p.sh;
+              st -= st >= p.NST ? p.NST : 0;
+              for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
+                wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, st, nx, hbase + r, wbase);
+                st = wg_stage_next(p, st);
+              }
+            }
+            if (half == pc.nhalf - 1 && t + 1 < np)      // group t + 1: wait, post-copy pass
+              for (int r = wg_group_hi(p, t) + 1; r <= wg_group_hi(p, t + 1); ++r)
+                wg_tma_take<DT, SPLIT, LM, SW2>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
+          } else {
+            if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
+              if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
+              if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
+            }
+            if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
+              cp_wait_n(p.D - 1);
+              if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
+            }
+          }
+          if constexpr (!R2) {
+            if (!DIAG_OFF(12)) wg_wait0();
+            if (!DIAG_OFF(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
+          }
         }
-        next_row();
+        rs += p.sh;
+        rs -= (rs >= p.RB) ? p.RB : 0;
+      }
+      if constexpr (R2) {
+        if (!DIAG_OFF(12)) wg_wait0();
+        if (!DIAG_OFF(10)) wg_epi_r2<DT>(p, acc, red, dm, qv, t0 + 1 < np, tig, fast, h2_cap);
       }
     }
     if (LM != WG_LM_REG && !TMA) asm volatile("cp.async.wait_all;" ::: "memory");
