@@ -8,54 +8,44 @@
 #endif
 
 #ifdef FA_HAVE_WGMMA
-// One m64n128 wgmma with both operands from shared-memory descriptors; scale_d == 0 starts a new accumulation.
-#define FA_WGMMA_ACC_REGS "{" \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
-  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
-  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
-  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
-#define FA_WGMMA_ACC_OPERANDS \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define FA_WGMMA_SS(NAME, SHAPE_TYPES, TAIL)                                                          \
-  __device__ __forceinline__ void NAME(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {       \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " FA_WGMMA_ACC_REGS ", %64, %65, p, " TAIL \
-                 ";\n}\n"                                                                            \
-                 : FA_WGMMA_ACC_OPERANDS                                                            \
-                 : "l"(da), "l"(db), "r"(scale_d));                                                 \
-  }
-FA_WGMMA_SS(wgh_tf32, "m64n128k8.f32.tf32.tf32", "1, 1")
-FA_WGMMA_SS(wgh_bf16, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0")
-FA_WGMMA_SS(wgh_f16, "m64n128k16.f32.f16.f16", "1, 1, 0, 0")
-#undef FA_WGMMA_SS
-// The m64n64 forms (two output rows per tile, WG_NT_R2): 32 accumulators, the n128 form's first 8 column blocks
-#define FA_WGMMA_ACC_REGS32 "{" \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
-  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define FA_WGMMA_ACC_OPERANDS32 \
+// One m64nN wgmma with both operands from shared-memory descriptors into the N / 2 accumulators at d (N = 128: 64;
+// N = 64, two output rows per tile: the first 32, the n128 layout's first 8 column blocks); scale_d == 0 starts a new
+// accumulation.
+#define FA_ACC_REGS_LO \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define FA_ACC_REGS_HI \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define FA_ACC_OPS_LO \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FA_WGMMA_SS32(NAME, SHAPE_TYPES, TAIL)                                                        \
-  __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int scale_d) {             \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " FA_WGMMA_ACC_REGS32 ", %32, %33, p, " TAIL \
-                 ";\n}\n"                                                                            \
-                 : FA_WGMMA_ACC_OPERANDS32                                                          \
-                 : "l"(da), "l"(db), "r"(scale_d));                                                 \
+#define FA_ACC_OPS_HI \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+// REGS: the accumulator list; IA, IB, IS: the operand numbers of the two descriptors and scale_d after it
+#define FA_WGMMA_SS(NAME, REGS, IA, IB, IS, SHAPE_TYPES, TAIL, ...)                                           \
+  __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int scale_d) {                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IS ", 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {" REGS "}, " IA ", " IB ", p, " TAIL ";\n}\n"  \
+                 : __VA_ARGS__                                                                                \
+                 : "l"(da), "l"(db), "r"(scale_d));                                                           \
   }
-FA_WGMMA_SS32(wgh_tf32_n64, "m64n64k8.f32.tf32.tf32", "1, 1")
-FA_WGMMA_SS32(wgh_bf16_n64, "m64n64k16.f32.bf16.bf16", "1, 1, 0, 0")
-FA_WGMMA_SS32(wgh_f16_n64, "m64n64k16.f32.f16.f16", "1, 1, 0, 0")
-#undef FA_WGMMA_SS32
+#define FA_N128 FA_ACC_REGS_LO "," FA_ACC_REGS_HI, "%64", "%65", "%66"
+#define FA_N64 FA_ACC_REGS_LO, "%32", "%33", "%34"
+#define FA_WGMMA_SS_X(...) FA_WGMMA_SS(__VA_ARGS__)   // (expands FA_N128 / FA_N64 into their four arguments first)
+FA_WGMMA_SS_X(wgh_tf32, FA_N128, "m64n128k8.f32.tf32.tf32", "1, 1", FA_ACC_OPS_LO, FA_ACC_OPS_HI)
+FA_WGMMA_SS_X(wgh_bf16, FA_N128, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0", FA_ACC_OPS_LO, FA_ACC_OPS_HI)
+FA_WGMMA_SS_X(wgh_f16, FA_N128, "m64n128k16.f32.f16.f16", "1, 1, 0, 0", FA_ACC_OPS_LO, FA_ACC_OPS_HI)
+FA_WGMMA_SS_X(wgh_tf32_n64, FA_N64, "m64n64k8.f32.tf32.tf32", "1, 1", FA_ACC_OPS_LO)
+FA_WGMMA_SS_X(wgh_bf16_n64, FA_N64, "m64n64k16.f32.bf16.bf16", "1, 1, 0, 0", FA_ACC_OPS_LO)
+FA_WGMMA_SS_X(wgh_f16_n64, FA_N64, "m64n64k16.f32.f16.f16", "1, 1, 0, 0", FA_ACC_OPS_LO)
+#undef FA_WGMMA_SS_X
+#undef FA_WGMMA_SS
+#undef FA_N128
+#undef FA_N64
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
