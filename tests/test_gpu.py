@@ -191,7 +191,7 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
 @pytest.mark.parametrize("conv, width, precision, kernel", [
     ((8, 64, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, two output rows per tile, 10 ops per tile "
                              "(straight-line)"),                         # rows of 62
-    ((8, 64, 3), 130, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),   # rows of 128
+    ((8, 64, 3), 132, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),   # rows of 130
     ((8, 128, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA"),   # two launches of 64 channels
     ((8, 64, 3), 32, "tf32", "mma.sync kernel, TF32"),                   # rows of 30 pixels
     ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48, W % 4 != 0: no TMA, one row per tile
