@@ -235,6 +235,12 @@ int wg_straight_ops(int dtype, int nops, bool col) {
   return (dtype == FF_F32 ? nops == WG_OPS3X3 : col && nops == WG_COL16_OPS) ? nops : 0;
 }
 
+// Two output rows per tile (WG_NT_R2) can serve the call: rows of 8 .. 64 output pixels (one segment) through the TMA
+// loaders, Conv2d, not ieee (knob FF_FUSED_A_R2 = 0: one row per tile)
+bool wg_r2_applies(int lm, bool split, const Vol& v, long long Q) {
+  return knobs().r2 && wg_lm_tma(lm) && !split && v.D == 0 && Q >= 8 && Q <= WG_NT_R2;
+}
+
 // (For a Conv3d, C = the input channels x the kernel depth: see Vol.)
 WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
                   int pw, int dh, int dw, int activation, int pool, int precision, int deterministic, const Plan& base, int lm,
@@ -261,9 +267,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   p.CG = base.CG;
   const int nt = sw2 ? WG_NT2 : WG_NT;   // output pixels per segment
   p.nseg = (p.Q + nt - 1) / nt;
-  // two output rows per tile (WG_NT_R2): rows of 8 .. 64 output pixels (one segment) through the TMA loaders, Conv2d, not
-  // ieee (knob FF_FUSED_A_R2 = 0: one row per tile)
-  const bool r2 = want_r2 && knobs().r2 && tma && !split && v.D == 0 && p.Q >= 8 && p.Q <= WG_NT_R2;
+  const bool r2 = want_r2 && wg_r2_applies(lm, split, v, p.Q);
   p.r2 = r2 ? 1 : 0;
   // the input columns a segment's ops read, from its first (SW2: 2 (nt - 1) + (S - 1) dw + 1, half of them per parity);
   // R2: the m64n64 ops read WG_NT_R2 output pixels of the segment
@@ -515,9 +519,9 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
     const WGPlan t = plan(lm, false);
     one = (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
   }
-  if (!wg_lm_tma(lm)) return one;
+  if (!wg_r2_applies(lm, dtype == FF_F32 && precision == FF_PREC_IEEE, v, base.Q)) return one;
   const WGPlan two = plan(lm, true);
-  return (two.ok && two.prm.r2 && (!one.ok || two.bps >= one.bps)) ? two : one;
+  return (two.ok && (!one.ok || two.bps >= one.bps)) ? two : one;
 }
 
 template <int DT, bool SPLIT, int LM, bool VOL = false, bool SW2 = false>

@@ -69,8 +69,8 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
                             : ((uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32));
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if constexpr (H >= 0) {
-      static_assert(H < 0 || (!SPLIT && H < 2), "two rows per tile: halves 0 and 1, not ieee");
-      float* const d = acc + 32 * (H < 0 ? 0 : H);
+      static_assert(!SPLIT && H < 2, "two rows per tile: halves 0 and 1, not ieee");
+      float* const d = acc + 32 * H;
       if (DT == FF_BF16) wgh_bf16_n64(d, da, desc, j > 0);
       else if (DT == FF_F16) wgh_f16_n64(d, da, desc, j > 0);
       else wgh_tf32_n64(d, da, desc, j > 0);
