@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  general-a-r2  seed-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  general-a-r2  general-a-pairs  seed-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -116,6 +116,12 @@ for stage in "$@"; do
       FF_FUSED_A_R2=0 python3 benchmarks/general_a.py --only 10 16 17 --tag one_row_per_tile --out "$OUT" 2>&1 | tee "$OUT/general_a_r2_off.txt" | tail -8
       FF_FUSED_A_IMPL=1 python3 benchmarks/general_a.py --only 10 16 17 --tag mma_sync_only --out "$OUT" 2>&1 | tee "$OUT/general_a_r2_mma_sync.txt" | tail -8
       FF_FUSED_A_NARROW=0 python3 benchmarks/general_a.py --only 11 --tag r2_at_30 --out "$OUT" 2>&1 | tee "$OUT/general_a_r2_at_30.txt" | tail -4 ;;
+    general-a-pairs)   # 16-bit over > 8 input channels: two channel groups per k16 op (default) against one (FF_FUSED_A_PAIR16=0)
+      python3 benchmarks/general_a.py --only 6 7 13 14 18 --modes bfloat16:auto --out "$OUT" 2>&1 | tee "$OUT/general_a_pairs.txt" | tail -8
+      FF_FUSED_A_PAIR16=0 python3 benchmarks/general_a.py --only 6 7 13 14 18 --modes bfloat16:auto --tag one_group_per_op \
+        --out "$OUT" 2>&1 | tee "$OUT/general_a_pairs_off.txt" | tail -8
+      ff bench --family A --shape 4,4,64,128,128 --dtype bfloat16 --variants fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -3
+      FF_FUSED_A_PAIR16=0 ff bench --family A --shape 4,4,64,128,128 --dtype bfloat16 --variants fused --layout both --repeats 20 --out "$OUT" --tag conv3d_one_group_per_op 2>&1 | tail -3 ;;
     seed-a)   # family A at the seed, fused and fallback, every precision, both layouts (a quick check against the record)
       for spec in "float32 auto" "float32 ieee" "bfloat16 auto" "float16 auto"; do
         read -r d pr <<< "$spec"

@@ -80,17 +80,25 @@ const Knobs& knobs() {
   return k;
 }
 struct DevInfo { int major, minor, nsm; };
+// FF_FUSED_A_PLAN_AS_SM90 = n (n > 0): where the process sees no CUDA device, plan as on an sm_90 GPU of n SMs, so that
+// the planner's choices (ff_fused_conv_act_pool_kernel / _unsupported) are testable without a GPU (tests/test_plan_cpu.py);
+// ignored wherever a device is present, so it never changes a launch.
 DevInfo dev_info() {
   static DevInfo cache[64];
   static bool have[64];
   int dev = 0;
-  cudaGetDevice(&dev);
+  const bool no_device = cudaGetDevice(&dev) != cudaSuccess;
   if (dev < 0 || dev >= 64) dev = 0;
   if (!have[dev]) {
     DevInfo d{0, 0, 1};
-    cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaDeviceGetAttribute(&d.nsm, cudaDevAttrMultiProcessorCount, dev);
+    const char* as90 = no_device ? getenv("FF_FUSED_A_PLAN_AS_SM90") : nullptr;
+    if (as90 && atoi(as90) > 0) {
+      d = DevInfo{9, 0, atoi(as90)};
+    } else {
+      cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+      cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
+      cudaDeviceGetAttribute(&d.nsm, cudaDevAttrMultiProcessorCount, dev);
+    }
     if (d.nsm < 1) d.nsm = 1;
     cache[dev] = d;
     have[dev] = true;
@@ -309,14 +317,17 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   const long long big = (dtype == FF_F32) ? p.CG * 2 * plane : (p.CG + 1) * plane;   // 16-bit: + the ones plane
   const long long slot = split ? 2 * big : big;
   p.small_off = (int)big;
-  // 16-bit, one channel group: two taps per k16 op (see the ops below)
+  // 16-bit, one channel group: two taps per k16 op; more groups: two channel groups per k16 op (see the ops below)
   const int step_s = (dtype != FF_F32 && p.CG == 1 && knobs().pair16) ? 2 : 1;
+  const int step_g = (dtype != FF_F32 && p.CG > 1 && knobs().pair16) ? 2 : 1;
   const long long span = (long long)(R - 1) * dh;
-  // 16-bit: the bias rides in a spare K chunk (an op with one tap) when there is one, else in an op of its own
-  const bool bias_spare = dtype != FF_F32 && (step_s == 1 || S % 2 == 1);
+  // 16-bit: the bias rides in a spare K chunk (an op with one tap / one channel group) when there is one, else in an
+  // op of its own
+  const bool bias_spare = dtype != FF_F32 && (step_s == 2 ? S % 2 == 1 : step_g == 1 || p.CG % 2 == 1);
   // 16-bit 3x3, one channel group: taps (0, 2) and (1, 2) in one op (WG_COL16_OPS)
   const bool col16 = step_s == 2 && R == 3 && S == 3 && knobs().col16;
-  const long long nops_pred = (long long)R * ((S + step_s - 1) / step_s) * p.CG + (bias_spare ? 0 : 1) - (col16 ? 1 : 0);
+  const long long nops_pred =
+      (long long)R * ((S + step_s - 1) / step_s) * ((p.CG + step_g - 1) / step_g) + (bias_spare ? 0 : 1) - (col16 ? 1 : 0);
   if (nops_pred > WG_MAXOPS) {
     w.why = "fused_conv_act_pool: more than 64 K units of 8 input channels (R*S*ceil(C/8), + bias) for the sm_90 kernel";
     return w;
@@ -406,7 +417,9 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   }
   // 16-bit, one channel group (step_s 2): the two 8-column K chunks of a k16 op are taps (r, s) and (r, s + 1) — the
   // second tap's pixels are the first's shifted by dw columns, i.e. LBO = dw positions — so a row of S taps takes
-  // ceil(S / 2) ops instead of S (FF_FUSED_A_PAIR16 = 0: one tap per op, the second chunk zero weights on the ones plane)
+  // ceil(S / 2) ops instead of S; more channel groups (step_g 2): the chunks are groups cg and cg + 1 of one tap — the
+  // next group's plane, LBO = one plane — so a tap takes ceil(CG / 2) ops instead of CG (FF_FUSED_A_PAIR16 = 0: one
+  // tap and group per op, the second chunk zero weights on the ones plane)
   // ring operand: K-major core matrices, SBO = 8 pixels (128 B), LBO = to the next K chunk (fp32: the second 4-channel
   // plane; 16-bit: the next tap's pixels, or the slot's ones plane, read by 8 zero-weight columns or by the bias; the
   // column pair: 0 here, the ring slots' distance from the descriptor table)
@@ -418,14 +431,16 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   };
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; s += step_s)
-      for (int cg = 0; cg < p.CG; ++cg) {
+      for (int cg = 0; cg < p.CG; cg += step_g) {
         if (col16 && s == S - 1 && r < 2) continue;   // (0, 2) and (1, 2): the column pair below
         const long long off = (dtype == FF_F32 ? cg * 2 * plane : cg * plane) + (WG_PAD + posr((long long)s * dw)) * 16;
-        const bool pair = step_s == 2 && s + 1 < S;
+        const bool pair = step_s == 2 && s + 1 < S, gpair = step_g == 2 && cg + 1 < p.CG;
         // (a pair's taps: s even, so SW2 puts tap s + 1 in the odd half or further on in the even one: lbo > 0)
         const long long lbo = dtype == FF_F32 ? plane
-                              : pair ? (posr((long long)(s + 1) * dw) - posr((long long)s * dw)) * 16 : (p.CG - cg) * plane;
-        add_op((r * S + s) * p.CG + cg, pair ? (r * S + s + 1) * p.CG + cg : WG_UNIT_NONE, off, lbo, r * dh);
+                              : pair ? (posr((long long)(s + 1) * dw) - posr((long long)s * dw)) * 16
+                              : gpair ? plane : (p.CG - cg) * plane;
+        const int u0 = (r * S + s) * p.CG + cg;
+        add_op(u0, pair ? (r * S + s + 1) * p.CG + cg : gpair ? u0 + 1 : WG_UNIT_NONE, off, lbo, r * dh);
       }
   // the column pair (WG_COL16_OPS, one channel group): op WG_COL16_J after (2, 0) + (2, 1) and (2, 2); its LBO and, where
   // the rows' slots are in the other order, its swapped A block (block WG_COL16_OPS, not issued) come from the
@@ -746,7 +761,10 @@ size_t ff_fused_conv_act_pool_workspace_bytes(int dtype, int channels_last, long
   const Vol v = make_vol(D, T, sd, pd, dd);
   const int lm = wg_loader(dtype, channels_last, C, W, nullptr, v);
   size_t ws = 0;
-  for (int l : {lm, wg_lm_tma(lm) ? wg_copy_loader(lm, dtype) : lm, wg_loader(dtype, channels_last, C, W, (const void*)1, v)}) {
+  const int lms[3] = {lm, wg_lm_tma(lm) ? wg_copy_loader(lm, dtype) : -1, wg_loader(dtype, channels_last, C, W, (const void*)1, v)};
+  for (int i = 0; i < 3; ++i) {
+    const int l = lms[i];
+    if (l < 0 || (i == 2 && (l == lms[0] || l == lms[1]))) continue;   // (each loader planned once)
     const Choice f = choose(dtype, channels_last, N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, activation, pool, precision,
                             deterministic, l, v);
     if (!f.why) ws = std::max(ws, f.wp.ok ? f.wp.ws_bytes : f.pl.ws_bytes);

@@ -55,13 +55,13 @@ def test_fused_path_matches_float64(case, combo):
     assert result["ok"], f"{result} (seed {SEED})"
 
 
-@pytest.mark.parametrize("knob", ["FF_FUSED_A_TMA", "FF_FUSED_A_NARROW", "FF_FUSED_A_R2"])
+@pytest.mark.parametrize("knob", ["FF_FUSED_A_TMA", "FF_FUSED_A_NARROW", "FF_FUSED_A_R2", "FF_FUSED_A_PAIR16"])
 def test_fused_a_check_cases_with_knob_off(knob):
     """The check cases on path "fused" with a knob at 0.  FF_FUSED_A_TMA=0: family A's input through the per-thread
     16-byte copy loaders (VEC, NCHW4, NCHW8), which serve wherever a TMA loader's layout does not fit beside the ring or
     its tensor map cannot be made.  FF_FUSED_A_NARROW=0: the cases' narrow output rows (which the mma.sync kernel
     serves by default) on the wgmma kernel, two rows per tile.  FF_FUSED_A_R2=0: rows of 33..64 pixels one per tile.
-    The library reads its knobs once per process, hence a child process."""
+    FF_FUSED_A_PAIR16=0: one tap of one channel group per 16-bit k16 op (the other K chunk zero weights).  The library reads its knobs once per process, hence a child process."""
     code = (
         "import fullfuse\n"
         "from fullfuse.check import cases, run_case\n"
@@ -579,6 +579,37 @@ def test_fused_a_two_rows_per_tile(shape, mode, channels_last, pool, determinist
                                  deterministic, kernel=None if mode == "ieee" else "two output rows per tile")
     except fullfuse.UnsupportedError as exc:   # ieee beyond both kernels (3xTF32's ring, > 9 K units): with the reason
         assert mode == "ieee" and re.search("one block per SM|shared memory", str(exc)), exc
+
+
+_GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops per tile): 16-bit, > 8 input channels
+    ((2, 16, 10, 70), 64, 3, 1, 1, 1, 10),      # 2 groups: 9 paired ops + the bias op
+    ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18),       # 3: a pair and a lone group per tap, the bias in a lone op's spare chunk
+    ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18),      # (channels_last: two output rows per tile at 3 blocks per SM)
+    ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10),       # 12 channels: the second group half empty
+    ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6),   # a 1x5 row filter: 5 paired ops + the bias op
+    ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10),     # stride 2 (even / odd columns; NCHW: one block per SM, refused)
+    ((2, 16, 11, 80), 16, 3, 1, 2, 2, 10),      # dilation 2
+]
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("mode", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", _GROUP_PAIRS, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}-k{s[2]}-s{s[3]}-d{s[5]}")
+def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, deterministic, pool):
+    """16-bit input over more than 8 channels: each k16 op takes two channel groups of one tap (its second K chunk the
+    next group's plane), so a 3x3 over 16 channels is 10 ops, not 18 (wg_plan_lm in csrc/fused_conv_act_pool.cu),
+    against float64 in both layouts, pools and reduction modes, with the op count named in `.plans`."""
+    xs, k_out, kernel, stride, padding, dilation, nops = shape
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
+    if stride == 2 and not channels_last:   # TNCHW's staging + the ring: one block per SM (tests/test_plan_cpu.py)
+        with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM"):
+            fullfuse.fused_model(model.to(torch.bfloat16), path="fused")(torch.randn(xs, device="cuda", dtype=torch.bfloat16))
+        return
+    _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
+                             deterministic, kernel=f"{nops} ops per tile (general chain)")
 
 
 def test_fused_a_conv3d_beyond_the_kernel_says_why():
