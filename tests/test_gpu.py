@@ -605,8 +605,9 @@ def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, determini
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
     if stride == 2 and not channels_last:   # TNCHW's staging + the ring: one block per SM (tests/test_plan_cpu.py)
+        dtype = getattr(torch, mode)
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM"):
-            fullfuse.fused_model(model.to(torch.bfloat16), path="fused")(torch.randn(xs, device="cuda", dtype=torch.bfloat16))
+            fullfuse.fused_model(model.to(dtype), path="fused")(torch.randn(xs, device="cuda", dtype=dtype))
         return
     _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
                              deterministic, kernel=f"{nops} ops per tile (general chain)")
