@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (see benchmarks/NOTES.md): install the carried wheels, then run the given stages; every log and
 # result lands in $OUT.  Usage: benchmarks/device_run.sh STAGE... with STAGE in
-#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  general-a-r2  general-a-pairs  seed-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
+#   tests  tests-all  tests-a  bench-3d  general-a  general-a-grid  general-a-quick  general-a-rgb  general-a-s2  general-a-s2-narrow  general-a-r2  general-a-pairs  general-a-line-c16  seed-a  ab-a  diag-h2  micro-a  fixed-a  clock-a  bench-bigc  probe  probe-a  probe-b  profile-a  ncu-a16  ncu-a-sass  profile-b  host-b  variance-b  probe-chunks  bench-b  check  bench-quick  bench-full  bench-dtypes  final  final-a  final-b
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FULLFUSE_CACHE_DIR="$PWD/.ffcache"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -122,6 +122,14 @@ for stage in "$@"; do
         --out "$OUT" 2>&1 | tee "$OUT/general_a_pairs_off.txt" | tail -8
       ff bench --family A --shape 4,4,64,128,128 --dtype bfloat16 --variants fallback fused --layout both --repeats 20 --out "$OUT" --tag conv3d 2>&1 | tail -3
       FF_FUSED_A_PAIR16=0 ff bench --family A --shape 4,4,64,128,128 --dtype bfloat16 --variants fused --layout both --repeats 20 --out "$OUT" --tag conv3d_one_group_per_op 2>&1 | tail -3 ;;
+    general-a-line-c16)   # op lists as long as a 3x3 filter's over 9..16 channels straight-line (default) against the general
+      # chain (FF_FUSED_A_LINE_C16=0); rows of <= 128 output pixels with ring slots for 128 + halo columns (default) against
+      # 256 (FF_FUSED_A_HALFSPAN=0)
+      python3 benchmarks/general_a.py --only 6 13 18 19 20 21 --out "$OUT" 2>&1 | tee "$OUT/general_a_line_c16.txt" | tail -14
+      FF_FUSED_A_LINE_C16=0 python3 benchmarks/general_a.py --only 6 19 --tag general_chain \
+        --out "$OUT" 2>&1 | tee "$OUT/general_a_line_c16_off.txt" | tail -6
+      FF_FUSED_A_HALFSPAN=0 python3 benchmarks/general_a.py --only 13 18 19 20 21 --tag span256 --out "$OUT" 2>&1 \
+        | tee "$OUT/general_a_halfspan_off.txt" | tail -12 ;;
     seed-a)   # family A at the seed, fused and fallback, every precision, both layouts (a quick check against the record)
       for spec in "float32 auto" "float32 ieee" "bfloat16 auto" "float16 auto"; do
         read -r d pr <<< "$spec"

@@ -42,6 +42,9 @@ GRID = [
     ((128, 8, 128, 128), (64, 3, 2, 1), "stride 2, 64-pixel output rows"),
     ((288, 8, 50, 50), (64, 3, 1, 0), "48-pixel rows"),
     ((32, 24, 128, 128), (64, 3, 1, 1), "24 input channels"),
+    ((32, 16, 128, 128), (64, 3, 1, 1), "16 input channels, 128-pixel rows"),
+    ((32, 16, 128, 128), (64, 5, 1, 2), "5x5 over 16 input channels, 128-pixel rows"),
+    ((32, 8, 128, 128), (64, 7, 1, 3), "7x7 over 8 input channels, 128-pixel rows"),
 ]
 QUICK = [0, 2, 10, 11]
 

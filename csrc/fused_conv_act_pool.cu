@@ -55,7 +55,8 @@ struct Plan {
 // FF_FUSED_A_WG16 = 0 keeps 16-bit inputs on the mma.sync kernel; FF_FUSED_A_NCHW4 = 0 reads NCHW fp32 with 4-byte copies instead of 16-byte ones; FF_FUSED_A_RB = max ring slots (2..16, default 8); FF_FUSED_A_BPS = blocks per SM for the wgmma path (1..4, default 3: the 168-register build measured
 // 0.584 / 0.743 ms NHWC / NCHW TF32 at the seed against 0.674 / 0.847 for 4 blocks of 128 registers; 3xTF32 uses at most 2);
 // FF_FUSED_A_VEC16 = 0 reads 16-bit input with register loads (REG) instead of 16-byte copies (VEC, NCHW8).
-// FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap (8 channels + 8 zero-weight columns) instead of two;
+// FF_FUSED_A_PAIR16 = 0 gives each 16-bit k16 op one tap of one channel group (8 channels + 8 zero-weight columns)
+// instead of two taps (one group) or two channel groups (more);
 // FF_FUSED_A_COL16 = 0 keeps taps (0, 2) and (1, 2) of a 16-bit 3x3 filter in ops of their own (6 ops, the general kernel).
 // FF_FUSED_A_NOCLAMP = 0 evaluates GELU (erf) with ff_gelu_erf everywhere instead of the clamp-free form (wg_epi);
 // FF_FUSED_A_FULLTILE = 0 keeps the per-column-block mask tests in whole 16-bit tiles too (fp32 always has them).
@@ -64,14 +65,17 @@ struct Plan {
 // (default 2; a shape that fits only one block per SM runs the fallback, measured faster there).
 // FF_FUSED_A_NARROW = 0 keeps narrow output rows on the wgmma kernel (choose; the tests run it that way too).
 // FF_FUSED_A_R2 = 0 gives rows of 8..64 output pixels one row per wgmma tile instead of two (WG_NT_R2).
-struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16, narrow, r2; };
+// FF_FUSED_A_LINE_C16 = 0 issues op lists as long as a 3x3 filter's over 9..16 channels (wg_ops_c16) through the general
+// chain (a fence per wgmma) instead of their straight-line kernels; FF_FUSED_A_HALFSPAN = 0 sizes the ring slots of rows of
+// <= 128 output pixels for 256 columns (+ halo) as those of wider rows.
+struct Knobs { int impl, rb, bps, nchw4, wg16, vec16, pair16, noclamp, fulltile, minbps, tma, h2, col16, narrow, r2, line_c16, halfspan; };
 const Knobs& knobs() {
   static const Knobs k = [] {
     auto get = [](const char* name, int dflt) { const char* s = getenv(name); return s ? atoi(s) : dflt; };
     Knobs r{get("FF_FUSED_A_IMPL", 0), get("FF_FUSED_A_RB", 8), get("FF_FUSED_A_BPS", 3), get("FF_FUSED_A_NCHW4", 1), get("FF_FUSED_A_WG16", 1),
             get("FF_FUSED_A_VEC16", 1), get("FF_FUSED_A_PAIR16", 1), get("FF_FUSED_A_NOCLAMP", 1), get("FF_FUSED_A_FULLTILE", 1),
             get("FF_FUSED_A_MINBPS", 2), get("FF_FUSED_A_TMA", 1), get("FF_FUSED_A_H2", 1), get("FF_FUSED_A_COL16", 1),
-            get("FF_FUSED_A_NARROW", 1), get("FF_FUSED_A_R2", 1)};
+            get("FF_FUSED_A_NARROW", 1), get("FF_FUSED_A_R2", 1), get("FF_FUSED_A_LINE_C16", 1), get("FF_FUSED_A_HALFSPAN", 1)};
     if (r.rb < 2 || r.rb > 16) r.rb = 8;
     if (r.bps < 1 || r.bps > 4) r.bps = 3;
     if (r.minbps < 1 || r.minbps > 4) r.minbps = 2;
@@ -237,10 +241,20 @@ struct WGPlan {
 };
 
 // The op count a straight-line kernel (wgmma issue without a fence per op) exists for, else 0: fp32 3x3 over <= 8
-// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with the column pair (5, col).  Others (another 16-bit
-// filter of 5 ops too) take the general kernel.
-int wg_straight_ops(int dtype, int nops, bool col) {
-  return (dtype == FF_F32 ? nops == WG_OPS3X3 : col && nops == WG_COL16_OPS) ? nops : 0;
+// channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with the column pair (5, col), for every loader; op lists
+// as long as a 3x3 filter's over 9..16 channels (wg_ops_c16: fp32 18 + the bias op, 16-bit 9 channel-group pairs + the
+// bias op; 16-bit 5x3 over <= 8 too) for a Conv2d through the TMA loaders, one row per tile, stride-1 columns, not ieee.
+// Others (another 16-bit filter of 5 ops too) take the general kernel, which fences every wgmma.
+constexpr int wg_ops_c16(int dtype) { return dtype == FF_F32 ? 19 : 10; }
+int wg_straight_ops(int dtype, int nops, bool col, int lm, bool sw2, bool r2, bool vol, bool split) {
+  if (dtype == FF_F32 && nops == WG_OPS3X3) return nops;
+  if (col) return nops == WG_COL16_OPS ? nops : 0;
+  return nops == wg_ops_c16(dtype) && wg_lm_tma(lm) && !sw2 && !r2 && !vol && !split && knobs().line_c16 ? nops : 0;
+}
+// ... of a plan's parameters
+int wg_straight_ops(int dtype, int precision, int lm, const WGParams& p) {
+  return wg_straight_ops(dtype, p.nops, p.col_j >= 0, lm, p.sw2_sub > 0, p.r2 != 0, p.vT > 0,
+                         dtype == FF_F32 && precision == FF_PREC_IEEE);
 }
 
 // Two output rows per tile (WG_NT_R2) can serve the call: rows of 8 .. 64 output pixels (one segment) through the TMA
@@ -278,8 +292,10 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   const bool r2 = want_r2 && wg_r2_applies(lm, split, v, p.Q);
   p.r2 = r2 ? 1 : 0;
   // the input columns a segment's ops read, from its first (SW2: 2 (nt - 1) + (S - 1) dw + 1, half of them per parity);
-  // R2: the m64n64 ops read WG_NT_R2 output pixels of the segment
-  const int nts = r2 ? WG_NT_R2 : nt;
+  // R2: the m64n64 ops read WG_NT_R2 output pixels of the segment; a stride-1 row of <= 128 output pixels is one
+  // segment of one half (WGPiece: nhalf 1), whose n128 ops read 128 pixels, so its slots need no more (half the ring:
+  // more blocks per SM where a large filter's or many channels' ring was the limit)
+  const int nts = r2 ? WG_NT_R2 : (!sw2 && p.Q <= WG_NT / 2 && knobs().halfspan) ? WG_NT / 2 : nt;
   const long long span_c = sw2 ? 2LL * (nts - 1) + (long long)(S - 1) * dw + 1 : (long long)nts + (long long)(S - 1) * dw;
   long long twa = sw2 ? 2 * (((span_c + 1) / 2 + 7) / 8 * 8) : (span_c + 7) / 8 * 8;
   if (twa > 4096) return w;
@@ -343,7 +359,7 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   p.vC = v.D > 0 ? C / v.T : 0;
   p.vD = v.D; p.vDout = v.Dout; p.vsd = v.sd; p.vpd = v.pd; p.vdd = v.dd;
   p.L = N * p.lines_img;
-  const int nops_line = wg_straight_ops(dtype, (int)nops_pred, col16);   // > 0: a straight-line kernel serves it
+  const int nops_line = wg_straight_ops(dtype, (int)nops_pred, col16, lm, sw2, r2, v.D > 0, split);   // > 0: a straight-line kernel serves it
 #ifdef FF_FUSED_A_DIAG
   p.diag = getenv("FF_FUSED_A_DIAG_OFF") ? atoi(getenv("FF_FUSED_A_DIAG_OFF")) : 0;
 #endif
@@ -370,14 +386,14 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   // epilogue kernel (benchmarks/NOTES.md run 17: 3x3 over 24 / 32 channels), so such shapes run the fallback
   if (bps < std::min(bps_asked, knobs().minbps)) {
     w.why = "fused_conv_act_pool: the sm_90 kernel's weights and ring of input rows leave room for one block per SM "
-            "(filter height x channels x 256 columns): slower than the fallback (knob FF_FUSED_A_MINBPS=1 allows it)";
+            "(filter height x channels x the row's columns): slower than the fallback (knob FF_FUSED_A_MINBPS=1 allows it)";
     return w;
   }
   const long long budget = budget_of(bps);
   long long rb = need;                                // any slot count: the kernel indexes the ring modulo RB
   if (rb * slot + ONES + dtab_bytes(rb) + tma_bytes(rb) > budget || rb > 64) {
-    w.why = "fused_conv_act_pool: the sm_90 kernel's weights and ring of input rows (filter height x channels x 256 "
-            "columns) do not fit in shared memory";
+    w.why = "fused_conv_act_pool: the sm_90 kernel's weights and ring of input rows (filter height x channels x the "
+            "row's columns) do not fit in shared memory";
     return w;
   }
   while (!tnchw && rb + 1 <= knobs().rb && (rb + 1) * slot + ONES + dtab_bytes(rb + 1) + tma_bytes(rb + 1) <= budget) ++rb;
@@ -514,8 +530,8 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
 // The copy loader that replaces TMA loader lm (where its layout does not fit or its tensor map cannot be made)
 int wg_copy_loader(int lm, int dtype) { return lm == WG_LM_TVEC ? WG_LM_VEC : dtype == FF_F32 ? WG_LM_NCHW4 : WG_LM_NCHW8; }
 
-// The plan for loader lm; a TMA loader only where its layout keeps the blocks per SM (and so the workspace) of the
-// loader it replaces, else that one (VEC / NCHW4 / NCHW8).  Stride-2 columns have only the TMA loaders (the caller sizes
+// The plan for loader lm; a TMA loader only where its layout keeps at least the blocks per SM of the loader it
+// replaces, else that one (VEC / NCHW4 / NCHW8).  (The workspace query takes the larger of the two plans' needs.)  Stride-2 columns have only the TMA loaders (the caller sizes
 // the workspace for the mma.sync kernel too, which serves them where the tensor map cannot be made).
 // Two output rows per tile (R2, TMA loaders only) where that plan keeps the blocks per SM of the one-row plan chosen so.
 WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, int K, int R, int S, int sh, int sw, int ph,
@@ -532,7 +548,7 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
     const WGPlan a = plan(wg_copy_loader(lm, dtype), false);
     if (!a.ok) return a;
     const WGPlan t = plan(lm, false);
-    one = (t.ok && t.bps == a.bps && t.prm.G == a.prm.G && t.prm.J == a.prm.J) ? t : a;
+    one = (t.ok && t.bps >= a.bps) ? t : a;
   }
   if (!wg_r2_applies(lm, dtype == FF_F32 && precision == FF_PREC_IEEE, v, base.Q)) return one;
   const WGPlan two = plan(lm, true);
@@ -542,8 +558,9 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
 template <int DT, bool SPLIT, int LM, bool VOL = false, bool SW2 = false>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op and the column pair,
-  // 5) get the
-  // straight-line issue (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
+  // 5) and op lists as long as a 3x3 filter's over 9..16 channels (wg_ops_c16; TMA rows, one row per tile) get the
+  // straight-line issue
+  // (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
   // 16-bit only the 168-register build; a Conv3d (VOL) only the 168-register one too.  (wg_plan may run fewer blocks per
   // SM than a build allows.)  Stride-2 columns (SW2) and two rows per tile (R2): the MINB_FEW builds only (straight-line
@@ -551,8 +568,12 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   constexpr int MINB = SPLIT ? 2 : (DT == FF_F32 && !VOL ? 4 : 3);
   constexpr int MINB_FEW = SPLIT ? 2 : 3;
   constexpr int NOPS_LINE = DT == FF_F32 ? WG_OPS3X3 : WG_COL16_OPS;
-  const bool line = wg_straight_ops(DT, prm.nops, prm.col_j >= 0) > 0;
+  constexpr int NOPS_C16 = wg_ops_c16(DT);
+  const int line_ops = wg_straight_ops(DT, SPLIT ? FF_PREC_IEEE : FF_PREC_TF32, LM, prm);
+  const bool line = line_ops == NOPS_LINE;   // (the kernels below; NOPS_C16: its own)
   void (*kern)(WGParams) = nullptr;
+  if constexpr (!SPLIT && wg_lm_tma(LM) && !VOL && !SW2)   // op lists as long as a 3x3 filter's over 9..16 channels
+    if (line_ops == NOPS_C16) kern = fa_wgmma_kernel<DT, SPLIT, LM, NOPS_C16, MINB_FEW, VOL>;
   if constexpr (wg_lm_tma(LM) && !SPLIT && !VOL)   // two output rows per tile (R2): the MINB_FEW builds
     if (prm.r2)
       kern = line ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL, SW2, true>
@@ -741,7 +762,7 @@ const char* ff_fused_conv_act_pool_kernel(int dtype, int channels_last, long lon
   static const char* const rows[] = {"channels_last rows by 16-byte copies", "rows per element", "rows per element",
                                      "NCHW rows by 16-byte copies", "NCHW rows by 16-byte copies", "channels_last rows by TMA",
                                      "NCHW rows by TMA"};
-  const bool line = wg_straight_ops(dtype, c.wp.prm.nops, c.wp.prm.col_j >= 0) > 0;
+  const bool line = wg_straight_ops(dtype, precision, c.wp.lm, c.wp.prm) > 0;
   snprintf(text, sizeof text, "sm_90 wgmma kernel%s, %s%s%s, %d ops per tile (%s), %d blocks per SM",
            D > 0 ? " (Conv3d)" : "", rows[c.wp.lm], c.wp.prm.sw2_sub > 0 ? " split into even / odd columns (stride 2)" : "",
            c.wp.prm.r2 ? ", two output rows per tile" : "", c.wp.prm.nops, line ? "straight-line" : "general chain", c.wp.bps);

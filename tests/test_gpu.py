@@ -581,14 +581,20 @@ def test_fused_a_two_rows_per_tile(shape, mode, channels_last, pool, determinist
         assert mode == "ieee" and re.search("one block per SM|shared memory", str(exc)), exc
 
 
-_GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops per tile): 16-bit, > 8 input channels
-    ((2, 16, 10, 70), 64, 3, 1, 1, 1, 10),      # 2 groups: 9 paired ops + the bias op
-    ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18),       # 3: a pair and a lone group per tap, the bias in a lone op's spare chunk
-    ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18),      # (channels_last: two output rows per tile at 3 blocks per SM)
-    ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10),       # 12 channels: the second group half empty
-    ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6),   # a 1x5 row filter: 5 paired ops + the bias op
-    ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10),     # stride 2 (even / odd columns; NCHW: one block per SM, refused)
-    ((2, 16, 11, 80), 16, 3, 1, 2, 2, 10),      # dilation 2
+_GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops per tile, layouts whose kernel issues them
+    # straight-line): 16-bit, > 8 input channels.  10 ops through TMA rows (NCHW: W % 8 == 0; channels_last: C % 8 == 0),
+    # one row per tile, stride-1 columns: a straight-line kernel (wg_ops_c16); everything else the general chain
+    ((2, 16, 10, 70), 64, 3, 1, 1, 1, 10, ("CL",)),     # 2 groups: 9 paired ops + the bias op
+    ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18, ()),           # 3: a pair and a lone group per tap, the bias in a lone op's spare chunk
+    ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18, ()),          # (channels_last: two output rows per tile at 3 blocks per SM)
+    ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10, ()),           # 12 channels: the second group half empty (rows per element)
+    ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6, ()),  # a 1x5 row filter: 5 paired ops + the bias op
+    ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10, ()),         # stride 2 (even / odd columns; NCHW: one block per SM, refused)
+    ((2, 16, 11, 80), 16, 3, 1, 2, 2, 10, ("CL",)),     # dilation 2 (NCHW: TNCHW's staging would cost a block per SM)
+    ((2, 16, 6, 296), 64, 3, 1, 1, 1, 10, ("NCHW", "CL")),   # two segments per row (296 output pixels), both halves
+    # 32 channels over rows of <= 128 output pixels: the ring sized for one half (128 + halo columns), 2 blocks per SM
+    ((2, 32, 6, 128), 64, 3, 1, 1, 1, 19, ()),
+    ((2, 16, 7, 96), 32, 5, 1, 2, 1, 26, ()),           # 5x5 over 16 channels, likewise
 ]
 
 
@@ -600,8 +606,9 @@ _GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops
 def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, deterministic, pool):
     """16-bit input over more than 8 channels: each k16 op takes two channel groups of one tap (its second K chunk the
     next group's plane), so a 3x3 over 16 channels is 10 ops, not 18 (wg_plan_lm in csrc/fused_conv_act_pool.cu),
-    against float64 in both layouts, pools and reduction modes, with the op count named in `.plans`."""
-    xs, k_out, kernel, stride, padding, dilation, nops = shape
+    against float64 in both layouts, pools and reduction modes, with the op count and the issue (straight-line or the
+    general chain) named in `.plans`."""
+    xs, k_out, kernel, stride, padding, dilation, nops, line = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
     if stride == 2 and not channels_last:   # TNCHW's staging + the ring: one block per SM (tests/test_plan_cpu.py)
@@ -610,7 +617,32 @@ def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, determini
             fullfuse.fused_model(model.to(dtype), path="fused")(torch.randn(xs, device="cuda", dtype=dtype))
         return
     _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
-                             deterministic, kernel=f"{nops} ops per tile (general chain)")
+                             deterministic, kernel=f"{nops} ops per tile "
+                             f"({'straight-line' if ('CL' if channels_last else 'NCHW') in line else 'general chain'})")
+
+
+_TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose rows come by TMA): fp32 3x3 over 9..16 channels,
+    # 18 ops + the bias op, issued straight-line (wg_ops_c16 in csrc/fused_conv_act_pool.cu) where the rows come by TMA
+    ((2, 16, 10, 72), 64, 3, 1, ("NCHW", "CL")),     # 72-pixel rows (ring slots for 128 + halo columns)
+    ((2, 16, 6, 300), 48, 3, 1, ("CL",)),            # two segments per row (NCHW: the 16-byte copies, TNCHW's staging
+                                                     # would cost a block per SM)
+    ((2, 12, 8, 70), 64, 3, 1, ()),                  # 12 channels, W % 4 != 0: rows per element, the general chain
+]
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("shape", _TF32_C16, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}")
+def test_fused_a_tf32_3x3_over_16_channels(shape, channels_last, deterministic, pool):
+    """TF32, 3x3 over 9..16 input channels: 19 ops per tile, straight-line through TMA rows, the general chain otherwise,
+    against float64 in both layouts, pools and reduction modes, with the issue named in `.plans`."""
+    xs, k_out, kernel, padding, line = shape
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()
+    _fused_a_matches_float64(model, xs, "tf32", torch.channels_last if channels_last else torch.contiguous_format,
+                             deterministic, kernel="19 ops per tile "
+                             f"({'straight-line' if ('CL' if channels_last else 'NCHW') in line else 'general chain'})")
 
 
 def test_fused_a_conv3d_beyond_the_kernel_says_why():

@@ -27,17 +27,37 @@ CASES = [
     ("stride 2", (32, 8, 256, 256), "float32", False, (64, 3, 2, 1, 1, 1), "tf32",
      "split into even / odd columns (stride 2)", None),
     # 16-bit over > 8 channels: two channel groups per k16 op (9 pairs + the bias op)
+    # (9 pairs + the bias op = 10 ops through TMA rows: a straight-line kernel of their own, wg_ops_c16)
     ("bf16 3x3 C16", (32, 16, 256, 256), "bfloat16", True, (64, 3, 1, 1, 1, 1), "auto",
-     "channels_last rows by TMA, 10 ops per tile (general chain)", None),
+     "channels_last rows by TMA, 10 ops per tile (straight-line)", None),
+    ("bf16 3x3 C16 NCHW", (32, 16, 256, 256), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
+     "NCHW rows by TMA, 10 ops per tile (straight-line)", None),
+    ("bf16 3x3 C16, rows per element: the general chain", (32, 16, 100, 100), "bfloat16", False, (64, 3, 1, 1, 1, 1),
+     "auto", "rows per element, 10 ops per tile (general chain)", None),
     ("bf16 3x3 C24: a pair and a lone group per tap", (32, 24, 128, 128), "bfloat16", True, (64, 3, 1, 1, 1, 1), "auto",
-     "18 ops per tile (general chain), 2 blocks per SM", None),
+     "channels_last rows by TMA, 18 ops per tile (general chain), 3 blocks per SM", None),
     ("bf16 3x3 C24 NCHW", (32, 24, 128, 128), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
      "18 ops per tile (general chain), 2 blocks per SM", None),
-    # 32 channels: the ring is sized for 256-column segments whatever the row width (NOTES run 32): one block per SM
-    ("bf16 3x3 C32: fallback", (32, 32, 128, 128), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
+    # 32 channels: ring slots of 256 + halo columns leave one block per SM (NOTES run 32); rows of <= 128 output pixels
+    # size them for 128 + halo (NOTES run 33): two
+    ("bf16 3x3 C32 at 128-pixel rows", (32, 32, 128, 128), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
+     "NCHW rows by 16-byte copies, 19 ops per tile (general chain), 2 blocks per SM", None),
+    ("bf16 3x3 C32 at 256-pixel rows: fallback", (32, 32, 256, 256), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
      None, "one block per SM"),
+    ("bf16 5x5 C16 at 128-pixel rows", (32, 16, 128, 128), "bfloat16", True, (64, 5, 1, 2, 1, 1), "auto",
+     "channels_last rows by TMA, 26 ops per tile (general chain), 2 blocks per SM", None),
     ("bf16 1x1 C16", (32, 16, 256, 256), "float16", False, (64, 1, 1, 0, 1, 1), "auto",
      "2 ops per tile (general chain)", None),
+    # fp32 3x3 over 16 channels: 18 + the bias op through TMA rows, straight-line (wg_ops_c16); ieee: one block per SM
+    ("TF32 3x3 C16", (32, 16, 256, 256), "float32", True, (64, 3, 1, 1, 1, 1), "tf32",
+     "channels_last rows by TMA, 19 ops per tile (straight-line), 2 blocks per SM", None),
+    ("TF32 3x3 C16 NCHW at 128-pixel rows", (32, 16, 128, 128), "float32", False, (64, 3, 1, 1, 1, 1), "tf32",
+     "NCHW rows by TMA, 19 ops per tile (straight-line), 2 blocks per SM", None),
+    # (at 256-pixel rows TNCHW's staging would cost a block per SM: the 16-byte copies, the general chain)
+    ("TF32 3x3 C16 NCHW at 256-pixel rows", (32, 16, 256, 256), "float32", False, (64, 3, 1, 1, 1, 1), "tf32",
+     "NCHW rows by 16-byte copies, 19 ops per tile (general chain), 2 blocks per SM", None),
+    ("TF32 3x3 C16, rows per element: the general chain", (32, 16, 102, 102), "float32", False, (64, 3, 1, 1, 1, 1),
+     "tf32", "rows per element, 19 ops per tile (general chain)", None),
     # fp32 over 32 channels: weights and ring leave one block per SM
     ("TF32 3x3 C32: fallback", (32, 32, 128, 128), "float32", True, (64, 3, 1, 1, 1, 1), "tf32",
      None, "one block per SM"),
