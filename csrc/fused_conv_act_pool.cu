@@ -243,13 +243,15 @@ struct WGPlan {
 // The op count a straight-line kernel (wgmma issue without a fence per op) exists for, else 0: fp32 3x3 over <= 8
 // channels (9 taps + bias) and 16-bit 3x3 over <= 8 channels with the column pair (5, col), for every loader; op lists
 // as long as a 3x3 filter's over 9..16 channels (wg_ops_c16: fp32 18 + the bias op, 16-bit 9 channel-group pairs + the
-// bias op; 16-bit 5x3 over <= 8 too) for a Conv2d through the TMA loaders, one row per tile, stride-1 columns, not ieee.
+// bias op; 16-bit 5x3 over <= 8 too) for a Conv2d whose rows come by TMA or NCHW's 16-byte copies (wg_lm_c16), one row
+// per tile, stride-1 columns, not ieee.
 // Others (another 16-bit filter of 5 ops too) take the general kernel, which fences every wgmma.
 constexpr int wg_ops_c16(int dtype) { return dtype == FF_F32 ? 19 : 10; }
+constexpr bool wg_lm_c16(int lm) { return wg_lm_tma(lm) || lm == WG_LM_NCHW4 || lm == WG_LM_NCHW8; }
 int wg_straight_ops(int dtype, int nops, bool col, int lm, bool sw2, bool r2, bool vol, bool split) {
   if (dtype == FF_F32 && nops == WG_OPS3X3) return nops;
   if (col) return nops == WG_COL16_OPS ? nops : 0;
-  return nops == wg_ops_c16(dtype) && wg_lm_tma(lm) && !sw2 && !r2 && !vol && !split && knobs().line_c16 ? nops : 0;
+  return nops == wg_ops_c16(dtype) && wg_lm_c16(lm) && !sw2 && !r2 && !vol && !split && knobs().line_c16 ? nops : 0;
 }
 // ... of a plan's parameters
 int wg_straight_ops(int dtype, int precision, int lm, const WGParams& p) {
@@ -558,7 +560,8 @@ WGPlan wg_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
 template <int DT, bool SPLIT, int LM, bool VOL = false, bool SW2 = false>
 int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   // 3x3 filters over <= 8 input channels (fp32: 9 taps + bias = 10 ops; 16-bit: two taps per op and the column pair,
-  // 5) and op lists as long as a 3x3 filter's over 9..16 channels (wg_ops_c16; TMA rows, one row per tile) get the
+  // 5) and op lists as long as a 3x3 filter's over 9..16 channels (wg_ops_c16; TMA or NCHW 16-byte rows, one row per
+  // tile) get the
   // straight-line issue
   // (wg_straight_ops); the rest the general one.  Register budget: 3xTF32 2 blocks per SM; TF32 4
   // (128 registers) or, when the knob asks for fewer blocks (default 3), the 168-register build of the 3x3 kernel;
@@ -572,7 +575,7 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
   const int line_ops = wg_straight_ops(DT, SPLIT ? FF_PREC_IEEE : FF_PREC_TF32, LM, prm);
   const bool line = line_ops == NOPS_LINE;   // (the kernels below; NOPS_C16: its own)
   void (*kern)(WGParams) = nullptr;
-  if constexpr (!SPLIT && wg_lm_tma(LM) && !VOL && !SW2)   // op lists as long as a 3x3 filter's over 9..16 channels
+  if constexpr (!SPLIT && wg_lm_c16(LM) && !VOL && !SW2)   // op lists as long as a 3x3 filter's over 9..16 channels
     if (line_ops == NOPS_C16) kern = fa_wgmma_kernel<DT, SPLIT, LM, NOPS_C16, MINB_FEW, VOL>;
   if constexpr (wg_lm_tma(LM) && !SPLIT && !VOL)   // two output rows per tile (R2): the MINB_FEW builds
     if (prm.r2)

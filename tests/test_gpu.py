@@ -470,9 +470,12 @@ _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each mu
 def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
     """Conv3d -> GELU -> global pool on the fused kernel (path "fused": it must serve these, no step down), every
     precision, both layouts, atomic and deterministic partials, against float64; the deterministic mode repeats bits.
-    ieee's ring is twice as large: it serves one channel group (C_in x kernel depth <= 8) and refuses more."""
+    ieee's ring is twice as large: over more than one channel group (C_in x kernel depth > 8) it serves rows of <= 128
+    output pixels (ring slots of 128 + halo columns) and refuses wider ones."""
     xs, k_out, kernel, stride, padding, dilation = shape
-    if mode == "ieee" and xs[1] * (kernel if isinstance(kernel, int) else kernel[0]) > 8:
+    last = lambda v: v if isinstance(v, int) else v[-1]   # (the width's kernel, stride, padding, dilation)
+    q_out = (xs[-1] + 2 * last(padding) - last(dilation) * (last(kernel) - 1) - 1) // last(stride) + 1
+    if mode == "ieee" and xs[1] * (kernel if isinstance(kernel, int) else kernel[0]) > 8 and q_out > 128:
         model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), nn.AdaptiveAvgPool3d(1))
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM|shared memory"):
             fullfuse.fused_model(model.cuda().eval(), path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
@@ -581,16 +584,23 @@ def test_fused_a_two_rows_per_tile(shape, mode, channels_last, pool, determinist
         assert mode == "ieee" and re.search("one block per SM|shared memory", str(exc)), exc
 
 
+def _issue(line_layouts, channels_last):
+    """How `.plans` names the issue of a tile's wgmmas for a case whose straight-line layouts are ``line_layouts``."""
+    return "straight-line" if ("CL" if channels_last else "NCHW") in line_layouts else "general chain"
+
+
 _GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops per tile, layouts whose kernel issues them
-    # straight-line): 16-bit, > 8 input channels.  10 ops through TMA rows (NCHW: W % 8 == 0; channels_last: C % 8 == 0),
-    # one row per tile, stride-1 columns: a straight-line kernel (wg_ops_c16); everything else the general chain
+    # straight-line): 16-bit, > 8 input channels.  10 ops through TMA rows or NCHW's 16-byte copies (NCHW: W % 8 == 0;
+    # channels_last: C % 8 == 0), one row per tile, stride-1 columns: a straight-line kernel (wg_ops_c16); everything else
+    # the general chain
     ((2, 16, 10, 70), 64, 3, 1, 1, 1, 10, ("CL",)),     # 2 groups: 9 paired ops + the bias op
     ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18, ()),           # 3: a pair and a lone group per tap, the bias in a lone op's spare chunk
     ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18, ()),          # (channels_last: two output rows per tile at 3 blocks per SM)
     ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10, ()),           # 12 channels: the second group half empty (rows per element)
     ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6, ()),  # a 1x5 row filter: 5 paired ops + the bias op
     ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10, ()),         # stride 2 (even / odd columns; NCHW: one block per SM, refused)
-    ((2, 16, 11, 80), 16, 3, 1, 2, 2, 10, ("CL",)),     # dilation 2 (NCHW: TNCHW's staging would cost a block per SM)
+    ((2, 16, 11, 80), 16, 3, 1, 2, 2, 10, ("NCHW", "CL")),   # dilation 2 (NCHW: the 16-byte copies; TNCHW's staging
+                                                             # would cost a block per SM)
     ((2, 16, 6, 296), 64, 3, 1, 1, 1, 10, ("NCHW", "CL")),   # two segments per row (296 output pixels), both halves
     # 32 channels over rows of <= 128 output pixels: the ring sized for one half (128 + halo columns), 2 blocks per SM
     ((2, 32, 6, 128), 64, 3, 1, 1, 1, 19, ()),
@@ -617,14 +627,14 @@ def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, determini
             fullfuse.fused_model(model.to(dtype), path="fused")(torch.randn(xs, device="cuda", dtype=dtype))
         return
     _fused_a_matches_float64(model, xs, mode, torch.channels_last if channels_last else torch.contiguous_format,
-                             deterministic, kernel=f"{nops} ops per tile "
-                             f"({'straight-line' if ('CL' if channels_last else 'NCHW') in line else 'general chain'})")
+                             deterministic, kernel=f"{nops} ops per tile ({_issue(line, channels_last)})")
 
 
 _TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose rows come by TMA): fp32 3x3 over 9..16 channels,
     # 18 ops + the bias op, issued straight-line (wg_ops_c16 in csrc/fused_conv_act_pool.cu) where the rows come by TMA
+    # or NCHW's 16-byte copies
     ((2, 16, 10, 72), 64, 3, 1, ("NCHW", "CL")),     # 72-pixel rows (ring slots for 128 + halo columns)
-    ((2, 16, 6, 300), 48, 3, 1, ("CL",)),            # two segments per row (NCHW: the 16-byte copies, TNCHW's staging
+    ((2, 16, 6, 300), 48, 3, 1, ("NCHW", "CL")),     # two segments per row (NCHW: the 16-byte copies, TNCHW's staging
                                                      # would cost a block per SM)
     ((2, 12, 8, 70), 64, 3, 1, ()),                  # 12 channels, W % 4 != 0: rows per element, the general chain
 ]
@@ -635,14 +645,14 @@ _TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose rows come 
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("shape", _TF32_C16, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}")
 def test_fused_a_tf32_3x3_over_16_channels(shape, channels_last, deterministic, pool):
-    """TF32, 3x3 over 9..16 input channels: 19 ops per tile, straight-line through TMA rows, the general chain otherwise,
+    """TF32, 3x3 over 9..16 input channels: 19 ops per tile, straight-line through TMA rows or NCHW's 16-byte copies, the
+    general chain otherwise (rows per element),
     against float64 in both layouts, pools and reduction modes, with the issue named in `.plans`."""
     xs, k_out, kernel, padding, line = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()
     _fused_a_matches_float64(model, xs, "tf32", torch.channels_last if channels_last else torch.contiguous_format,
-                             deterministic, kernel="19 ops per tile "
-                             f"({'straight-line' if ('CL' if channels_last else 'NCHW') in line else 'general chain'})")
+                             deterministic, kernel=f"19 ops per tile ({_issue(line, channels_last)})")
 
 
 def test_fused_a_conv3d_beyond_the_kernel_says_why():

@@ -30,8 +30,9 @@ CASES = [
     # (9 pairs + the bias op = 10 ops through TMA rows: a straight-line kernel of their own, wg_ops_c16)
     ("bf16 3x3 C16", (32, 16, 256, 256), "bfloat16", True, (64, 3, 1, 1, 1, 1), "auto",
      "channels_last rows by TMA, 10 ops per tile (straight-line)", None),
+    # (NCHW: the 16-byte copies' plan fits 3 blocks per SM, TNCHW's staging leaves 2: the copies)
     ("bf16 3x3 C16 NCHW", (32, 16, 256, 256), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
-     "NCHW rows by TMA, 10 ops per tile (straight-line)", None),
+     "NCHW rows by 16-byte copies, 10 ops per tile (straight-line), 3 blocks per SM", None),
     ("bf16 3x3 C16, rows per element: the general chain", (32, 16, 100, 100), "bfloat16", False, (64, 3, 1, 1, 1, 1),
      "auto", "rows per element, 10 ops per tile (general chain)", None),
     ("bf16 3x3 C24: a pair and a lone group per tap", (32, 24, 128, 128), "bfloat16", True, (64, 3, 1, 1, 1, 1), "auto",
@@ -53,9 +54,9 @@ CASES = [
      "channels_last rows by TMA, 19 ops per tile (straight-line), 2 blocks per SM", None),
     ("TF32 3x3 C16 NCHW at 128-pixel rows", (32, 16, 128, 128), "float32", False, (64, 3, 1, 1, 1, 1), "tf32",
      "NCHW rows by TMA, 19 ops per tile (straight-line), 2 blocks per SM", None),
-    # (at 256-pixel rows TNCHW's staging would cost a block per SM: the 16-byte copies, the general chain)
+    # (at 256-pixel rows TNCHW's staging would cost a block per SM: the 16-byte copies, straight-line too)
     ("TF32 3x3 C16 NCHW at 256-pixel rows", (32, 16, 256, 256), "float32", False, (64, 3, 1, 1, 1, 1), "tf32",
-     "NCHW rows by 16-byte copies, 19 ops per tile (general chain), 2 blocks per SM", None),
+     "NCHW rows by 16-byte copies, 19 ops per tile (straight-line), 2 blocks per SM", None),
     ("TF32 3x3 C16, rows per element: the general chain", (32, 16, 102, 102), "float32", False, (64, 3, 1, 1, 1, 1),
      "tf32", "rows per element, 19 ops per tile (general chain)", None),
     # fp32 over 32 channels: weights and ring leave one block per SM
