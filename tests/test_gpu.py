@@ -597,7 +597,7 @@ _GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops
     # the general chain
     ((2, 16, 10, 70), 64, 3, 1, 1, 1, 10, ("CL",)),     # 2 groups: 9 paired ops + the bias op
     ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18, ()),           # 3: a pair and a lone group per tap, the bias in a lone op's spare chunk
-    ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18, ()),          # (channels_last: two output rows per tile at 3 blocks per SM)
+    ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18, ()),          # 128-pixel rows (channels_last: 3 blocks per SM)
     ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10, ()),           # 12 channels: the second group half empty (rows per element)
     ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6, ()),  # a 1x5 row filter: 5 paired ops + the bias op
     ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10, ()),         # stride 2 (even / odd columns; NCHW: one block per SM, refused)
@@ -632,9 +632,9 @@ def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, determini
                              deterministic, kernel=f"{nops} ops per tile ({_issue(line, channels_last)})")
 
 
-_TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose rows come by TMA): fp32 3x3 over 9..16 channels,
-    # 18 ops + the bias op, issued straight-line (wg_ops_c16 in csrc/fused_conv_act_pool.cu) where the rows come by TMA
-    # or NCHW's 16-byte copies
+_TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose kernel issues them straight-line): fp32 3x3 over
+    # 9..16 channels, 18 ops + the bias op, issued straight-line (wg_ops_c16 in csrc/fused_conv_act_pool.cu) where the
+    # rows come by TMA or NCHW's 16-byte copies
     ((2, 16, 10, 72), 64, 3, 1, ("NCHW", "CL")),     # 72-pixel rows (ring slots for 128 + halo columns)
     ((2, 16, 6, 300), 48, 3, 1, ("NCHW", "CL")),     # two segments per row (NCHW: the 16-byte copies, TNCHW's staging
                                                      # would cost a block per SM)
@@ -648,8 +648,8 @@ _TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose rows come 
 @pytest.mark.parametrize("shape", _TF32_C16, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}")
 def test_fused_a_tf32_3x3_over_16_channels(shape, channels_last, deterministic, pool):
     """TF32, 3x3 over 9..16 input channels: 19 ops per tile, straight-line through TMA rows or NCHW's 16-byte copies, the
-    general chain otherwise (rows per element),
-    against float64 in both layouts, pools and reduction modes, with the issue named in `.plans`."""
+    general chain otherwise (rows per element), against float64 in both layouts, pools and reduction modes, with the
+    issue named in `.plans`."""
     xs, k_out, kernel, padding, line = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()

@@ -27,7 +27,8 @@ CASES = [
     ("stride 2", (32, 8, 256, 256), "float32", False, (64, 3, 2, 1, 1, 1), "tf32",
      "split into even / odd columns (stride 2)", None),
     # 16-bit over > 8 channels: two channel groups per k16 op (9 pairs + the bias op)
-    # (9 pairs + the bias op = 10 ops through TMA rows: a straight-line kernel of their own, wg_ops_c16)
+    # (9 pairs + the bias op = 10 ops through TMA rows or NCHW's 16-byte copies: a straight-line kernel of their own,
+    # wg_ops_c16; rows per element keep the general chain)
     ("bf16 3x3 C16", (32, 16, 256, 256), "bfloat16", True, (64, 3, 1, 1, 1, 1), "auto",
      "channels_last rows by TMA, 10 ops per tile (straight-line)", None),
     # (NCHW: the 16-byte copies' plan fits 3 blocks per SM, TNCHW's staging leaves 2: the copies)
@@ -49,7 +50,7 @@ CASES = [
      "channels_last rows by TMA, 26 ops per tile (general chain), 2 blocks per SM", None),
     ("bf16 1x1 C16", (32, 16, 256, 256), "float16", False, (64, 1, 1, 0, 1, 1), "auto",
      "2 ops per tile (general chain)", None),
-    # fp32 3x3 over 16 channels: 18 + the bias op through TMA rows, straight-line (wg_ops_c16); ieee: one block per SM
+    # fp32 3x3 over 16 channels: 18 + the bias op, straight-line through TMA rows or NCHW's 16-byte copies (wg_ops_c16)
     ("TF32 3x3 C16", (32, 16, 256, 256), "float32", True, (64, 3, 1, 1, 1, 1), "tf32",
      "channels_last rows by TMA, 19 ops per tile (straight-line), 2 blocks per SM", None),
     ("TF32 3x3 C16 NCHW at 128-pixel rows", (32, 16, 128, 128), "float32", False, (64, 3, 1, 1, 1, 1), "tf32",
