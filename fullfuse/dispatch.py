@@ -68,7 +68,13 @@ def _input_unsupported(spec, x: torch.Tensor, weight: torch.Tensor, bias) -> Opt
     return static_unsupported(spec)
 
 
+def _fallback_module(spec):
+    return fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
+
+
 def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool) -> Tuple[str, str]:
+    """(path, reason) for this call: an explicit path that cannot serve raises UnsupportedError with the reason;
+    "auto" steps down fused -> fallback -> torch (also where a kernel library cannot be built or loaded here)."""
     if requested == "torch":
         return "torch", "requested"
     reason = _input_unsupported(spec, x, weight, bias)
@@ -76,14 +82,19 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
         if requested != "auto":
             raise UnsupportedError(f"fullfuse: path {requested!r} cannot serve this call: {reason}")
         return "torch", reason
+    why = None
     if requested in ("auto", "fused"):
         why = fused_static_unsupported(spec) or _fused_module(spec).unsupported(spec, x, mode, deterministic)
         if why is None:
             return "fused", "fused kernel serves it: " + _fused_module(spec).kernel(spec, x, mode, deterministic)
         if requested == "fused":
             raise UnsupportedError(f"fullfuse: the fused kernel cannot serve this call: {why}")
-        return "fallback", why
-    return "fallback", "requested"
+    missing = _fallback_module(spec).unavailable()
+    if missing:
+        if requested == "fallback":
+            raise UnsupportedError(f"fullfuse: the fallback cannot serve this call: {missing}")
+        return "torch", f"{why}; fallback unavailable: {missing}"
+    return "fallback", why or "requested"
 
 
 # call signature -> (spec, (path, reason), run(x, weight, bias)): the choice and everything that depends only on
@@ -101,12 +112,12 @@ def _signature(spec, path, mode, deterministic, x, weight, bias) -> tuple:
 def _runner(spec, chosen: str, x, mode: str, deterministic: bool):
     if chosen == "torch":
         def run_torch(x, weight, bias):
-            with precision_mod.cudnn_conv_precision(mode):
+            with precision_mod.cudnn_conv_precision(mode):   # a lock and a flag change only where mode differs
                 return torch_path.run(spec, x, weight, bias)
         return run_torch
     if chosen == "fused":
         return _fused_module(spec).prepare(spec, x, mode, deterministic)
-    module = fallback_a if isinstance(spec, ConvActPoolSpec) else fallback_b
+    module = _fallback_module(spec)
     return lambda x, weight, bias: module.run(spec, x, weight, bias, mode, deterministic)
 
 

@@ -41,6 +41,7 @@ SIGNATURES: Dict[str, Dict[str, Tuple[Any, list]]] = {
         "ff_fused_convt_pool_reduce_unsupported": (c_char_p, [_P]),             # the problem (a Problem)
         "ff_fused_convt_pool_reduce_workspace_bytes": (c_size_t, [_P]),
         "ff_fused_convt_pool_reduce": (c_int, [_P, _P, _P, _P, _P, _P]),        # x, w, bias, out, problem, workspace
+        "ff_fused_convt_pack_weights": (c_int, [_P, _P, _P]),                   # w, geometry (a Problem), out
     },
 }
 
@@ -114,9 +115,19 @@ def _cuda_error_name(code: int) -> str:
         return f"cudaError {code}"
 
 
-def call(lib: str, name: str, *args):
-    """Call a host function that does not launch (queries); returns its value."""
-    return function(lib, name)(*[_arg(a) for a in args])
+def call(lib: str, name: str, *args, device: Optional[torch.device] = None):
+    """Call a host function that does not launch (queries); returns its value.  ``device``: the CUDA device whose
+    properties a plan query reads (the C side asks the current device), made current for the call."""
+    fn = function(lib, name)
+    with _on(device):
+        return fn(*[_arg(a) for a in args])
+
+
+def _on(device: Optional[torch.device]):
+    """A context that makes ``device`` current unless it is already (no device switch: host time)."""
+    if device is None or device.index is None or device.index == current_device_index():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA builds of torch: one C call each
@@ -140,8 +151,7 @@ def launch(lib: str, name: str, *args, device: torch.device, stream: Optional[in
     fn = function(lib, name)
     if stream is None:
         stream = current_stream(device)
-    current = device.index is None or device.index == current_device_index()   # no device switch (host time)
-    with contextlib.nullcontext() if current else torch.cuda.device(device):
+    with _on(device):
         code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
     if code != 0:
         raise RuntimeError(f"fullfuse: {name} failed: {_cuda_error_name(code)} ({code})")

@@ -1,6 +1,7 @@
 """fused_model(): trace a model, replace every matched region with a FusedRegion, keep everything else."""
 from __future__ import annotations
 
+import warnings
 from typing import List
 
 from torch import nn
@@ -22,9 +23,13 @@ class FusedModel(nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
+        # no region: graph_module is the original module itself, called as the user would (its hooks run)
+        self._unchanged = graph_module is original
         StateNames(original, self).register(self)
 
     def forward(self, *args, **kwargs):
+        if self._unchanged:
+            return self._modules["graph_module"](*args, **kwargs)
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
 
@@ -40,8 +45,13 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     check_path(path)
     check_precision(precision)
     gm = trace(model)
+    matches = find_matches(gm)
+    if not matches:   # nothing to fuse: the original module runs as it is (no re-traced graph, no host time added)
+        warnings.warn(f"fullfuse: no fusable conv pipeline found in {type(model).__name__}; the fused model runs its "
+                      f"own forward unchanged", stacklevel=2)
+        return FusedModel(model, [], model)
     plans = []
-    for index, match in enumerate(find_matches(gm)):
+    for index, match in enumerate(matches):
         name = f"fullfuse_region_{index}"
         plan = make_plan(name, match.spec, match.description, path)
         conv = gm.get_submodule(match.conv_module) if match.conv_module else None

@@ -116,12 +116,45 @@ def _compiling() -> bool:
     return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
+_AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast would run this region's convolution in (None: autocast is off or leaves x as it is).
+    Convolutions are on autocast's lower-precision list: float tensors on an autocast-enabled device are cast."""
+    if x.dtype not in _AUTOCAST_INPUTS or x.device.type != "cuda":
+        return None
+    try:
+        if not torch.is_autocast_enabled("cuda"):
+            return None
+        return torch.get_autocast_dtype("cuda")
+    except TypeError:                                     # torch < 2.4's spelling
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
+def _autocast_float32(spec) -> bool:
+    """Whether autocast runs the region's last op in float32: ``sum`` is on its float32 list; mean / amax / the
+    adaptive pools are not (they keep their input's dtype)."""
+    return isinstance(spec, ConvTPoolReduceSpec) and spec.reduction == "sum"
+
+
 def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic=True) -> Tensor:
-    """Run a spec through the registered op (or the torch path when autograd or an unbatched input needs it)."""
+    """Run a spec through the registered op (or the torch path when autograd or an unbatched input needs it), with
+    PyTorch's autocast semantics: under autocast the region computes in the autocast dtype, as the original would."""
     dispatch.check_path(path)
     if _needs_grad(x, weight, bias):
         _warn_grad_once()
+        dispatch.last_decision[spec] = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
         return torch_path.run(spec, x, weight, bias)
+    cast = _autocast_dtype(x)
+    if cast is not None:
+        if path == "torch":                               # PyTorch's own ops under the caller's autocast
+            dispatch.last_decision[spec] = ("torch", "requested")
+            return torch_path.run(spec, x, weight, bias)
+        with torch.autocast("cuda", enabled=False):
+            out = run_spec(spec, x.to(cast), weight.to(cast), None if bias is None else bias.to(cast), path,
+                           precision, deterministic)
+        return out.float() if _autocast_float32(spec) else out
     if x.dim() == spec.dims + 1:                         # unbatched input, as torch convs accept it
         return run_spec(spec, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
     if not _compiling() or spec.groups != 1 or getattr(spec, "padding_mode", "zeros") != "zeros":

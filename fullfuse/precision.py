@@ -6,6 +6,7 @@ accumulation whatever the setting ("native").
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -48,14 +49,23 @@ def torch_conv_precision() -> str:
             value = getter(*level)
             if value in ("tf32", "ieee"):
                 return value
-        return "tf32" if torch._C._get_cudnn_allow_tf32() else "ieee"
+        return _legacy_allow_tf32()
     conv = _conv_backend()
     if conv is not None:
         for holder in (conv, torch.backends.cudnn, torch.backends):
             value = getattr(holder, "fp32_precision", "none")
             if value in ("tf32", "ieee"):
                 return value
-    return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
+    return _legacy_allow_tf32()
+
+
+def _legacy_allow_tf32() -> str:
+    """The legacy flag, where no fp32_precision level says tf32 / ieee.  Its getter raises while cuDNN's conv and RNN
+    flags differ (a user's mix of the legacy and new APIs); the conv's own default, TF32, applies then."""
+    try:
+        return "tf32" if torch._C._get_cudnn_allow_tf32() else "ieee"
+    except RuntimeError:
+        return "tf32"
 
 
 def check_precision(precision: str) -> None:
@@ -71,36 +81,46 @@ def resolve(precision: str, dtype: torch.dtype) -> str:
     return torch_conv_precision() if precision == "auto" else precision
 
 
+# Process-wide torch flags are changed only here, under this lock, which a call holds while its convolutions are
+# enqueued: a fullfuse call asking for a precision then never runs while another has the flag changed.
+_FLAGS_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
-def cudnn_conv_precision(mode: str):
-    """Run the cuDNN convolutions inside in ``mode`` ("tf32" or "ieee"; other modes leave torch as it is)."""
+def _flags_set(pairs):
+    """Inside: the (holder, attribute, value) triples set, under the lock; restored after.  A flag already at its
+    value is not touched."""
+    with _FLAGS_LOCK:
+        saved = [(h, a, getattr(h, a)) for h, a, v in pairs if getattr(h, a) != v]
+        try:
+            for h, a, v in pairs:
+                if getattr(h, a) != v:
+                    setattr(h, a, v)
+            yield
+        finally:
+            for h, a, v in reversed(saved):
+                setattr(h, a, v)
+
+
+def _precision_flags(mode: str):
+    """The torch flag that makes cuDNN convolutions run in ``mode`` ("tf32" / "ieee")."""
     if mode not in ("tf32", "ieee"):
-        yield
-        return
+        return []
     conv = _conv_backend()
     if conv is not None:
-        saved = conv.fp32_precision
-        conv.fp32_precision = mode
-        try:
-            yield
-        finally:
-            conv.fp32_precision = saved
-    else:
-        saved = torch.backends.cudnn.allow_tf32
-        torch.backends.cudnn.allow_tf32 = mode == "tf32"
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.allow_tf32 = saved
+        return [(conv, "fp32_precision", mode)]
+    return [(torch.backends.cudnn, "allow_tf32", mode == "tf32")]
 
 
-@contextlib.contextmanager
+def cudnn_conv_precision(mode: str):
+    """Run the cuDNN convolutions inside in ``mode`` ("tf32" or "ieee"; other modes leave torch as it is)."""
+    flags = _precision_flags(mode)
+    return _flags_set(flags) if flags else contextlib.nullcontext()
+
+
 def cudnn_settings(mode: str, deterministic: bool):
-    """cudnn_conv_precision(mode), and cuDNN's deterministic-algorithm switch while inside."""
-    saved = torch.backends.cudnn.deterministic
-    torch.backends.cudnn.deterministic = deterministic or saved
-    try:
-        with cudnn_conv_precision(mode):
-            yield
-    finally:
-        torch.backends.cudnn.deterministic = saved
+    """cudnn_conv_precision(mode), and cuDNN's deterministic-algorithm switch while inside (set, never cleared)."""
+    flags = _precision_flags(mode)
+    if deterministic:
+        flags.append((torch.backends.cudnn, "deterministic", True))
+    return _flags_set(flags) if flags else contextlib.nullcontext()

@@ -118,14 +118,22 @@ def test_functional_conv_regions():
             _close(got, want)
 
 
-def test_relayout_cache_follows_in_place_updates():
-    w = torch.randn(4, 3, 3, 3)
-    first = weights.as_memory_format(w, torch.channels_last)
-    assert torch.equal(first, w)
-    with torch.no_grad():
-        w.add_(1.0)
-    second = weights.as_memory_format(w, torch.channels_last)
-    assert torch.equal(second, w) and not torch.equal(first, second)
+def test_derived_weights_follow_every_weight_change():
+    """Re-laid-out weights are derived in each call: in-place updates, writes through ``.data`` (no version bump),
+    ``p.data = other`` and parameters made under inference_mode (no version counter) are all seen."""
+    p = torch.nn.Parameter(torch.randn(4, 3, 3, 3))
+    bias = torch.nn.Parameter(torch.randn(4).to(torch.bfloat16))
+    for change in (lambda: p.data.mul_(0.5), lambda: p.data.add_(1.0),
+                   lambda: setattr(p, "data", torch.randn(4, 3, 3, 3)), lambda: bias.data.mul_(2.0)):
+        first = weights.as_memory_format(p, torch.channels_last)
+        first_bias = weights.float32_bias(bias)
+        assert torch.equal(first, p) and torch.equal(first_bias, bias.float())
+        change()
+        assert torch.equal(weights.as_memory_format(p, torch.channels_last), p)
+        assert torch.equal(weights.float32_bias(bias), bias.float())
+    with torch.inference_mode():
+        w = torch.randn(4, 3, 3, 3)
+        assert torch.equal(weights.as_memory_format(w, torch.channels_last), w)
 
 
 def test_path_torch_and_bad_arguments():
@@ -261,3 +269,32 @@ class _SumChannels(nn.Module):
 
     def forward(self, x):
         return self.body(x).sum(dim=1, keepdim=True)
+
+
+def test_precision_flags_change_only_under_the_lock_and_come_back():
+    """Threads asking for other precisions than torch's never interleave a flag change with another's restore, nor
+    run while another has changed it (the flags end as they began)."""
+    import threading
+
+    from fullfuse import precision
+
+    before = (precision.torch_conv_precision(), torch.backends.cudnn.deterministic)
+    errors = []
+
+    def worker(mode):
+        try:
+            for _ in range(200):
+                with precision.cudnn_settings(mode, deterministic=True):
+                    assert precision.torch_conv_precision() == mode and torch.backends.cudnn.deterministic
+        except Exception as exc:  # collected: an assert in a thread does not fail the test by itself
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(m,)) for m in ("ieee", "tf32") * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert (precision.torch_conv_precision(), torch.backends.cudnn.deterministic) == before
+    with precision.cudnn_conv_precision(before[0]):
+        assert precision.torch_conv_precision() == before[0]

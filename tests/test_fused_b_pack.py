@@ -111,3 +111,44 @@ def test_packed_ieee_slices():
     for part in (hi, lo, bf):
         assert not part[k_out:].any() and not part[:, c_in:].any()
     assert packed.numel() == 27 * (2 * c32 * 256 + c16 * 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d", "sliced"])
+@pytest.mark.parametrize("dtype,mode", [(torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfloat16, "bfloat16"),
+                                        (torch.float16, "float16")])
+@pytest.mark.parametrize("c_in,k_out,kernel,stride", [(32, 64, (5, 5, 5), (2, 2, 2)), (12, 5, (3, 4, 2), (2, 3, 1)),
+                                                       (8, 64, (2, 2, 2), (3, 3, 3)), (40, 17, (1, 3, 3), (1, 2, 2))])
+def test_gpu_packing_equals_pack_weights(c_in, k_out, kernel, stride, dtype, mode, layout):
+    """The packing kernel (run before every fused launch) gives pack_weights' bytes exactly, for any weight strides;
+    inf / NaN weights keep their class in the high part and give a low part of 0 (ieee)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fullfuse.fused.convt_pool_reduce import pack_geometry, packed_weights
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(c_in, k_out, *kernel, generator=gen).to(dtype)
+    w.view(-1)[::97] = float("inf")
+    w.view(-1)[5::101] = float("nan")
+    want = pack_weights(w, stride, dtype, mode if dtype == torch.float32 else "tf32").reshape(-1).view(torch.uint8)
+    wc = w.cuda()
+    if layout == "channels_last_3d":
+        wc = wc.contiguous(memory_format=torch.channels_last_3d)
+    elif layout == "sliced":
+        wc = torch.cat([wc, wc], dim=1)[:, k_out:]
+    assert torch.equal(wc.cpu(), w)
+    spec = _spec(in_channels=c_in, out_channels=k_out, kernel_size=kernel, stride=stride, padding=(0, 0, 0))
+    got = packed_weights(*pack_geometry(spec, wc, mode), wc).cpu()
+    assert got.shape == want.shape
+    if mode != "ieee":
+        assert torch.equal(got, want)
+        return
+    c32, c16 = padded_channels(c_in), padded_channels(c_in, torch.bfloat16)
+    rows_got, rows_want = got.view(-1, 2 * c32 * 256 + c16 * 128), want.view(-1, 2 * c32 * 256 + c16 * 128)
+    assert torch.equal(rows_got[:, :c32 * 256], rows_want[:, :c32 * 256])                 # hi: bit for bit
+    lo_got = rows_got[:, c32 * 256:c32 * 512].view(torch.float32)
+    lo_want = rows_want[:, c32 * 256:c32 * 512].view(torch.float32).clone()
+    lo_want[~torch.isfinite(lo_want)] = 0.0      # the reference's inf - inf; the kernel's low part of inf / NaN is 0
+    assert torch.equal(lo_got, lo_want)
+    bf_got, bf_want = (r[:, c32 * 512:].view(torch.bfloat16).float() for r in (rows_got, rows_want))
+    assert torch.equal(torch.isnan(bf_got), torch.isnan(bf_want))                         # NaN bits may differ
+    assert torch.equal(bf_got.nan_to_num(0.0), bf_want.nan_to_num(0.0))

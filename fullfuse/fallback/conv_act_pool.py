@@ -1,16 +1,21 @@
 """Family A fallback: cuDNN conv (channels_last, precision as selected; cuDNN's fastest plan through the cuDNN
 frontend where available, else PyTorch's call) -> csrc/fallback_act_pool.cu, which adds
 the bias, applies the activation and pools per (image, channel) in one read of the conv output.  The batch runs
-in chunks so that the epilogue of one chunk overlaps the convolution of the next (pipeline.py)."""
+in chunks so that the epilogue of one chunk overlaps the convolution of the next (pipeline.py).
+
+``unavailable()`` says (once per process) whether the epilogue library can be loaded here; the dispatcher steps
+down to the torch path under "auto", or raises UnsupportedError for path="fallback", where it cannot."""
 from __future__ import annotations
 
 import math
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
 
 from .. import launch
 from ..codes import ACTIVATIONS, POOLS, dtype_code
+from ..errors import UnsupportedError
 from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec
 from ..weights import as_memory_format, float32_bias
@@ -19,6 +24,33 @@ from . import cudnn_conv, pipeline
 LIB = "fallback_act_pool"
 _CONV = {2: F.conv2d, 3: F.conv3d}
 CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
+_reasons: Dict[str, Optional[str]] = {}   # library -> why it cannot be loaded (None: it loads)
+
+
+def library_unavailable(lib: str) -> Optional[str]:
+    """None if the kernel library ``lib`` loads (compiled first where nvcc is present) and exports its API; else the
+    reason in one line, with the fix.  Decided once per process (a missing compiler is not looked for again on every
+    call); never raises."""
+    if lib not in _reasons:
+        try:
+            for name in launch.SIGNATURES[lib]:
+                launch.function(lib, name)
+            reason = None
+        except Exception as exc:  # BuildError (no nvcc, unwritable cache, failed compile, no load), missing symbol
+            first = str(exc).strip().splitlines()
+            reason = f"fallback kernel library {lib} unavailable: {first[0] if first else type(exc).__name__}"
+        _reasons.setdefault(lib, reason)   # two threads may both try; the first answer stays
+    return _reasons[lib]
+
+
+def unavailable() -> Optional[str]:
+    """None if the family-A fallback can run here (its epilogue library loads); else why, in one line."""
+    return library_unavailable(LIB)
+
+
+def require(reason: Optional[str]) -> None:
+    if reason is not None:
+        raise UnsupportedError(f"fullfuse: the fallback path cannot serve this call: {reason}")
 
 
 def layout_of(y: torch.Tensor, dims: int):
@@ -39,9 +71,12 @@ def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor) ->
                   ACTIVATIONS[spec.activation], POOLS[spec.pool], workspace, device=y.device)
 
 
-def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str, deterministic: bool = True) -> torch.Tensor:
+def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
+        deterministic: bool = True) -> torch.Tensor:
+    require(unavailable())
     memory_format = CHANNELS_LAST[spec.dims]
     w = as_memory_format(weight, memory_format)
+    bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
     n, k = x.shape[0], spec.out_channels
     out = launch.new_output(n, k, device=x.device)
 

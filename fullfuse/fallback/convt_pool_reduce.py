@@ -1,10 +1,14 @@
 """Family B fallback: the transposed conv through cuDNN, then csrc/fallback_window_reduce.cu, which takes the
 composed max window over only the needed region, adds the bias after the max and reduces over channels, in one
 read.  The transposed conv is cuDNN's best plan through the cuDNN frontend where available; else, for float32,
-sub-pixel forward convolutions (subpixel.py); else PyTorch's own call.  The batch runs in overlapping chunks."""
+sub-pixel forward convolutions (subpixel.py); else PyTorch's own call.  The batch runs in overlapping chunks.
+
+``unavailable()`` says (once per process) whether the epilogue library can be loaded here; the dispatcher steps
+down to the torch path under "auto", or raises UnsupportedError for path="fallback", where it cannot."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -15,10 +19,15 @@ from ..precision import cudnn_settings
 from ..spec import ConvTPoolReduceSpec
 from ..weights import as_memory_format, float32_bias
 from . import cudnn_conv, pipeline, subpixel
-from .conv_act_pool import CHANNELS_LAST
+from .conv_act_pool import CHANNELS_LAST, library_unavailable, require
 
 LIB = "fallback_window_reduce"
 _CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def unavailable() -> Optional[str]:
+    """None if the family-B fallback can run here (its epilogue library loads); else why, in one line."""
+    return library_unavailable(LIB)
 
 
 def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
@@ -47,14 +56,17 @@ def epilogue(spec: ConvTPoolReduceSpec, y: torch.Tensor, bias, out: torch.Tensor
 
 def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
         deterministic: bool = True) -> torch.Tensor:
+    require(unavailable())
     weight = as_memory_format(weight, CHANNELS_LAST[spec.dims])
+    bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
     n = x.shape[0]
     conv_out = spec.conv_output_spatial(tuple(x.shape[2:]))
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     out = launch.new_output(n, *pooled, device=x.device)
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
     key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
-    pipeline.run(x.device, key, n, per_image, lambda n0, n1: transposed_conv(spec, x[n0:n1], weight, mode, deterministic),
+    pipeline.run(x.device, key, n, per_image,
+                 lambda n0, n1: transposed_conv(spec, x[n0:n1], weight, mode, deterministic),
                  lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
     out = out.to(x.dtype)
     return out.unsqueeze(1) if spec.keepdim else out

@@ -5,9 +5,18 @@ PyTorch's own call picks a slow plan for some problems (40.8 ms for seed B's fp3
 against 1.2 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest is kept
 for the process.  Returns None whenever the frontend is missing or has no plan, and the caller falls back to
 PyTorch's call.  Set FULLFUSE_CUDNN_FRONTEND=0 to skip it.
+
+Invariants:
+- A cuDNN handle is used by one thread only (one per (thread, device)): ``set_stream`` then ``execute`` are two
+  calls on the handle, and another thread's ``set_stream`` between them would run the plan on a foreign stream.
+- Under CUDA-graph capture no plan is built or timed (both synchronise the host, which breaks the capture):
+  a problem not seen before returns None, uncached, and PyTorch's (capturable) call serves it.
+- Every pointer handed to cuDNN is 16-byte aligned, as the plans assume (else CUDNN_STATUS_BAD_PARAM_MISALIGNED_
+  POINTER); a misaligned input or weight is copied to fresh (aligned) memory first.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -19,9 +28,10 @@ from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
 _REPEATS = 3
+_ALIGN = 16              # bytes; the alignment the frontend's tensors declare by default
 _entries: Dict[tuple, Optional["_Entry"]] = {}
-_handles: Dict[int, object] = {}
-_lock = threading.Lock()
+_local = threading.local()   # .handles: device index -> this thread's cuDNN handle
+_lock = threading.Lock()     # builds (and times) one problem's plans at a time; guards _entries
 
 
 def frontend():
@@ -50,21 +60,48 @@ def data_type(cudnn, dtype: torch.dtype):
             torch.float16: cudnn.data_type.HALF}[dtype]
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def handle_for(cudnn, device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _handles:
+    """This thread's cuDNN handle on ``device`` (the input's device), created on first use."""
+    handles = getattr(_local, "handles", None)
+    if handles is None:
+        handles = _local.handles = {}
+    index = _index(device)
+    if index not in handles:
         with torch.cuda.device(index):
-            _handles[index] = cudnn.create_handle()
-    return _handles[index]
+            handles[index] = cudnn.create_handle()
+    return handles[index]
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is being captured into a CUDA graph."""
+    with torch.cuda.device(_index(device)):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or where its data pointer is not 16-byte aligned a copy in fresh memory (the caching allocator's blocks
+    are 512-byte aligned; a dense tensor keeps its strides).  A copy rather than PyTorch's call: the result then does
+    not depend on the address (same plan, same bits) and the timed plan's speed is kept, for the cost of one copy."""
+    if t.data_ptr() % _ALIGN == 0:
+        return t
+    copy = torch.empty_like(t, memory_format=torch.preserve_format)
+    if copy.data_ptr() % _ALIGN:
+        raise RuntimeError("fullfuse: the allocator returned memory that is not 16-byte aligned")
+    return copy.copy_(t)
 
 
 def time_plan(graph, pack, workspace, index, handle) -> float:
+    stream = torch.cuda.current_stream(workspace.device)   # the stream set on ``handle``
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(_REPEATS):
-        start.record()
+        start.record(stream)
         graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
-        end.record()
+        end.record(stream)
         end.synchronize()
         times.append(start.elapsed_time(end))
         if times[0] > _SLOW_MS:
@@ -140,29 +177,43 @@ last_error = ""
 
 def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
         deterministic: bool) -> Optional[torch.Tensor]:
-    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), or None (no frontend/plan)."""
+    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), or None (no frontend/plan, or a
+    new problem under CUDA-graph capture)."""
     cudnn = frontend()
     if cudnn is None:
         return None
+    x, weight = aligned(x), aligned(weight)
     key = (kind, tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype, x.device,
            tuple(out_shape), tuple(padding), tuple(stride), tuple(dilation), mode, deterministic)
-    with _lock:
-        if key not in _entries:
-            try:
-                _entries[key] = _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, deterministic)
-            except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
-                _debug(f"{kind} unavailable for {tuple(out_shape)} ({mode}): {type(exc).__name__}: {exc}")
-                _entries[key] = None
-        entry = _entries[key]
+    entry = _entries.get(key, _MISSING)
+    if entry is _MISSING:
+        if capturing(x.device):
+            return None       # building / timing plans synchronises: PyTorch's call serves this one, nothing cached
+        with _lock:
+            if key not in _entries:
+                try:
+                    with torch.cuda.device(_index(x.device)):
+                        _entries[key] = _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode,
+                                               deterministic)
+                except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
+                    _debug(f"{kind} unavailable for {tuple(out_shape)} ({mode}): {type(exc).__name__}: {exc}")
+                    _entries[key] = None
+            entry = _entries[key]
     if entry is None:
         return None
-    y = _channels_last(out_shape, x.dtype, x.device)
-    workspace = torch.empty(max(entry.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
-    handle = handle_for(cudnn, x.device)
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
-    tx, tw, ty = entry.tensors
-    entry.graph.execute_plan_at_index({tx: x, tw: weight, ty: y}, workspace, index=entry.index, handle=handle)
+    index = _index(x.device)
+    # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
+    with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
+        y = _channels_last(out_shape, x.dtype, x.device)          # fresh memory: aligned
+        workspace = torch.empty(max(entry.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
+        handle = handle_for(cudnn, x.device)                       # this thread's: nobody re-sets its stream
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
+        tx, tw, ty = entry.tensors
+        entry.graph.execute_plan_at_index({tx: x, tw: weight, ty: y}, workspace, index=entry.index, handle=handle)
     return y
+
+
+_MISSING = object()
 
 
 def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
@@ -186,4 +237,5 @@ def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, m
 
 def describe() -> list:
     """(problem key, chosen plan index, its time in ms, number of plans) for every problem seen."""
-    return [(k, e.index, e.ms, e.plans) for k, e in _entries.items() if e is not None]
+    with _lock:
+        return [(k, e.index, e.ms, e.plans) for k, e in _entries.items() if e is not None]

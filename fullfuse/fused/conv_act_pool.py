@@ -61,7 +61,8 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
     if reason:
         return reason
     try:
-        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_problem(spec, x, mode, deterministic)[1])
+        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_problem(spec, x, mode, deterministic)[1],
+                          device=x.device)
     except Exception as exc:  # no nvcc and no cached build, or a build failure
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     return None if why is None else why.decode()
@@ -70,7 +71,7 @@ def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic
 def kernel(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
     """Which kernel serves this call, in words (``unsupported`` said one does)."""
     copy, args = _problem(spec, x, mode, deterministic)
-    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *args)
+    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *args, device=x.device)
     return (text.decode() if text else "fused kernel") + (", on a contiguous copy of the input" if copy else "")
 
 
@@ -88,8 +89,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
         if copy:
             x = x.contiguous()
         out = torch.zeros(n, k, dtype=torch.float32, device=device) if atomic else launch.new_output(n, k, device=device)
-        stream = launch.current_stream(device)
-        launch.launch(LIB, "ff_fused_conv_act_pool", x, as_memory_format(weight, torch.contiguous_format), float32_bias(bias),
-                      out, *args, workspace.get(device, LIB, ws_fn, args, stream), device=device, stream=stream)
+        launch.launch(LIB, "ff_fused_conv_act_pool", x, as_memory_format(weight, torch.contiguous_format),
+                      float32_bias(bias), out, *args, workspace.get(device, LIB, ws_fn, args), device=device)
         return out.to(dtype).view(shape)
     return run

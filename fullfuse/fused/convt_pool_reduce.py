@@ -3,14 +3,15 @@ tensor cores whose epilogue keeps the pooling-window maxima on chip, then one fi
 the pooled result is written."""
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Optional, Tuple
 
 import torch
 
 from .. import launch, workspace
 from ..codes import ACTIVATIONS, PRECISIONS, REDUCTIONS, dtype_code
 from ..spec import ConvTPoolReduceSpec
-from ..weights import float32_bias, relayout
+from ..weights import float32_bias
 
 LIB = "fused_convt_pool_reduce"
 
@@ -51,7 +52,7 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     if _channels_last(x) and x.data_ptr() % 16:
         return "channels_last_3d input not 16-byte aligned (the fused kernel copies 16-byte channel groups)"
     try:
-        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", problem(spec, x, mode))
+        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", problem(spec, x, mode), device=x.device)
     except Exception as exc:  # no nvcc and no cached build, or a build failure
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     return None if why is None else why.decode()
@@ -104,23 +105,50 @@ def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float3
     return packed if dtype != torch.float32 or mode == "exact" else _tf32(packed)
 
 
+def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> Tuple[launch.Problem, int]:
+    """(the C API's geometry for ff_fused_convt_pack_weights (csrc/fused_convt_pack.cuh), packed bytes): the layout
+    pack_weights builds, for a weight of this dtype and strides."""
+    c_in, k_out = weight.shape[:2]
+    if weight.dtype != torch.float32:
+        op, c_pad, c_pad16, item_bytes = 0, padded_channels(c_in, weight.dtype), 0, 2
+    elif mode == "ieee":
+        op, c_pad, c_pad16 = 2, padded_channels(c_in), padded_channels(c_in, torch.bfloat16)
+        item_bytes = None
+    else:
+        op, c_pad, c_pad16, item_bytes = 1, padded_channels(c_in), 0, 4
+    taps = math.prod(weight.shape[2:])
+    nbytes = taps * (c_pad * 64 * 8 + c_pad16 * 64 * 2 if item_bytes is None else c_pad * 64 * item_bytes)
+    values = (op, c_in, k_out, c_pad, c_pad16, *weight.shape[2:], *spec.stride, *weight.stride(), taps)
+    return launch.Problem(values), nbytes
+
+
+def packed_weights(geometry: launch.Problem, nbytes: int, weight: torch.Tensor) -> torch.Tensor:
+    """The packed weights, made on the caller's current stream from the weight as it is now."""
+    out = torch.empty(nbytes, dtype=torch.uint8, device=weight.device)
+    launch.launch(LIB, "ff_fused_convt_pack_weights", weight, geometry, out, device=weight.device)
+    return out
+
+
 def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device, alignment), everything that depends only on
-    those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
+    those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call).  The weights are packed in
+    every call (packed_weights), the geometry of that once per weight layout."""
     copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d))
     prob = problem(spec, x.contiguous() if copy else x, mode)   # NCDHW / channels_last_3d read natively, else copied
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     shape, dtype, device, keepdim = (x.shape[0], *pooled), x.dtype, x.device, spec.keepdim
-    tag = ("fused_b_pack", tuple(spec.stride), dtype, mode)
-    make = lambda w: pack_weights(w, spec.stride, dtype, mode)  # noqa: E731
     ws_fn = "ff_fused_convt_pool_reduce_workspace_bytes"
+    geometries = {}   # weight strides -> (geometry, bytes)
 
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
+        geometry = geometries.get(weight.stride())
+        if geometry is None:
+            geometry = geometries[weight.stride()] = pack_geometry(spec, weight, mode)
+        packed = packed_weights(*geometry, weight)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
-        stream = launch.current_stream(device)
-        launch.launch(LIB, "ff_fused_convt_pool_reduce", x, relayout(weight, tag, make), float32_bias(bias), out, prob,
-                      workspace.get(device, LIB, ws_fn, (prob,), stream), device=device, stream=stream)
+        launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, prob,
+                      workspace.get(device, LIB, ws_fn, (prob,)), device=device)
         return out.unsqueeze(1) if keepdim else out
     return run

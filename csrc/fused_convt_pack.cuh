@@ -1,0 +1,102 @@
+// Family B's weight packing on the GPU, run on the caller's stream before every fused launch (so the packed copy is
+// never stale, never crosses streams, and is part of a captured CUDA graph): the ConvTranspose weight (C, K, Td, Th,
+// Tw), any strides, into the layout fb_kernel streams (fused_convt_pool_reduce.cu): per residue class (rd, rh, rw),
+// per tap (td, th, tw) = (rd + sd md, rh + sh mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G] with G = 4
+// fp32 (TF32-rounded) or 8 16-bit values, input channels zero-padded to C_pad, output channels to 64.
+// "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit].
+// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which it is tested.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace fb_pack {
+
+enum Op { COPY16 = 0, TF32 = 1, IEEE = 2 };
+
+struct Geometry {
+  int op, C, K, cpad, cpad16;        // cpad16: the bf16 part's C_pad (IEEE only)
+  int T[3], s[3];
+  long long ws[5];                   // the weight's strides in elements (C, K, Td, Th, Tw)
+  int nslices;
+};
+
+// tf32 to nearest, ties away from zero (cvt.rna.tf32.f32), as bits: inf / NaN keep their class
+__device__ __forceinline__ uint32_t tf32_rna(uint32_t bits) { return (bits + 0x1000u) & ~0x1fffu; }
+
+__device__ __forceinline__ int taps(int T, int s, int r) { return r < T ? (T - r + s - 1) / s : 0; }
+
+// slice j -> its tap (td, th, tw): classes in (rd, rh, rw) order, taps md-major inside a class
+__device__ __forceinline__ void slice_tap(const Geometry& g, int j, int (&t)[3]) {
+  for (int rd = 0; rd < g.s[0]; ++rd)
+    for (int rh = 0; rh < g.s[1]; ++rh)
+      for (int rw = 0; rw < g.s[2]; ++rw) {
+        const int nd = taps(g.T[0], g.s[0], rd), nh = taps(g.T[1], g.s[1], rh), nw = taps(g.T[2], g.s[2], rw);
+        const int count = nd * nh * nw;
+        if (j < count) {
+          t[0] = rd + g.s[0] * (j / (nh * nw));
+          t[1] = rh + g.s[1] * ((j / nw) % nh);
+          t[2] = rw + g.s[2] * (j % nw);
+          return;
+        }
+        j -= count;
+      }
+}
+
+// element e of a [cpad / G][64][G] slice -> the weight's offset, or -1 for padding
+__device__ __forceinline__ long long source(const Geometry& g, const int (&t)[3], int e, int G) {
+  const int gi = e % G, k = (e / G) % 64, c = (e / (64 * G)) * G + gi;
+  if (c >= g.C || k >= g.K) return -1;
+  return c * g.ws[0] + k * g.ws[1] + t[0] * g.ws[2] + t[1] * g.ws[3] + t[2] * g.ws[4];
+}
+
+__global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, const Geometry g) {
+  const int G = g.op == COPY16 ? 8 : 4;
+  const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);   // items per slice
+  const long long total = (long long)g.nslices * per;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int j = (int)(i / per), e = (int)(i % per);
+    int t[3];
+    slice_tap(g, j, t);
+    if (g.op == COPY16) {
+      const long long src = source(g, t, e, 8);
+      static_cast<uint16_t*>(out)[i] = src < 0 ? 0 : static_cast<const uint16_t*>(w)[src];
+    } else if (g.op == TF32) {
+      const long long src = source(g, t, e, 4);
+      static_cast<uint32_t*>(out)[i] = src < 0 ? 0u : tf32_rna(__float_as_uint(static_cast<const float*>(w)[src]));
+    } else {   // IEEE: a slice is cpad * 64 * 8 bytes of (hi, lo) then cpad16 * 64 * 2 of bf16
+      char* slice = static_cast<char*>(out) + (long long)j * (g.cpad * 64 * 8 + g.cpad16 * 64 * 2);
+      if (e < g.cpad * 64) {
+        const long long src = source(g, t, e, 4);
+        const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
+        const uint32_t hi = tf32_rna(__float_as_uint(v));
+        // the low part of a non-finite weight is 0, not inf - inf: the high part carries the inf / NaN alone
+        const uint32_t lo = isfinite(v) ? tf32_rna(__float_as_uint(v - __uint_as_float(hi))) : 0u;
+        reinterpret_cast<uint32_t*>(slice)[e] = hi;
+        reinterpret_cast<uint32_t*>(slice + g.cpad * 64 * 4)[e] = lo;
+      } else {
+        const int e16 = e - g.cpad * 64;
+        const long long src = source(g, t, e16, 8);
+        const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
+        reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e16] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+// q: op, C, K, cpad, cpad16, T[3], s[3], weight strides[5], slices (fullfuse/fused/convt_pool_reduce.py pack_geometry)
+inline int launch(const void* w, const long long* q, void* out, cudaStream_t stream) {
+  Geometry g;
+  g.op = (int)q[0]; g.C = (int)q[1]; g.K = (int)q[2]; g.cpad = (int)q[3]; g.cpad16 = (int)q[4];
+  for (int a = 0; a < 3; ++a) { g.T[a] = (int)q[5 + a]; g.s[a] = (int)q[8 + a]; }
+  for (int a = 0; a < 5; ++a) g.ws[a] = q[11 + a];
+  g.nslices = (int)q[16];
+  const long long items = (long long)g.nslices * (g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0));
+  if (items == 0) return 0;
+  const int threads = 256;
+  const long long blocks = (items + threads - 1) / threads;
+  pack_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), threads, 0, stream>>>(w, out, g);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace fb_pack
