@@ -12,6 +12,8 @@
 //                                  relative; -inf -> NaN like PyTorch's x/(1+exp(-x)) (= x*(1/(1+e^-x)) there);
 //                                  +inf -> +inf; x < -87 gives a denormal (~x*e^x) where PyTorch gives -0.
 //   ff_max_nan(a, b)               exact max; NaN if either is NaN (torch max_pool / amax semantics).
+//   ff_f16_sat(x)                  +-inf for |x| >= 65520 (fp16's overflow), else x: an fp16 conv output as PyTorch
+//                                  rounds it, for the fused fp16 epilogues.
 //   ff_load<T, V>(p, o)            exact fp32 / bf16 / fp16 -> fp32; V == 1 scalar, else ONE 16-byte load (V*sizeof(T)
 //                                  == 16, p 16-byte aligned); streaming (.cs) cache hint: data is read once.
 //                                  = ff_convert(ff_load_raw(p)); ff_load1(p) is the scalar form.
@@ -27,6 +29,13 @@ __device__ __forceinline__ float ff_max_nan(float a, float b) {
   float r;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+}
+
+// An fp16 conv's output as PyTorch sees it past fp16's range: |x| >= 65520 (what rounds to +-inf in fp16) becomes
+// +-inf, NaN stays NaN, everything else is kept in fp32.  The fused kernels' fp16 epilogues apply it before the
+// activation, so GELU / SiLU / the pools give PyTorch's inf / NaN where its fp16 conv output overflowed.
+__device__ __forceinline__ float ff_f16_sat(float x) {
+  return fabsf(x) >= 65520.0f ? copysignf(__int_as_float(0x7f800000), x) : x;
 }
 
 // r ~ log2(Phi(-u)) for u >= 0: the degree-5 Horner polynomial of fast_gelu.md (5 FFMA)

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include "codes.h"
 #include "activation.cuh"
+#include "smem_optin.h"
 #include "gelu_h2.cuh"   // wg_epi_h2: the 16-bit GELU + mean epilogue
 #include "fused_conv_act_pool/device_common.cuh"
 #include "fused_conv_act_pool/mma_sync_kernel.cuh"
@@ -183,7 +184,7 @@ Plan make_plan(int dtype, int channels_last, long long N, int C, int H, int W, i
 template <int DT, bool SPLIT, int MT, int NW, bool FULL>
 int launch_t(const FAParams& prm, const Plan& pl, long long blocks, cudaStream_t stream) {
   auto kern = fused_conv_act_pool_kernel<DT, SPLIT, MT, NW, FULL>;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
+  cudaError_t e = ff_smem_optin(reinterpret_cast<const void*>(kern));   // the device's maximum (thread-safe)
   if (e != cudaSuccess) return (int)e;
   long long grid = blocks;
   {
@@ -589,7 +590,7 @@ int wg_launch_t(const WGParams& prm, size_t smem, cudaStream_t stream) {
              : (DT != FF_F32 || knobs().bps < 4) ? fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB_FEW, VOL>
                                                  : fa_wgmma_kernel<DT, SPLIT, LM, NOPS_LINE, MINB, VOL>;
   }
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e = ff_smem_optin(reinterpret_cast<const void*>(kern));   // the device's maximum (thread-safe)
   if (e != cudaSuccess) return (int)e;
   kern<<<(unsigned)prm.G, 128, smem, stream>>>(prm);
   return (int)cudaGetLastError();

@@ -3,7 +3,8 @@
 // Tw), any strides, into the layout fb_kernel streams (fused_convt_pool_reduce.cu): per residue class (rd, rh, rw),
 // per tap (td, th, tw) = (rd + sd md, rh + sh mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G] with G = 4
 // fp32 (TF32-rounded) or 8 16-bit values, input channels zero-padded to C_pad, output channels to 64.
-// "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit].
+// "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit];
+// a weight whose w_hi is not finite has 0 in the other two parts.
 // fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which it is tested.
 #pragma once
 #include <cuda_bf16.h>
@@ -54,7 +55,8 @@ __global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, 
   const int G = g.op == COPY16 ? 8 : 4;
   const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);   // items per slice
   const long long total = (long long)g.nslices * per;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += step) {
     const int j = (int)(i / per), e = (int)(i % per);
     int t[3];
     slice_tap(g, j, t);
@@ -70,15 +72,18 @@ __global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, 
         const long long src = source(g, t, e, 4);
         const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
         const uint32_t hi = tf32_rna(__float_as_uint(v));
-        // the low part of a non-finite weight is 0, not inf - inf: the high part carries the inf / NaN alone
-        const uint32_t lo = isfinite(v) ? tf32_rna(__float_as_uint(v - __uint_as_float(hi))) : 0u;
+        // a non-finite weight goes into w_hi alone (w_lo = bf16 part = 0), as fb_kernel puts a non-finite input
+        // into x_lo alone: Inf / NaN then meet finite factors only, never Inf - Inf or inf * 0 from the split
+        const bool fin = isfinite(__uint_as_float(hi));
         reinterpret_cast<uint32_t*>(slice)[e] = hi;
+        const uint32_t lo = fin ? tf32_rna(__float_as_uint(v - __uint_as_float(hi))) : 0u;
         reinterpret_cast<uint32_t*>(slice + g.cpad * 64 * 4)[e] = lo;
       } else {
         const int e16 = e - g.cpad * 64;
         const long long src = source(g, t, e16, 8);
         const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
-        reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e16] = __float2bfloat16_rn(v);
+        const bool fin = isfinite(__uint_as_float(tf32_rna(__float_as_uint(v))));
+        reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e16] = __float2bfloat16_rn(fin ? v : 0.0f);
       }
     }
   }

@@ -37,6 +37,8 @@
 #include <cstring>
 #include "codes.h"
 #include "activation.cuh"
+#include "smem_optin.h"
+#include "fused_convt_pack.cuh"
 
 namespace {
 
@@ -160,7 +162,9 @@ __device__ __forceinline__ void fb_cp4(uint32_t dst, const void* src, bool ok) {
 }
 
 // m[16] = max(m, rows R0 .. R1 - 1 of one 3-row accumulator tile): this thread's 2 channels x 8 q_w columns per row.
-template <int R0, int R1, bool HAS_ACT>
+// SAT (fp16 input): the activation sees conv + bias through ff_f16_sat, as PyTorch rounds an fp16 conv's output to
+// fp16 (+-inf past 65504) before it.
+template <int R0, int R1, bool HAS_ACT, bool SAT>
 __device__ __forceinline__ void fb_rows_max(float (&m)[16], const float (&acc)[48], int act, float b0, float b1) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -168,7 +172,10 @@ __device__ __forceinline__ void fb_rows_max(float (&m)[16], const float (&acc)[4
 #pragma unroll
     for (int r = R0; r < R1; ++r) {
       float a = acc[16 * r + i];
-      if (HAS_ACT) a = fb_act(act, a + ((i & 2) ? b1 : b0));
+      if (HAS_ACT) {
+        a += (i & 2) ? b1 : b0;
+        a = fb_act(act, SAT ? ff_f16_sat(a) : a);
+      }
       v = ff_max_nan(v, a);
     }
     m[i] = v;
@@ -177,18 +184,19 @@ __device__ __forceinline__ void fb_rows_max(float (&m)[16], const float (&acc)[4
 
 // Max over the valid rows of one 3-row tile into mx[h-window][16].  Rows >= rows_ok hold other rows' data and are
 // skipped; hw_r (uniform) is row r's h-window.  Usually all three rows lie in one window: one pass.
-template <bool HAS_ACT>
+template <bool HAS_ACT, bool SAT>
 __device__ __forceinline__ void fb_tile_max(float (&mx)[FB_WH][16], const float (&acc)[48], int rows_ok, int hw0,
                                             int hw1, int hw2, int act, float b0, float b1) {
   static_assert(FB_WH == 2, "h-window selection below is written for two windows");
   if (rows_ok >= 3 && hw0 == hw2) {
-    if (hw0 == 0) fb_rows_max<0, 3, HAS_ACT>(mx[0], acc, act, b0, b1);
-    else fb_rows_max<0, 3, HAS_ACT>(mx[1], acc, act, b0, b1);
+    if (hw0 == 0) fb_rows_max<0, 3, HAS_ACT, SAT>(mx[0], acc, act, b0, b1);
+    else fb_rows_max<0, 3, HAS_ACT, SAT>(mx[1], acc, act, b0, b1);
     return;
   }
   auto row = [&](auto r, int hw) {   // one row into its window
-    if (hw == 0) fb_rows_max<decltype(r)::value, decltype(r)::value + 1, HAS_ACT>(mx[0], acc, act, b0, b1);
-    else fb_rows_max<decltype(r)::value, decltype(r)::value + 1, HAS_ACT>(mx[1], acc, act, b0, b1);
+    constexpr int R = decltype(r)::value;
+    if (hw == 0) fb_rows_max<R, R + 1, HAS_ACT, SAT>(mx[0], acc, act, b0, b1);
+    else fb_rows_max<R, R + 1, HAS_ACT, SAT>(mx[1], acc, act, b0, b1);
   };
   if (rows_ok > 0) row(ff_int<0>{}, hw0);
   if (rows_ok > 1) row(ff_int<1>{}, hw1);
@@ -438,10 +446,14 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         float l[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
+          // x_lo = x - x_hi exactly.  A non-finite x goes into x_lo alone (x_hi = 0): it then meets bf16(w) only,
+          // whose sign is w's; in x_hi it would also meet w_lo (0, or of the other sign: inf * 0 or inf - inf = NaN
+          // where PyTorch's x w is +-inf).  (Non-finite weights are packed the other way round: w_hi alone.)
           const float x = __uint_as_float(f[c]);
-          f[c] = fb_tf32(x);
-          const float hi = __uint_as_float(f[c]);
-          l[c] = isfinite(hi) ? x - hi : 0.0f;   // exact; Inf / NaN stay in x_hi only
+          const uint32_t h = fb_tf32(x);
+          const bool fin = isfinite(__uint_as_float(h));
+          f[c] = fin ? h : 0u;
+          l[c] = fin ? x - __uint_as_float(h) : x;
         }
         *h[k] = v;
         __nv_bfloat162 l01 = __floats2bfloat162_rn(l[0], l[1]), l23 = __floats2bfloat162_rn(l[2], l[3]);
@@ -596,7 +608,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       if (t >= ci[6]) continue;
       const int qh = ci[2] + FB_ROWS * (t % nhg);
       auto hwin = [&](int r) { return (p.s[1] * (qh + r) + rh - p.p[1] - oh0) / p.win[1]; };
-      fb_tile_max<HAS_ACT>(mx, acc[j], ci[3] - FB_ROWS * (t % nhg), hwin(0), hwin(1), hwin(2), p.act, b0, b1);
+      fb_tile_max<HAS_ACT, DT == FF_F16>(mx, acc[j], ci[3] - FB_ROWS * (t % nhg), hwin(0), hwin(1), hwin(2), p.act, b0, b1);
     }
     // into the window maxima: columns 2 tig, 2 tig + 1 (+ 8 ii) that share a w-window are merged first
 #pragma unroll
@@ -663,6 +675,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
         const float bk = p.bias ? __ldg(p.bias + k) : 0.0f;
         if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
         if (!HAS_ACT) v += bk;
+        // fp16: PyTorch's conv output (bias included) rounded to fp16 is +-inf past 65504; the max commutes with
+        // that monotone map, so it applies to the window's max + bias here (with an activation: before it, above)
+        if constexpr (DT == FF_F16) if (!HAS_ACT) v = ff_f16_sat(v);
       }
       v2[h] = v;
     }
@@ -837,19 +852,6 @@ FBPlan fb_plan(int dtype, int precision, int channels_last, long long N, int C, 
   return pl;
 }
 
-// The dynamic shared-memory limit this thread has set for kernel fn on device dev (0 at first); nullptr when the
-// table is full (the caller then sets the limit every time).
-int* fb_smem_limit(const void* fn, int dev) {
-  struct Entry { const void* fn; int dev, smem; };
-  static thread_local Entry table[64];
-  static thread_local int used = 0;
-  for (int i = 0; i < used; ++i)
-    if (table[i].fn == fn && table[i].dev == dev) return &table[i].smem;
-  if (used == 64) return nullptr;
-  table[used] = Entry{fn, dev, 0};
-  return &table[used++].smem;
-}
-
 // k steps -> template parameter (1, 2, 4, and 8 when MAXKS allows it: fp32 only)
 // FB_DEV_KS (development builds only, e.g. probe variants: seconds to compile): that k-step count alone, no activation
 template <int MAXKS, class F>
@@ -888,6 +890,13 @@ FBPlan fb_plan_of(const long long* q) {
 
 extern "C" {
 
+// The packed weights of the fused kernel, built on the caller's stream before every launch (nothing packed is kept
+// that could go stale, cross streams or sit in a CUDA graph's memory): fused_convt_pack.cuh, geometry as there.
+// Returns cudaGetLastError() (0: success).
+int ff_fused_convt_pack_weights(const void* w, const long long* geometry, void* out, cudaStream_t stream) {
+  return fb_pack::launch(w, geometry, out, stream);
+}
+
 const char* ff_fused_convt_pool_reduce_unsupported(const long long* problem) { return fb_plan_of(problem).why; }
 
 // Bytes of the workspace the launcher needs for this problem (0: none): zeroed once by the caller; every launch
@@ -900,7 +909,7 @@ size_t ff_fused_convt_pool_reduce_workspace_bytes(const long long* problem) {
 int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float* bias, void* out, const long long* problem,
                                void* workspace, cudaStream_t stream) {
   // the plan of the previous call is reused when the problem repeats (host time per call: the plan asks the device
-  // for its attributes), and a kernel's shared-memory limit is raised only when it grows
+  // for its attributes); a kernel's shared-memory limit is the device's maximum, set once (ff_smem_optin)
   int dev = 0;
   cudaGetDevice(&dev);
   static thread_local long long last_key[FB_PROBLEM_LEN];
@@ -922,12 +931,8 @@ int ff_fused_convt_pool_reduce(const void* x, const void* packed_w, const float*
   pl.prm.ncdhw_vec = !channels_last && W % (pl.dtype == FF_BF16 || pl.dtype == FF_F16 ? 8 : 4) == 0 &&
                      reinterpret_cast<uintptr_t>(x) % 16 == 0;
   auto launch = [&](auto kern) {
-    int* set = fb_smem_limit(reinterpret_cast<const void*>(kern), dev);   // the limit set so far (or nullptr)
-    if (!set || (int)pl.smem > *set) {
-      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem);
-      if (e != cudaSuccess) return (int)e;
-      if (set) *set = (int)pl.smem;
-    }
+    const cudaError_t e = ff_smem_optin(reinterpret_cast<const void*>(kern));
+    if (e != cudaSuccess) return (int)e;
     kern<<<(unsigned)pl.blocks, 128 * fb_nwg(pl.dtype), pl.smem, stream>>>(pl.prm);
     return (int)cudaGetLastError();
   };

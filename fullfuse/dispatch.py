@@ -10,6 +10,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from . import first_call, launch
 from . import precision as precision_mod
 from . import torch_path
 from .errors import UnsupportedError
@@ -112,13 +113,34 @@ def _signature(spec, path, mode, deterministic, x, weight, bias) -> tuple:
 def _runner(spec, chosen: str, x, mode: str, deterministic: bool):
     if chosen == "torch":
         def run_torch(x, weight, bias):
-            with precision_mod.cudnn_conv_precision(mode):   # a lock and a flag change only where mode differs
+            with precision_mod.cudnn_conv_precision(mode):   # under the flags lock; a change only where needed
                 return torch_path.run(spec, x, weight, bias)
         return run_torch
     if chosen == "fused":
         return _fused_module(spec).prepare(spec, x, mode, deterministic)
     module = _fallback_module(spec)
     return lambda x, weight, bias: module.run(spec, x, weight, bias, mode, deterministic)
+
+
+def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic: bool):
+    """Path "auto", first call of a signature: the chosen kernel path against the torch path (first_call.py); returns
+    the (decision, runner) to keep."""
+    if decision[0] == "torch" or _capturing(x.device):
+        return decision, runner
+    torch_run = _runner(spec, "torch", x, mode, deterministic)
+    slower, kernel_ms, torch_ms = first_call.torch_is_faster(lambda: runner(x, weight, bias),
+                                                             lambda: torch_run(x, weight, bias), x.device)
+    timing = f"measured {kernel_ms:.3f} ms per call against torch's {torch_ms:.3f} ms"
+    if slower:
+        return ("torch", f"faster than the {decision[0]} path here ({timing}; {decision[1]})"), torch_run
+    return (decision[0], f"{decision[1]} ({timing})"), runner
+
+
+def _capturing(device: torch.device) -> bool:
+    if device.index is None or device.index == launch.current_device_index():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
@@ -128,8 +150,11 @@ def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = 
     if entry is None:
         check_path(path)
         decision = choose(spec, path, x, weight, bias, mode, deterministic)   # raises: nothing cached
+        runner = _runner(spec, decision[0], x, mode, deterministic)
+        if path == "auto":
+            decision, runner = _measured(spec, decision, runner, x, weight, bias, mode, deterministic)
         if len(_calls) > 4096:
             _calls.clear()
-        entry = _calls[key] = (spec, decision, _runner(spec, decision[0], x, mode, deterministic))
+        entry = _calls[key] = (spec, decision, runner)
     last_decision[spec] = entry[1]
     return entry[2](x, weight, bias)

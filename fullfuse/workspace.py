@@ -1,14 +1,13 @@
 """Scratch buffers of the fused kernels (counters, partials, window maxima): a zeroed buffer per call.
 
 A kernel that needs one says how many bytes for a problem (its ``*_workspace_bytes`` C function, asked once per
-problem).  The buffer is allocated and zeroed on the caller's current stream in every call, so it is ordered with
+call signature).  The buffer is allocated and zeroed on the caller's current stream in every call, so it is ordered with
 the launch that uses it, shared by no other stream or thread, and under CUDA-graph capture both the zeroing and the
 buffer belong to the graph (no buffer kept across calls can sit in a graph's memory pool).  The zeroing is one
 memset of at most ~1 MB.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -16,15 +15,11 @@ import torch
 from . import launch
 
 
-@functools.lru_cache(maxsize=4096)
 def nbytes(device: torch.device, lib: str, bytes_fn: str, args: tuple) -> int:
-    """Workspace bytes of one problem on ``device`` (the host plan runs once per problem, not per call)."""
+    """Workspace bytes of one problem on ``device`` (asked once per call signature, when the call is prepared)."""
     return launch.call(lib, bytes_fn, *args, device=device)
 
 
-def get(device: torch.device, lib: str, bytes_fn: str, args: tuple) -> Optional[torch.Tensor]:
-    """A zeroed workspace for this problem on the current stream of ``device``, or None when the kernel needs none."""
-    size = nbytes(device, lib, bytes_fn, args)
-    if not size:
-        return None
-    return torch.zeros(size, dtype=torch.uint8, device=device)
+def zeroed(device: torch.device, size: int) -> Optional[torch.Tensor]:
+    """A zeroed workspace of ``size`` bytes on the current stream of ``device``, or None when the kernel needs none."""
+    return torch.zeros(size, dtype=torch.uint8, device=device) if size else None

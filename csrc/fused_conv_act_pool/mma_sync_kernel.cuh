@@ -160,8 +160,9 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
 
 // --------------------------------------------------------------------------------------------------------------
 // Epilogue of one 64ch x 16px tile: activation + accumulate into per-thread running sums / maxima.  WHOLE: all 16
-// pixels valid (no per-value test), else the first nvalid.
-template <bool WHOLE, int ACT, int POOL, int MT>
+// pixels valid (no per-value test), else the first nvalid.  SAT (fp16 input): the conv output through ff_f16_sat
+// first (PyTorch rounds an fp16 conv's output to fp16: +-inf past 65504, before the activation).
+template <bool WHOLE, int ACT, int POOL, int MT, bool SAT = false>
 __device__ __forceinline__ void epi_values(float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid, int tig) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -170,25 +171,25 @@ __device__ __forceinline__ void epi_values(float (&acc)[MT][2][4], float (&red)[
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool ok = WHOLE || (j * 8 + 2 * tig + (e & 1)) < nvalid;
-        float y = ff_activate<ACT>(acc[mt][j][e]);
+        float y = ff_activate<ACT>(SAT ? ff_f16_sat(acc[mt][j][e]) : acc[mt][j][e]);
         if (POOL == FF_POOL_MEAN) red[mt][e >> 1] += ok ? y : 0.0f;
         else if (ok) red[mt][e >> 1] = ff_max_nan(red[mt][e >> 1], y);
       }
 }
-template <int ACT, int POOL, int MT>
+template <int ACT, int POOL, int MT, bool SAT = false>
 __device__ __forceinline__ void epi_tile(float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid, int tig) {
-  if (nvalid >= 16) epi_values<true, ACT, POOL, MT>(acc, red, nvalid, tig);
-  else epi_values<false, ACT, POOL, MT>(acc, red, nvalid, tig);
+  if (nvalid >= 16) epi_values<true, ACT, POOL, MT, SAT>(acc, red, nvalid, tig);
+  else epi_values<false, ACT, POOL, MT, SAT>(acc, red, nvalid, tig);
 }
 
-template <int POOL, int MT>
+template <int POOL, int MT, bool SAT = false>
 __device__ __forceinline__ void epi_dispatch(int act, float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid, int tig) {
   switch (act) {
-    case FF_ACT_NONE: epi_tile<FF_ACT_NONE, POOL, MT>(acc, red, nvalid, tig); break;
-    case FF_ACT_RELU: epi_tile<FF_ACT_RELU, POOL, MT>(acc, red, nvalid, tig); break;
-    case FF_ACT_GELU_ERF: epi_tile<FF_ACT_GELU_ERF, POOL, MT>(acc, red, nvalid, tig); break;
-    case FF_ACT_GELU_TANH: epi_tile<FF_ACT_GELU_TANH, POOL, MT>(acc, red, nvalid, tig); break;
-    default: epi_tile<FF_ACT_SILU, POOL, MT>(acc, red, nvalid, tig); break;
+    case FF_ACT_NONE: epi_tile<FF_ACT_NONE, POOL, MT, SAT>(acc, red, nvalid, tig); break;
+    case FF_ACT_RELU: epi_tile<FF_ACT_RELU, POOL, MT, SAT>(acc, red, nvalid, tig); break;
+    case FF_ACT_GELU_ERF: epi_tile<FF_ACT_GELU_ERF, POOL, MT, SAT>(acc, red, nvalid, tig); break;
+    case FF_ACT_GELU_TANH: epi_tile<FF_ACT_GELU_TANH, POOL, MT, SAT>(acc, red, nvalid, tig); break;
+    default: epi_tile<FF_ACT_SILU, POOL, MT, SAT>(acc, red, nvalid, tig); break;
   }
 }
 
@@ -258,8 +259,14 @@ fused_conv_act_pool_kernel(const FAParams p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           uint32_t big = f2tf32(w4[e]);
+          if (SPLIT) {   // 3xTF32: w_lo x_big + w_big x_small + w_big x_big.  A non-finite w goes into w_lo alone
+            // (w_big = 0), so it meets x_big only, as a non-finite x goes into x_small alone (below): Inf - Inf,
+            // or w_big = inf against x_small = 0, would give NaN where PyTorch's w x is +-inf
+            const bool fin = isfinite(__uint_as_float(big));
+            wsm[mt][u][e] = fin ? f2tf32(w4[e] - __uint_as_float(big)) : big;
+            big = fin ? big : 0u;
+          }
           wa[mt][u][e] = big;
-          if (SPLIT) wsm[mt][u][e] = f2tf32(w4[e] - __uint_as_float(big));
         }
       } else {
         wa[mt][u][0] = live ? wget_h2<DT>(p, k0, c, r, s) : 0u;
@@ -313,8 +320,13 @@ fused_conv_act_pool_kernel(const FAParams p) {
             for (int j = 0; j < 2; ++j)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
-                uint32_t big = b[j][e] & 0xFFFFE000u;
-                bs[j][e] = __float_as_uint(__uint_as_float(b[j][e]) - __uint_as_float(big));
+                // a non-finite x goes into x_small alone (x_big = 0; NaN as the canonical NaN, whose payload a TF32
+                // operand keeps), so it meets w_big only: the weights put their Inf / NaN into w_lo alone (above)
+                const uint32_t xb = b[j][e];
+                const bool fin = (xb & 0x7f800000u) != 0x7f800000u;
+                const uint32_t big = fin ? xb & 0xFFFFE000u : 0u;
+                bs[j][e] = fin ? __float_as_uint(__uint_as_float(xb) - __uint_as_float(big))
+                               : ((xb & 0x7fffffffu) == 0x7f800000u ? xb : 0x7fc00000u);
                 b[j][e] = big;
               }
 #pragma unroll
@@ -366,8 +378,8 @@ fused_conv_act_pool_kernel(const FAParams p) {
       }
     }
     const int nvalid = qs_b - qp * 16;
-    if (p.pool == FF_POOL_MEAN) epi_dispatch<FF_POOL_MEAN, MT>(p.act, acc, redv, nvalid, tig);
-    else epi_dispatch<FF_POOL_MAX, MT>(p.act, acc, redv, nvalid, tig);
+    if (p.pool == FF_POOL_MEAN) epi_dispatch<FF_POOL_MEAN, MT, DT == FF_F16>(p.act, acc, redv, nvalid, tig);
+    else epi_dispatch<FF_POOL_MAX, MT, DT == FF_F16>(p.act, acc, redv, nvalid, tig);
   }
 
   // ---- block reduction: across the 4 lanes of a quad (pixels), then across streams in fixed order ----

@@ -39,12 +39,13 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
 #pragma unroll
       for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? load_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
       if (cnt < 0 && p.bias != nullptr) {   // the bias pair: b_hi rounded to the operand type, b_lo = the rest
+        // (0 where b_hi is not finite: b = +-inf would give Inf - Inf = NaN, and conv + inf must be inf)
         const float b = __ldg(p.bias + m);
         float bh;
         if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
         else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));
         else bh = __half2float(__float2half_rn(b));
-        v[o][0] = bh; v[o][1] = b - bh;
+        v[o][0] = bh; v[o][1] = isfinite(bh) ? b - bh : 0.0f;
       }
     }
 #pragma unroll
@@ -58,13 +59,24 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
         uint4 t;
         t.x = f2tf32(v[o][0]); t.y = f2tf32(v[o][1]); t.z = f2tf32(v[o][2]); t.w = f2tf32(v[o][3]);
         *reinterpret_cast<uint4*>(dst) = t;
-        if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue)
+        if (SPLIT) {   // the small op: K chunk 0 = bf16(w - w_hi), chunk 1 = bf16(w), 8 channels each (see wg_issue);
+          // both 0 where w_hi is not finite (as the input's, wg_small_pairs): Inf / NaN reach the result through
+          // w_hi x_hi alone, where Inf - Inf = NaN or inf * (x_lo = 0) would turn PyTorch's +-inf into NaN
           unsigned char* sa = smem + p.a_small_off + j * 2048 + m * 16 + h * 8;
+          const uint32_t hb[4] = {t.x, t.y, t.z, t.w};
+          float l[4], f[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float hf = __uint_as_float(hb[e]);
+            const bool fin = isfinite(hf);
+            l[e] = fin ? v[o][e] - hf : 0.0f;
+            f[e] = fin ? v[o][e] : 0.0f;
+          }
           uint2 lo, full;
-          lo.x = pack2<FF_BF16>(v[o][0] - __uint_as_float(t.x), v[o][1] - __uint_as_float(t.y));
-          lo.y = pack2<FF_BF16>(v[o][2] - __uint_as_float(t.z), v[o][3] - __uint_as_float(t.w));
-          full.x = pack2<FF_BF16>(v[o][0], v[o][1]);
-          full.y = pack2<FF_BF16>(v[o][2], v[o][3]);
+          lo.x = pack2<FF_BF16>(l[0], l[1]);
+          lo.y = pack2<FF_BF16>(l[2], l[3]);
+          full.x = pack2<FF_BF16>(f[0], f[1]);
+          full.y = pack2<FF_BF16>(f[2], f[3]);
           *reinterpret_cast<uint2*>(sa) = lo;
           *reinterpret_cast<uint2*>(sa + 1024) = full;
         }

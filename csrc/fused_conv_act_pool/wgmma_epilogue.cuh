@@ -8,14 +8,20 @@
 
 // Epilogue of one 64 x 128 tile: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0,1}; pixels >= qv are
 // padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
-// has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).
-template <int ACT, int POOL, bool NOCLAMP, bool FULL>
+// has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).  SAT (fp16 input): the conv output goes
+// through ff_f16_sat first, as PyTorch rounds an fp16 conv's output to fp16 (+-inf past 65504) before the activation;
+// ff_gelu_erf_noclamp would turn +inf into NaN, so SAT never takes it.
+template <int ACT, int POOL, bool NOCLAMP, bool FULL, bool SAT = false>
 __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
+  static_assert(!(NOCLAMP && SAT), "the clamp-free GELU is not exact at +inf");
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     float y[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) y[e] = NOCLAMP ? ff_gelu_erf_noclamp(acc[4 * i + e]) : ff_activate<ACT>(acc[4 * i + e]);
+    for (int e = 0; e < 4; ++e) {
+      const float x = SAT ? ff_f16_sat(acc[4 * i + e]) : acc[4 * i + e];
+      y[e] = NOCLAMP ? ff_gelu_erf_noclamp(x) : ff_activate<ACT>(x);
+    }
     if (FULL || 8 * i + 8 <= qv) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -38,28 +44,29 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
 // ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: no pixel of the tile is padding
 // (a whole 128-pixel tile, or a mean whose padding accumulators were zeroed, wg_epi_any), so the pass runs without the
-// per-column-block mask tests: one straight-line block of 64 values.
-template <int ACT, int POOL>
+// per-column-block mask tests: one straight-line block of 64 values.  SAT: fp16 input (wg_epi_pass), where a conv
+// output past fp16's range is +-inf even from bounded inputs, so it takes the exact form.
+template <int ACT, int POOL, bool SAT = false>
 __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
-  if (ACT == FF_ACT_GELU_ERF && fast) {
-    if (full) wg_epi_pass<ACT, POOL, true, true>(acc, red, qv, tig);
-    else wg_epi_pass<ACT, POOL, true, false>(acc, red, qv, tig);
+  if (ACT == FF_ACT_GELU_ERF && fast && !SAT) {
+    if (full) wg_epi_pass<ACT, POOL, !SAT, true>(acc, red, qv, tig);
+    else wg_epi_pass<ACT, POOL, !SAT, false>(acc, red, qv, tig);
   } else if (POOL == FF_POOL_MEAN && full) {
-    wg_epi_pass<ACT, POOL, false, true>(acc, red, qv, tig);
+    wg_epi_pass<ACT, POOL, false, true, SAT>(acc, red, qv, tig);
   } else {
-    wg_epi_pass<ACT, POOL, false, false>(acc, red, qv, tig);
+    wg_epi_pass<ACT, POOL, false, false, SAT>(acc, red, qv, tig);
   }
 }
 
-template <int POOL>
+template <int POOL, bool SAT = false>
 __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
                                                 bool full) {
   switch (act) {
-    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL>(acc, red, qv, tig, fast, full); break;
-    default: wg_epi<FF_ACT_SILU, POOL>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL, SAT>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL, SAT>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL, SAT>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL, SAT>(acc, red, qv, tig, fast, full); break;
+    default: wg_epi<FF_ACT_SILU, POOL, SAT>(acc, red, qv, tig, fast, full); break;
   }
 }
 
@@ -68,15 +75,27 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // finite fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf) and with it the quad's row sum
 // in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the
 // tile takes the tile back — dm as before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones
-// matrix) — and runs it through the exact GELU (ff_gelu_erf: PyTorch's inf / NaN results) into red instead.  This replaced a guard on the staged inputs, whose running
-// bound cost a pass over every row (NOTES run 23): the check costs two compares per tile.
+// matrix) — and runs it through the exact GELU (ff_gelu_erf) into red instead.  fp16 input: that redo sees the conv
+// outputs through ff_f16_sat, so |x| >= 65520 gives PyTorch's GELU(+-inf) = inf / NaN.  The check costs two compares
+// per tile (it replaced a guard on the staged inputs whose running bound cost a pass over every row, NOTES run 23).
+// bf16 input (DT == FF_BF16) is also redone when the tile adds less than T = 128 * 2^-10 to either row sum: the fp16
+// rounding of x keeps no bits below 2^-24 and only 2^-24-steps below 2^-14, where PyTorch's bf16 (fp32's exponent
+// range) keeps ~3 significant digits, so small activations (~1e-7) lost everything.  A row of the tile is 128 pixels:
+// below a mean |g| of ~2^-10 per pixel that rounding can matter; above it, the absolute error of such tiny values is
+// negligible against the row's sum.  fp16 input keeps the fp16 rounding, which is what PyTorch itself does.
+template <int DT>
 __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float (&red)[2][2], float (&dm)[4], int tig) {
   const float d0 = dm[0], d2 = dm[2];
   wg_epi_h2(acc, dm);
-  if (!(fabsf(dm[0]) < __int_as_float(0x7f800000) && fabsf(dm[2]) < __int_as_float(0x7f800000))) {   // NaN fails too
+  bool redo = !(fabsf(dm[0]) < __int_as_float(0x7f800000) && fabsf(dm[2]) < __int_as_float(0x7f800000));   // NaN too
+  if constexpr (DT == FF_BF16) {
+    constexpr float T = 128.0f * 0x1p-10f;
+    redo = redo || fabsf(dm[0] - d0) < T || fabsf(dm[2] - d2) < T;
+  }
+  if (redo) {
     dm[0] = dm[1] = d0;
     dm[2] = dm[3] = d2;
-    wg_epi_pass<FF_ACT_GELU_ERF, FF_POOL_MEAN, false, true>(acc, red, WG_NT / 2, tig);
+    wg_epi_pass<FF_ACT_GELU_ERF, FF_POOL_MEAN, false, true, DT == FF_F16>(acc, red, WG_NT / 2, tig);
   }
 }
 
@@ -109,14 +128,14 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
           }
       }
     }
-    if (DT != FF_F32 && h2) wg_epi_h2_checked(acc, red, dm, tig);
-    else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    if (DT != FF_F32 && h2) wg_epi_h2_checked<DT>(acc, red, dm, tig);
+    else wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
     // fp32 kernels do not carry that code
     const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
-    if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, qv, tig, fast, full);
-    else wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, qv, tig, fast, full);
+    if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16>(p.act, acc, red, qv, tig, fast, full);
+    else wg_epi_dispatch<FF_POOL_MAX, DT == FF_F16>(p.act, acc, red, qv, tig, fast, full);
   }
 }
 
@@ -141,10 +160,10 @@ __device__ __forceinline__ void wg_epi_r2(const WGParams& p, float (&acc)[64], f
       }
     }
   if (mean) {
-    if (DT != FF_F32 && h2) wg_epi_h2_checked(acc, red, dm, tig);
-    else wg_epi_dispatch<FF_POOL_MEAN>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    if (DT != FF_F32 && h2) wg_epi_h2_checked<DT>(acc, red, dm, tig);
+    else wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
-    wg_epi_dispatch<FF_POOL_MAX>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    wg_epi_dispatch<FF_POOL_MAX, DT == FF_F16>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   }
 }
 

@@ -83,13 +83,13 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     # the atomic mean accumulates into out; every other mode writes each element once
     atomic = spec.pool == "mean" and not deterministic
     shape = (n, k, *([1] * spec.dims)) if spec.keepdim else (n, k)
-    ws_fn = "ff_fused_conv_act_pool_workspace_bytes"
+    ws_bytes = workspace.nbytes(device, LIB, "ff_fused_conv_act_pool_workspace_bytes", args)
 
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
         out = torch.zeros(n, k, dtype=torch.float32, device=device) if atomic else launch.new_output(n, k, device=device)
         launch.launch(LIB, "ff_fused_conv_act_pool", x, as_memory_format(weight, torch.contiguous_format),
-                      float32_bias(bias), out, *args, workspace.get(device, LIB, ws_fn, args), device=device)
+                      float32_bias(bias), out, *args, workspace.zeroed(device, ws_bytes), device=device)
         return out.to(dtype).view(shape)
     return run

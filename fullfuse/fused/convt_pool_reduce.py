@@ -137,7 +137,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     prob = problem(spec, x.contiguous() if copy else x, mode)   # NCDHW / channels_last_3d read natively, else copied
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     shape, dtype, device, keepdim = (x.shape[0], *pooled), x.dtype, x.device, spec.keepdim
-    ws_fn = "ff_fused_convt_pool_reduce_workspace_bytes"
+    ws_bytes = workspace.nbytes(device, LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (prob,))
     geometries = {}   # weight strides -> (geometry, bytes)
 
     def run(x, weight, bias):
@@ -149,6 +149,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         packed = packed_weights(*geometry, weight)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, prob,
-                      workspace.get(device, LIB, ws_fn, (prob,)), device=device)
+                      workspace.zeroed(device, ws_bytes), device=device)
         return out.unsqueeze(1) if keepdim else out
     return run

@@ -1,0 +1,52 @@
+"""Path "auto"'s first call of a signature: the kernel path it chose (fused or fallback) against the torch path, timed
+as the user sees them, so that auto never runs slower than PyTorch itself (tiny problems, where a kernel path's fixed
+cost per call exceeds eager's, or shapes the fused kernel cannot serve and the fallback loses on).
+
+Each path's first call takes its one-time work (library load, cuDNN plan choice, chunk schedule) out of the timing;
+then the wall time of a few back-to-back calls, synchronised at the end (host and GPU time together: small problems
+are host-bound, large ones GPU-bound), best of three rounds.  The torch path stops early where its first timed round
+is already several times slower, and where it runs out of memory (the kernels hold far less than eager's conv output).
+Not under CUDA-graph capture (timing synchronises): the static choice stands there.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Tuple
+
+import torch
+
+ROUNDS = 3
+CALLS_PER_ROUND = 3
+CLEARLY_SLOWER = 3.0     # a torch round this many times slower than the kernel path's best ends the comparison
+
+
+def _round_ms(fn: Callable[[], object], device: torch.device) -> float:
+    start = time.perf_counter()
+    for _ in range(CALLS_PER_ROUND):
+        fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1e3 / CALLS_PER_ROUND
+
+
+def per_call_ms(fn: Callable[[], object], device: torch.device, give_up_above: Optional[float] = None) -> float:
+    """Best per-call wall time of ``fn`` in ms over ROUNDS rounds (after one untimed call); stops after a round
+    slower than ``give_up_above``."""
+    fn()
+    torch.cuda.synchronize(device)
+    best = float("inf")
+    for _ in range(ROUNDS):
+        best = min(best, _round_ms(fn, device))
+        if give_up_above is not None and best > give_up_above:
+            break
+    return best
+
+
+def torch_is_faster(kernel_call: Callable[[], object], torch_call: Callable[[], object],
+                    device: torch.device) -> Tuple[bool, float, float]:
+    """(the torch path is faster, kernel ms, torch ms) per call."""
+    kernel_ms = per_call_ms(kernel_call, device)
+    try:
+        torch_ms = per_call_ms(torch_call, device, give_up_above=CLEARLY_SLOWER * kernel_ms)
+    except torch.cuda.OutOfMemoryError:
+        return False, kernel_ms, float("inf")
+    return torch_ms < kernel_ms, kernel_ms, torch_ms

@@ -1,0 +1,647 @@
+"""GPU tests of the hazards a user meets outside the single-stream, fresh-model, eager case: weight copies shared
+across streams, weights changed in place, inference_mode parameters, CUDA graphs and torch.compile's cudagraphs,
+threads, autocast, special values, empty batches, autograd, a second GPU, misaligned input and the fallback's first-call
+memory.  Each test compares the fused model with what the ORIGINAL model gives (run by PyTorch, or in float64), as a
+user would see it.  Skipped without CUDA."""
+import os
+import threading
+import traceback
+
+import pytest
+import torch
+from torch import nn
+
+import fullfuse
+from fullfuse import launch
+from fullfuse.measure import errors
+from fullfuse.precision import TOLERANCE, cudnn_conv_precision
+
+pytestmark = pytest.mark.gpu
+SEED = (int(os.environ["FULLFUSE_TEST_SEED"]) if "FULLFUSE_TEST_SEED" in os.environ
+        else int.from_bytes(os.urandom(4), "little"))
+# shapes both fused kernels serve (tests/test_gpu.py, fullfuse/check.py)
+SHAPE = {"A": (4, 8, 64, 64), "B": (2, 32, 8, 8, 8)}
+SLEEP_CYCLES = 200_000_000                              # torch.cuda._sleep: ~0.1 s of one busy block on an H200
+MODE_OF = {torch.float32: "tf32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+
+
+class ModelB(nn.Module):
+    """Seed B's pipeline with the channel reduction of choice (sum / amax / mean over dim 1, keepdim)."""
+
+    def __init__(self, reduction="sum"):
+        super().__init__()
+        self.conv_transpose = nn.ConvTranspose3d(32, 64, 5, stride=2, padding=2)
+        self.pool1, self.pool2 = nn.MaxPool3d(2), nn.MaxPool3d(3)
+        self.reduction = reduction
+
+    def forward(self, x):
+        y = self.pool2(self.pool1(self.conv_transpose(x)))
+        if self.reduction == "amax":
+            return torch.amax(y, dim=1, keepdim=True)
+        if self.reduction == "mean":
+            return torch.mean(y, dim=1, keepdim=True)
+        return torch.sum(y, dim=1, keepdim=True)
+
+
+def make_model(family, dtype=torch.float32, seed=SEED, pool="mean", reduction="sum", device="cuda"):
+    """Seed A (Conv2d 8->64 k3 -> GELU -> global mean / max pool) or seed B, default init from ``seed``."""
+    torch.manual_seed(seed)
+    if family == "A":
+        pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+        model = nn.Sequential(nn.Conv2d(8, 64, 3), nn.GELU(), pool_layer)
+    else:
+        model = ModelB(reduction)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def conv_of(model):
+    return next(m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose3d)))
+
+
+def make_x(family, dtype=torch.float32, seed=SEED, shape=None, device="cuda"):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape or SHAPE[family], generator=gen).to(device=device, dtype=dtype)
+
+
+def ref64(model, x, device=None):
+    """The original model evaluated in float64 (its parameters and x as they are, converted), cuDNN in IEEE fp32."""
+    params = {k: v.detach().double().to(device or x.device) for k, v in model.state_dict().items()}
+    with torch.no_grad(), cudnn_conv_precision("ieee"):
+        return torch.func.functional_call(model, params, (x.detach().double().to(device or x.device),))
+
+
+def assert_close(out, ref, mode, what=""):
+    err = errors(out, ref)
+    assert err["relerr"] <= TOLERANCE[mode], f"{what}: {err} > {TOLERANCE[mode]} (seed {SEED})"
+
+
+def precision_of(dtype):
+    return "tf32" if dtype == torch.float32 else "auto"
+
+
+# ------------------------------------------------------------------ weight copies shared across streams
+STREAM_CASES = [   # (family, path, dtype, conv weight channels_last): each makes a re-laid-out weight or bias copy
+    ("B", "fused", torch.float32, False),      # the fused kernel's packed weights
+    ("B", "fused", torch.bfloat16, False),     # packed weights and the float32 bias copy
+    ("B", "fallback", torch.float32, False),   # channels_last_3d weight copy
+    ("A", "fallback", torch.float32, False),   # channels_last weight copy
+    ("A", "fallback", torch.bfloat16, False),  # ... and the float32 bias copy
+    ("A", "fused", torch.bfloat16, False),     # the float32 bias copy
+    ("A", "fused", torch.float32, True),       # a channels_last weight copied to the kernel's contiguous layout
+]
+
+
+@pytest.mark.parametrize("family, path, dtype, weight_cl", STREAM_CASES,
+                         ids=[f"{f}-{p}-{str(d)[6:]}{'-wcl' if c else ''}" for f, p, d, c in STREAM_CASES])
+def test_weight_copies_across_streams(family, path, dtype, weight_cl):
+    """The first call runs on stream s1 behind a long busy kernel, so every weight copy it makes is still unwritten
+    when the second call runs on stream s2, which waits for its input only: s2 must still see the finished copies
+    (old code: s2 read the copy before s1 wrote it -> garbage).  A warm-up model of the same shape first takes the
+    one-time work that synchronises (library load, cuDNN plan timing, chunk schedule) out of the measured calls."""
+    if not hasattr(torch.cuda, "_sleep"):
+        pytest.skip("torch.cuda._sleep unavailable")
+    warm = make_model(family, dtype, seed=SEED + 1)
+    x = make_x(family, dtype)
+    with torch.no_grad():
+        fullfuse.fused_model(warm, path=path, precision=precision_of(dtype))(x)
+    model = make_model(family, dtype)
+    if weight_cl:
+        model = model.to(memory_format=torch.channels_last)
+        assert not conv_of(model).weight.is_contiguous()
+    want = ref64(model, x)
+    fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+    torch.cuda.synchronize()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.no_grad():
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            first = fused(x)
+        with torch.cuda.stream(s2):
+            s2.wait_stream(torch.cuda.default_stream())   # x was made there (and is finished): the input only
+            second = fused(x)
+    torch.cuda.synchronize()
+    assert fused.plans[0].last_path == path, fused.plans[0].last_reason
+    assert_close(first, want, MODE_OF[dtype], "first call, stream s1")
+    assert_close(second, want, MODE_OF[dtype], "second call, stream s2 (s1 still busy when it was queued)")
+
+
+# ------------------------------------------------------------------ weights changed in place
+def _mutate(how, model, fused, family, dtype):
+    conv = conv_of(model)
+    if how == "data_mul":             # EMA style: .data shares the storage but not the version counter
+        for p in conv.parameters():
+            p.data.mul_(0.5)
+    elif how == "data_assign":        # a new tensor of the same shape behind the same Parameter
+        for p in conv.parameters():
+            p.data = p.data * -0.75
+    elif how == "copy_no_grad":
+        with torch.no_grad():
+            for p in conv.parameters():
+                p.copy_(p * -0.75)
+    else:                             # a checkpoint of another model, loaded into the fused model (shared params)
+        fused.load_state_dict(make_model(family, dtype, seed=SEED + 7).state_dict())
+
+
+@pytest.mark.parametrize("how", ["data_mul", "data_assign", "copy_no_grad", "load_state_dict"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["fused", "fallback"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_stale_weights_after_update(family, path, dtype, how):
+    """After a first call (which caches any weight / bias copy), the parameters change in place or behind .data; the
+    next call must give the original model's new answer on every path (old code: `.data.mul_` left the version
+    counter alone, and the cached copy was reused)."""
+    model = make_model(family, dtype)
+    fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+    x = make_x(family, dtype)
+    with torch.no_grad():
+        assert_close(fused(x), ref64(model, x), MODE_OF[dtype], "before the update")
+        _mutate(how, model, fused, family, dtype)
+        got = fused(x)
+    assert fused.plans[0].last_path == path, fused.plans[0].last_reason
+    assert_close(got, ref64(model, x), MODE_OF[dtype], f"after {how}")
+
+
+# ------------------------------------------------------------------ inference_mode
+@pytest.mark.parametrize("params_in_inference_mode", [True, False], ids=["inference-params", "normal-params"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto", "torch"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_inference_mode(family, path, dtype, params_in_inference_mode):
+    """A model built and moved to the GPU inside torch.inference_mode() has inference-tensor parameters (they have no
+    version counter: old code raised reading it); calls inside inference_mode, and with normal parameters calls that
+    alternate between inference_mode and no_grad, all give the original's answer on every path."""
+    if params_in_inference_mode:
+        with torch.inference_mode():
+            model = make_model(family, dtype)
+            fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+            x = make_x(family, dtype)
+            want = ref64(model, x)
+            outs = [fused(x), fused(x)]
+            assert conv_of(model).weight.is_inference()
+    else:
+        model = make_model(family, dtype)
+        fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+        x = make_x(family, dtype)
+        want = ref64(model, x)
+        outs = []
+        for mode in (torch.inference_mode, torch.no_grad, torch.inference_mode):
+            with mode():
+                outs.append(fused(x))
+    for i, out in enumerate(outs):
+        assert_close(out, want, MODE_OF[dtype], f"call {i}")
+
+
+# ------------------------------------------------------------------ CUDA graphs and torch.compile
+def _capture(fused, static_x, warmup=3):
+    """PyTorch's recipe: warm-up on a side stream, then capture; returns (graph, static output)."""
+    with torch.no_grad():
+        if warmup:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    fused(static_x)
+            torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = fused(static_x)
+    return graph, static_out
+
+
+def _replay_checks(graph, static_x, static_out, model, family, dtype):
+    """Replay with a new input copied into the static input, then after an in-place weight update."""
+    new_x = make_x(family, dtype, seed=SEED + 11)
+    static_x.copy_(new_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(static_out, ref64(model, new_x), MODE_OF[dtype], "replay with a new input")
+    with torch.no_grad():
+        conv_of(model).weight.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(static_out, ref64(model, new_x), MODE_OF[dtype], "replay after weight.mul_(0.5)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_cuda_graph_capture(family, path, dtype):
+    """torch.cuda.graph capture after a side-stream warm-up: a replay gives the original's answer for a new input
+    copied into the static input, and sees an in-place weight update made after the capture (old code: the graph held
+    a weight copy made during warm-up)."""
+    model = make_model(family, dtype)
+    fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+    static_x = make_x(family, dtype)
+    graph, static_out = _capture(fused, static_x)
+    _replay_checks(graph, static_x, static_out, model, family, dtype)
+
+
+@pytest.mark.parametrize("path", ["fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_cuda_graph_first_call_inside_capture(family, path):
+    """The model's first call, at a shape never run before, happens inside the capture (no warm-up for it): cuDNN plan
+    timing, chunk-schedule tuning and weight copies must not break the capture, and the replays must be right.  Another
+    model of the same kind runs first at another shape, so the kernels' libraries are loaded."""
+    other = make_model(family, seed=SEED + 3)
+    with torch.no_grad():
+        fullfuse.fused_model(other, path=path, precision="tf32")(make_x(family, seed=SEED + 4))
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    shape = (3, 8, 37, 45) if family == "A" else (3, 32, 7, 9, 8)
+    static_x = make_x(family, shape=shape)
+    graph, static_out = _capture(fused, static_x, warmup=0)
+    new_x = make_x(family, seed=SEED + 5, shape=shape)
+    static_x.copy_(new_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(static_out, ref64(model, new_x), "tf32", "replay of a capture holding the first call")
+    with torch.no_grad():
+        conv_of(model).weight.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(static_out, ref64(model, new_x), "tf32", "replay after weight.mul_(0.5)")
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_torch_compile_reduce_overhead(family):
+    """torch.compile(mode="reduce-overhead") (CUDA graphs through cudagraph trees) over the fused model: a few
+    iterations with new inputs give the original's answers."""
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch.compile unavailable")
+    torch._dynamo.reset()
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, precision="tf32")
+    compiled = torch.compile(fused, mode="reduce-overhead")
+    mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+    with torch.no_grad():
+        for i in range(5):
+            if mark is not None:
+                mark()
+            x = make_x(family, seed=SEED + 20 + i)
+            out = compiled(x).clone()
+            assert_close(out, ref64(model, x), "tf32", f"iteration {i}")
+
+
+# ------------------------------------------------------------------ threads
+def _run_threads(jobs, main_work=None):
+    """jobs: callables run at once, one per thread (each on its own stream); returns the tracebacks of failures."""
+    failures, barrier = [], threading.Barrier(len(jobs) + 1)
+
+    def wrap(job):
+        try:
+            stream = torch.cuda.Stream()
+            barrier.wait()
+            with torch.cuda.stream(stream), torch.no_grad():
+                job()
+            stream.synchronize()
+        except Exception:
+            failures.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=wrap, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    try:
+        if main_work is not None:
+            main_work(threads)
+    except Exception:
+        failures.append("main thread: " + traceback.format_exc())
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    return failures
+
+
+def _alternating_job(fused, xs, results, iterations=6):
+    def job():
+        for i in range(iterations):
+            x = xs[i % len(xs)]
+            results.append((fused(x), i % len(xs)))
+    return job
+
+
+def test_threads_mixed_problem_sizes():
+    """8 threads at once, each alternating two problem sizes of its own: 4 on one fused family-A model (different
+    output-row lengths take different kernels / shared-memory sizes), 2 on a fallback model over the same parameters,
+    2 on a fused family-B model; every result matches its float64 reference computed beforehand."""
+    model_a, model_b = make_model("A"), make_model("B")
+    fused_a = fullfuse.fused_model(model_a, path="fused", precision="tf32")
+    fallback_a = fullfuse.fused_model(model_a, path="fallback", precision="tf32")
+    fused_b = fullfuse.fused_model(model_b, path="fused", precision="tf32")
+    a_shapes = [(2, 8, 24, 132), (2, 8, 24, 64), (3, 8, 20, 32), (1, 8, 16, 256)]
+    b_shapes = [(2, 32, 8, 8, 8), (1, 32, 12, 12, 12), (1, 32, 6, 10, 8)]
+    plan = [(fused_a, model_a, "A", (a_shapes[i], a_shapes[(i + 1) % 4])) for i in range(4)]
+    plan += [(fallback_a, model_a, "A", (a_shapes[0], a_shapes[2])),
+             (fallback_a, model_a, "A", (a_shapes[1], a_shapes[3]))]
+    plan += [(fused_b, model_b, "B", (b_shapes[0], b_shapes[1])), (fused_b, model_b, "B", (b_shapes[1], b_shapes[2]))]
+    jobs, checks = [], []
+    for t, (fused, model, family, shapes) in enumerate(plan):
+        xs = [make_x(family, seed=SEED + 100 * t + j, shape=s) for j, s in enumerate(shapes)]
+        refs = [ref64(model, x) for x in xs]
+        results = []
+        jobs.append(_alternating_job(fused, xs, results))
+        checks.append((t, refs, results))
+    torch.cuda.synchronize()
+    failures = _run_threads(jobs)
+    assert not failures, "\n".join(failures) + f" (seed {SEED})"
+    for t, refs, results in checks:
+        assert len(results) == 6
+        for out, j in results:
+            assert_close(out, refs[j], "tf32", f"thread {t}, size {j}")
+
+
+def _cudnn_flags():
+    """The process-wide cuDNN settings a fullfuse call must leave as they were."""
+    cudnn = torch.backends.cudnn
+    flags = {"deterministic": cudnn.deterministic, "benchmark": cudnn.benchmark}
+    holders = (("cudnn", cudnn), ("conv", getattr(cudnn, "conv", None)), ("rnn", getattr(cudnn, "rnn", None)))
+    for name, holder in holders:
+        if holder is not None and isinstance(getattr(holder, "fp32_precision", None), str):
+            flags[name] = holder.fp32_precision
+    try:
+        flags["allow_tf32"] = cudnn.allow_tf32
+    except RuntimeError as exc:   # "cuDNN conv and cuDNN RNN have different TF32 flags"
+        flags["allow_tf32"] = f"error: {exc}"
+    return flags
+
+
+def test_threads_explicit_precision_while_eager_convs():
+    """Threads call fallback models with precision "ieee" and "tf32" (cuDNN convolutions) while the main thread runs
+    the original model eagerly: no exception, every result within its mode's tolerance (an "ieee" call that ran in TF32
+    because another thread flipped the process-wide flags fails 1e-5), the main thread's eager results within TF32's,
+    and torch.backends.cudnn's flags unchanged at the end (old code set and restored them process-wide, racing)."""
+    flags_before = _cudnn_flags()
+    model_a, model_b = make_model("A"), make_model("B")
+    jobs, checks = [], []
+    for t in range(8):
+        mode = "ieee" if t % 2 == 0 else "tf32"
+        family = "A" if t < 6 else "B"
+        model = model_a if family == "A" else model_b
+        fused = fullfuse.fused_model(model, path="fallback", precision=mode)
+        shape = (2, 8, 40, 48 + 8 * t) if family == "A" else (2, 32, 8, 8, 8 + t)
+        xs = [make_x(family, seed=SEED + 200 + t, shape=shape)]
+        refs = [ref64(model, xs[0])]
+        results = []
+        jobs.append(_alternating_job(fused, xs, results, iterations=8))
+        checks.append((t, mode, refs, results))
+    x_main = make_x("A", seed=SEED + 300)
+    ref_main = ref64(model_a, x_main)
+    eager = []
+
+    def main_work(threads):
+        with torch.no_grad():
+            while any(t.is_alive() for t in threads) or len(eager) < 10:
+                eager.append(model_a(x_main))
+                if len(eager) > 200:
+                    break
+
+    torch.cuda.synchronize()
+    failures = _run_threads(jobs, main_work)
+    assert not failures, "\n".join(failures) + f" (seed {SEED})"
+    for t, mode, refs, results in checks:
+        for out, j in results:
+            assert_close(out, refs[j], mode, f"thread {t} ({mode})")
+    for i, out in enumerate(eager):
+        assert_close(out, ref_main, "tf32", f"main thread's eager call {i}")
+    assert _cudnn_flags() == flags_before
+
+
+# ------------------------------------------------------------------ semantics: autocast, special values, empty, grad
+AUTOCAST_CASES = [("A", "mean"), ("A", "max"), ("B", "sum"), ("B", "amax"), ("B", "mean")]
+
+
+@pytest.mark.parametrize("path", ["auto", "fused", "fallback", "torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("family, kind", AUTOCAST_CASES, ids=[f"{f}-{k}" for f, k in AUTOCAST_CASES])
+def test_autocast_matches_original(family, kind, dtype, path):
+    """Under torch.autocast("cuda", dtype) a float32 model returns what the original returns under autocast: the same
+    dtype (family A: the autocast dtype; B with sum: float32, as autocast runs `sum` in float32; amax / mean: the
+    autocast dtype) and shape, values within the dtype's tolerance of float64 over the inputs rounded to it (old code:
+    float32 results).  An explicit path that cannot serve autocast says so (UnsupportedError) and is skipped."""
+    model = make_model(family, pool=kind, reduction=kind)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    x = make_x(family)
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        want = model(x)
+        try:
+            got = fused(x)
+        except fullfuse.UnsupportedError as exc:
+            if path in ("fused", "fallback"):
+                pytest.skip(f"path {path} under autocast: {exc}")
+            raise
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    rounded = make_model(family, pool=kind, reduction=kind).to(dtype)
+    rounded.load_state_dict(model.state_dict())
+    assert_close(got, ref64(rounded, x.to(dtype)), MODE_OF[dtype], f"{path} under autocast")
+
+
+@pytest.mark.parametrize("scale", [1e-7, 1e-5])
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+def test_bf16_gelu_mean_tiny_activations(path, scale):
+    """bf16 family A, GELU -> mean, with the conv weight and bias scaled so the conv outputs are ~scale (far below
+    fp16's normal range, where a half-precision epilogue loses them): relative error vs float64 within bf16's tolerance
+    (old fused kernel: 0.3-1.0)."""
+    model = make_model("A")
+    with torch.no_grad():
+        for p in conv_of(model).parameters():
+            p.mul_(scale)
+    model = model.to(torch.bfloat16)
+    fused = fullfuse.fused_model(model, path=path)
+    x = make_x("A", torch.bfloat16)
+    with torch.no_grad():
+        got = fused(x)
+    assert_close(got, ref64(model, x), "bfloat16", f"conv outputs ~{scale}")
+
+
+def _masks(t):
+    t = t.detach().float().cpu()
+    return torch.isnan(t), t == float("inf"), t == float("-inf")
+
+
+def _same_masks(a, b):
+    return all(torch.equal(p, q) for p, q in zip(_masks(a), _masks(b)))
+
+
+SPECIAL_CASES = [("A", "mean"), ("A", "max"), ("B", "sum"), ("B", "amax"), ("B", "mean")]
+
+
+@pytest.mark.parametrize("path", ["fused", "fallback"])
+@pytest.mark.parametrize("mode", ["tf32", "ieee", "bfloat16", "float16"])
+@pytest.mark.parametrize("family, kind", SPECIAL_CASES, ids=[f"{f}-{k}" for f, k in SPECIAL_CASES])
+def test_nan_inf_masks_match_torch(family, kind, mode, path):
+    """Single NaN / +inf / -inf entries in the input (a corner +inf reaches one conv output per channel, with the sign
+    of one weight: +inf or, through GELU(-inf), NaN): the fused model's NaN, +inf and -inf masks equal those of the
+    original model at the same dtype.  Where PyTorch's own convolution algorithm spreads a special value beyond the
+    outputs it reaches mathematically (no implementation can match that), the masks of the direct sum (float64) are
+    accepted instead.  Finite outputs stay within the mode's tolerance."""
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
+    model = make_model(family, dtype, pool=kind, reduction=kind)
+    fused = fullfuse.fused_model(model, path=path, precision=mode if dtype == torch.float32 else "auto")
+    if family == "A":
+        x = make_x("A", dtype, shape=(4, 8, 20, 132))
+        x[0, 3, 7, 50], x[1, 0, 0, 0], x[2, 5, 10, 100] = float("nan"), float("inf"), float("-inf")
+    else:
+        x = make_x("B", dtype, shape=(4, 32, 8, 8, 8))
+        x[0, 4, 3, 4, 5], x[1, 0, 0, 0, 0], x[2, 7, 2, 2, 2] = float("nan"), float("inf"), float("-inf")
+    with torch.no_grad():
+        try:
+            got = fused(x)
+        except fullfuse.UnsupportedError as exc:
+            pytest.skip(f"path {path}: {exc}")
+        with cudnn_conv_precision(mode):
+            want = model(x)
+    exact = ref64(model, x, device="cpu")   # CPU float64: direct sums, specials only where they reach
+    assert _masks(want)[0].any() and (_masks(want)[1].any() or _masks(exact)[1].any())
+    assert _same_masks(got, want) or _same_masks(got, exact), (
+        f"masks differ (seed {SEED}): got {got.flatten()[:64]}\ntorch {want.flatten()[:64]}")
+    finite = torch.isfinite(want.float().cpu()) & torch.isfinite(exact)
+    assert_close(got.float().cpu()[finite], exact[finite], mode, "finite outputs")
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+def test_fp16_conv_output_beyond_range(path, pool):
+    """fp16 family A with conv outputs beyond 65504 (input 3000 over a 3x3 window of all 8 channels, weights +1 for half
+    the output channels and -1 for the other half): where PyTorch's fp16 model gives +inf (GELU(+inf)) the fused model
+    gives +inf, where it gives NaN (GELU(-inf)) NaN; the other images stay within fp16's tolerance of float64."""
+    model = make_model("A", pool=pool)
+    with torch.no_grad():
+        w = conv_of(model).weight
+        w[:32].fill_(1.0)
+        w[32:].fill_(-1.0)
+        conv_of(model).bias.zero_()
+    model = model.to(torch.float16)
+    fused = fullfuse.fused_model(model, path=path)
+    x = make_x("A", shape=(3, 8, 20, 132))
+    x[0, :, 5:8, 40:43] = 3000.0
+    x = x.to(torch.float16)
+    with torch.no_grad():
+        got, want = fused(x), model(x)
+    assert torch.isinf(want[0, :32]).all() and torch.isnan(want[0, 32:]).all()   # PyTorch's own answer
+    assert _same_masks(got, want), f"got {got[0].flatten()} (seed {SEED})"
+    assert_close(got[1:], ref64(model, x[1:]), "float16", "the other images")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["auto", "torch", "fused", "fallback"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_empty_batch(family, path, dtype):
+    """N = 0: PyTorch's result shape and dtype (or PyTorch's own error type); an explicit kernel path may instead say
+    it cannot serve the input (UnsupportedError)."""
+    model = make_model(family, dtype)
+    fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+    x = torch.empty((0, *SHAPE[family][1:]), device="cuda", dtype=dtype)
+    with torch.no_grad():
+        try:
+            want = model(x)
+        except Exception as exc:   # PyTorch's own error: the fused model raises the same kind
+            with pytest.raises((type(exc), fullfuse.UnsupportedError) if path in ("fused", "fallback") else type(exc)):
+                fused(x)
+            return
+        try:
+            got = fused(x)
+        except fullfuse.UnsupportedError:
+            assert path in ("fused", "fallback")
+            return
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+
+
+@pytest.mark.parametrize("path", ["auto", "fused", "fallback"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_requires_grad_runs_torch_path(family, path):
+    """An input that requires grad (grad mode on) runs the torch path — `.plans[0].last_path` says "torch" even right
+    after a kernel call — and gives the original's values and input gradient."""
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    x = make_x(family)
+    with torch.no_grad():
+        fused(x)
+    # (auto may have measured the torch path faster at this small shape)
+    assert fused.plans[0].last_path in (("fused", "fallback", "torch") if path == "auto" else (path,))
+    xg, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    got = fused(xg)
+    assert fused.plans[0].last_path == "torch", (fused.plans[0].last_path, fused.plans[0].last_reason)
+    assert got.requires_grad
+    want = model(xo)
+    assert_close(got, ref64(model, x), "tf32", "values")
+    got.sum().backward()
+    want.sum().backward()
+    assert_close(xg.grad, xo.grad, "tf32", "input gradient vs the original's")
+
+
+# ------------------------------------------------------------------ a second GPU
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_second_gpu(family, path):
+    """Model and input on cuda:1 while cuda:0 is current: every path gives the original's answer there."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    with torch.cuda.device(0):
+        model = make_model(family, device="cuda:1")
+        fused = fullfuse.fused_model(model, path=path, precision="tf32")
+        x = make_x(family, device="cuda:1")
+        with torch.no_grad():
+            got = fused(x)
+            again = fused(x)
+        assert torch.cuda.current_device() == 0
+    assert got.device == x.device
+    torch.cuda.synchronize(1)
+    assert_close(got, ref64(model, x), "tf32", "first call on cuda:1")
+    assert_close(again, ref64(model, x), "tf32", "second call on cuda:1")
+
+
+# ------------------------------------------------------------------ misaligned channels_last input
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_misaligned_channels_last_input(family, path, dtype):
+    """A channels_last input one element past an aligned address (a view at storage offset 1): the fallback gives the
+    original's answer (old code: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER)."""
+    model = make_model(family, dtype)
+    fused = fullfuse.fused_model(model, path=path, precision=precision_of(dtype))
+    memory_format = torch.channels_last if family == "A" else torch.channels_last_3d
+    x = make_x(family, dtype).contiguous(memory_format=memory_format)
+    buf = torch.empty(x.numel() + 16, device="cuda", dtype=dtype)
+    off = torch.as_strided(buf, x.shape, x.stride(), storage_offset=1).copy_(x)
+    assert off.data_ptr() % 16 and off.is_contiguous(memory_format=memory_format)
+    with torch.no_grad():
+        got = fused(off)
+    assert_close(got, ref64(model, x), MODE_OF[dtype], "misaligned channels_last")
+
+
+# ------------------------------------------------------------------ the fallback's first-call memory
+def test_fallback_first_call_peak_memory():
+    """The fallback's first call for a problem tunes its chunk schedule; it must not hold the whole conv output (old
+    code: one candidate ran the whole batch as one chunk, ~0.8 GB here, an out-of-memory risk where chunking fits).
+    Its extra memory stays within the default schedule's (two 256 MB chunks, what every call may use, e.g. under
+    capture) or 1.15 x a later call's, whichever is larger, and below the whole conv output."""
+    from fullfuse.fallback import pipeline
+
+    model = make_model("A")
+    fused = fullfuse.fused_model(model, path="fallback", precision="tf32")
+    x = make_x("A", shape=(64, 8, 224, 232))   # a shape no other test runs: the first call is the problem's first
+    per_image = 64 * 222 * 230 * 4
+    spans = pipeline.chunks(64, per_image, pipeline.CHUNK_BYTES)
+    default_peak = pipeline.peak_bytes(spans, pipeline.OVERLAP and len(spans) > 1, per_image)
+
+    def extra():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            out = fused(x)
+        torch.cuda.synchronize()
+        result = torch.cuda.max_memory_allocated() - base
+        del out
+        return result
+
+    first, second = extra(), extra()
+    # the chunk's channels_last input copy and cuDNN's workspace come on top of the conv outputs: 25 % margin
+    bound = max(1.25 * default_peak, 1.15 * second)
+    assert first <= bound < 64 * per_image, (
+        f"first call {first / 2**20:.0f} MiB, second {second / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB")
