@@ -2,9 +2,9 @@
 fixed seed), runs its shard of one fixed batch on its own GPU, and rank 0 gathers the shards and compares them with a
 single-process run of the whole batch on cuda:0.
 
-    torchrun --nproc-per-node 2 examples/torchrun_inference.py             # rank 0 computes the reference itself
-    torchrun --nproc-per-node 2 examples/torchrun_inference.py --reference # the same, said explicitly
-    python3 examples/torchrun_inference.py                                 # one process: the whole batch, one shard
+    torchrun --nproc-per-node 2 benchmarks/torchrun_inference.py             # rank 0 computes the reference itself
+    torchrun --nproc-per-node 2 benchmarks/torchrun_inference.py --reference # the same, said explicitly
+    python3 benchmarks/torchrun_inference.py                                 # one process: the whole batch, one shard
 
 All ranks share one kernel cache: FULLFUSE_CACHE_DIR as torchrun passes it to every rank (or fullfuse's default,
 ~/.cache/fullfuse); each library is compiled once under a file lock, so concurrent ranks do not race.  Prints, per

@@ -316,7 +316,7 @@ def test_autotune_times_in_memory_order_skips_what_does_not_fit_and_keeps_the_ch
     monkeypatch.setattr(pipeline, "_execute", lambda device, spans, overlap, produce, consume: executed.append(
         pipeline.peak_bytes(spans, overlap, per_image) // mb))
     monkeypatch.setattr(pipeline, "_time", lambda device, fn: (fn(), timings[executed[-1]])[1])
-    chunk_bytes, overlap, ms = pipeline._autotune(None, n, per_image, None, None)
+    chunk_bytes, overlap, ms = pipeline._autotune(None, n, per_image, lambda a, b: None, lambda y, a, b: None)
     assert executed == [8, 64]              # increasing memory; the 256 MB whole batch > 0.8 * 100 MB is not run
     assert (chunk_bytes, overlap, ms) == (32 * mb, True, 0.5)
 
@@ -328,7 +328,8 @@ def test_autotune_prefers_less_memory_among_the_near_fastest(monkeypatch):
     runs = []
     monkeypatch.setattr(pipeline, "_execute", lambda device, spans, overlap, p, c: runs.append(len(spans)))
     monkeypatch.setattr(pipeline, "_time", lambda device, fn: (fn(), {8: 1.00, 2: 0.99}[runs[-1]])[1])
-    chunk_bytes, overlap, _ = pipeline._autotune(None, 64, 1 * mb, None, None)   # 64 MB: 8 chunks or 2 chunks
+    # 64 MB of conv output: 8 chunks or 2 chunks
+    chunk_bytes, overlap, _ = pipeline._autotune(None, 64, 1 * mb, lambda a, b: None, lambda y, a, b: None)
     assert chunk_bytes == 8 * mb and not overlap                 # 1 % slower, a quarter of the memory
     assert runs == [8, 2, 8]                                     # ... and its result is the one kept
 

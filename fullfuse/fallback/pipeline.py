@@ -131,6 +131,11 @@ def _autotune(device, n, bytes_per_image, produce, consume) -> Tuple[int, bool, 
         if timed and need > budget:
             break                                   # and every larger one
         try:
+            # one chunk of each size alone first: the conv's one-time work for a new chunk shape (cuDNN's plan
+            # timing writes a whole output of its own) then never runs while other chunks' outputs are held
+            for size in sorted({n1 - n0 for n0, n1 in spans}):
+                n0 = next(a for a, b in spans if b - a == size)
+                consume(produce(n0, n0 + size), n0, n0 + size)
             ms = _time(device, lambda: _execute(device, list(spans), overlap, produce, consume))  # noqa: B023
         except torch.cuda.OutOfMemoryError:
             if not timed:
