@@ -103,15 +103,20 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
 _calls: Dict[tuple, tuple] = {}
 
 
-def _signature(spec, path, mode, deterministic, x, weight, bias) -> tuple:
+def _signature(spec, path, precision, mode, deterministic, x, weight, bias) -> tuple:
     """What the choice and the prepared call depend on (shape and strides cover the layout; the address's
     16-byte alignment picks the loaders).  id(spec): the entry keeps its spec alive, so the id stays unique."""
-    return (id(spec), path, mode, deterministic, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16,
+    return (id(spec), path, precision, mode, deterministic, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16,
             weight.dtype, weight.device, None if bias is None else (bias.dtype, bias.device))
 
 
-def _runner(spec, chosen: str, x, mode: str, deterministic: bool):
+def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch: bool = False):
+    """The prepared call of a path.  follows_torch: the mode is PyTorch's own current setting (precision "auto"), so
+    the torch path runs PyTorch's ops as they are, with no flag to hold."""
     if chosen == "torch":
+        if follows_torch or mode not in ("tf32", "ieee"):
+            return lambda x, weight, bias: torch_path.run(spec, x, weight, bias)
+
         def run_torch(x, weight, bias):
             with precision_mod.cudnn_conv_precision(mode):   # under the flags lock; a change only where needed
                 return torch_path.run(spec, x, weight, bias)
@@ -122,12 +127,12 @@ def _runner(spec, chosen: str, x, mode: str, deterministic: bool):
     return lambda x, weight, bias: module.run(spec, x, weight, bias, mode, deterministic)
 
 
-def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic: bool):
+def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic: bool, follows_torch: bool):
     """Path "auto", first call of a signature: the chosen kernel path against the torch path (first_call.py); returns
     the (decision, runner) to keep."""
     if decision[0] == "torch" or _capturing(x.device):
         return decision, runner
-    torch_run = _runner(spec, "torch", x, mode, deterministic)
+    torch_run = _runner(spec, "torch", x, mode, deterministic, follows_torch)
     slower, kernel_ms, torch_ms = first_call.torch_is_faster(lambda: runner(x, weight, bias),
                                                              lambda: torch_run(x, weight, bias), x.device)
     timing = f"measured {kernel_ms:.3f} ms per call against torch's {torch_ms:.3f} ms"
@@ -145,14 +150,15 @@ def _capturing(device: torch.device) -> bool:
 
 def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
     mode = precision_mod.resolve(precision, x.dtype)
-    key = _signature(spec, path, mode, deterministic, x, weight, bias)
+    key = _signature(spec, path, precision, mode, deterministic, x, weight, bias)
     entry = _calls.get(key)
     if entry is None:
         check_path(path)
         decision = choose(spec, path, x, weight, bias, mode, deterministic)   # raises: nothing cached
-        runner = _runner(spec, decision[0], x, mode, deterministic)
+        follows_torch = precision == "auto"
+        runner = _runner(spec, decision[0], x, mode, deterministic, follows_torch)
         if path == "auto":
-            decision, runner = _measured(spec, decision, runner, x, weight, bias, mode, deterministic)
+            decision, runner = _measured(spec, decision, runner, x, weight, bias, mode, deterministic, follows_torch)
         if len(_calls) > 4096:
             _calls.clear()
         entry = _calls[key] = (spec, decision, runner)

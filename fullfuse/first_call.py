@@ -18,6 +18,8 @@ import torch
 ROUNDS = 3
 CALLS_PER_ROUND = 3
 CLEARLY_SLOWER = 3.0     # a torch round this many times slower than the kernel path's best ends the comparison
+KERNEL_MARGIN = 0.95     # the kernel path is kept only where it takes at most this share of torch's time: in a
+                         # near-tie (host-bound calls, noise of a few %) PyTorch's own ops are the safer choice
 
 
 def _round_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -43,10 +45,10 @@ def per_call_ms(fn: Callable[[], object], device: torch.device, give_up_above: O
 
 def torch_is_faster(kernel_call: Callable[[], object], torch_call: Callable[[], object],
                     device: torch.device) -> Tuple[bool, float, float]:
-    """(the torch path is faster, kernel ms, torch ms) per call."""
+    """(run the torch path: the kernel path is not clearly faster, kernel ms, torch ms) per call."""
     kernel_ms = per_call_ms(kernel_call, device)
     try:
         torch_ms = per_call_ms(torch_call, device, give_up_above=CLEARLY_SLOWER * kernel_ms)
     except torch.cuda.OutOfMemoryError:
         return False, kernel_ms, float("inf")
-    return torch_ms < kernel_ms, kernel_ms, torch_ms
+    return kernel_ms > KERNEL_MARGIN * torch_ms, kernel_ms, torch_ms
