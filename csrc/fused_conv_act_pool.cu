@@ -412,10 +412,15 @@ WGPlan wg_plan_lm(int dtype, int channels_last, long long N, int C, int H, int W
   w.bps = bps;
   p.slot_bytes = (int)slot;
   p.a_small_off = (int)(nops_pred * 2048);
-  p.ring_off = (int)abytes;
-  p.ones_off = (int)(abytes + rb * slot);
-  p.dtab_off = (int)(abytes + rb * slot + ONES);
-  w.smem = (size_t)(abytes + rb * slot + ONES + dtab_bytes(rb));
+  // [A ops][ones block][ring][descriptor table]: the bias op's B descriptor (SBO = LBO = 0) reads only the 128-byte ones
+  // block, but a checker sizes a wgmma B read as N x K elements from its start (n128: 4 KB, n64: 2 KB; compute-sanitizer
+  // memcheck: "Invalid __shared__ read of size 4096" past the allocation when the block sat after the ring), so it lies
+  // before the ring, whose bytes cover that extent; same total, so RB, D and blocks per SM are unchanged
+  p.ones_off = (int)abytes;
+  p.ring_off = (int)(abytes + ONES);
+  p.dtab_off = (int)(abytes + ONES + rb * slot);
+  w.smem = (size_t)(abytes + ONES + rb * slot + dtab_bytes(rb));
+  if (rb * slot < 4096 - ONES) w.smem = std::max(w.smem, (size_t)(abytes + 4096));   // (never: a ring is larger)
   if (tma) {   // [stages][mbarriers] after the descriptor table
     p.NST = tvec ? (int)rb : (int)nst_tnchw;
     p.stage_off = (int)((w.smem + 127) / 128 * 128);

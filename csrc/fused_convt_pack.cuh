@@ -51,15 +51,14 @@ __device__ __forceinline__ long long source(const Geometry& g, const int (&t)[3]
   return c * g.ws[0] + k * g.ws[1] + t[0] * g.ws[2] + t[1] * g.ws[3] + t[2] * g.ws[4];
 }
 
+// one slice per blockIdx.y (its tap worked out once per thread), its items over blockIdx.x and the threads
 __global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, const Geometry g) {
-  const int G = g.op == COPY16 ? 8 : 4;
+  const int j = blockIdx.y;
   const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);   // items per slice
-  const long long total = (long long)g.nslices * per;
-  const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += step) {
-    const int j = (int)(i / per), e = (int)(i % per);
-    int t[3];
-    slice_tap(g, j, t);
+  int t[3];
+  slice_tap(g, j, t);
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < per; e += gridDim.x * blockDim.x) {
+    const long long i = (long long)j * per + e;
     if (g.op == COPY16) {
       const long long src = source(g, t, e, 8);
       static_cast<uint16_t*>(out)[i] = src < 0 ? 0 : static_cast<const uint16_t*>(w)[src];
@@ -96,11 +95,10 @@ inline int launch(const void* w, const long long* q, void* out, cudaStream_t str
   for (int a = 0; a < 3; ++a) { g.T[a] = (int)q[5 + a]; g.s[a] = (int)q[8 + a]; }
   for (int a = 0; a < 5; ++a) g.ws[a] = q[11 + a];
   g.nslices = (int)q[16];
-  const long long items = (long long)g.nslices * (g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0));
-  if (items == 0) return 0;
+  const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);
+  if (g.nslices == 0 || per == 0) return 0;
   const int threads = 256;
-  const long long blocks = (items + threads - 1) / threads;
-  pack_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), threads, 0, stream>>>(w, out, g);
+  pack_kernel<<<dim3((unsigned)((per + threads - 1) / threads), (unsigned)g.nslices), threads, 0, stream>>>(w, out, g);
   return (int)cudaGetLastError();
 }
 

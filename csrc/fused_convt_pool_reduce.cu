@@ -631,8 +631,13 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     }
   }
   __syncthreads();
-  if (p.tail_g > 1 && part >= 0) {   // a piece of a tail part: its window maxima into the part's, the last piece goes on
-    const int nent = p.wh * p.pwb * 64;
+  // A piece of a tail part: its window maxima into the part's (global workspace); the last piece reduces the part's
+  // maxima straight from there (gm_part), then zeroes them for the next launch once every warp has read them.  (Not
+  // copied back into winmax: that shared-memory write before the reduction's reads, though barrier-separated, is
+  // what compute-sanitizer's racecheck reported as a hazard.)
+  const int nent = p.wh * p.pwb * 64;
+  unsigned* gm_part = nullptr;
+  if (p.tail_g > 1 && part >= 0) {
     unsigned* gm = p.ws + part * nent;
     for (int i = tid; i < nent; i += NTHR)
       if (winmax[i]) atomicMax(gm + i, winmax[i]);
@@ -642,12 +647,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    for (int i = tid; i < nent; i += NTHR) {   // the part's maxima, and the workspace back to zero for the next launch
-      winmax[i] = __ldcg(gm + i);
-      gm[i] = 0u;
-    }
-    if (tid == 0) p.ws_cnt[part] = 0;
-    __syncthreads();
+    gm_part = gm;
   }
   // Classes with no tap in some dim (residue >= kernel size, e.g. kernel < stride) have conv value 0 (+ bias): they
   // are not computed above, so a window that holds one of their positions takes max(.., 0) here.
@@ -663,14 +663,14 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   for (int ww = warp; ww < nwh * npw; ww += NTHR / 32) {
     const int hw = ww / npw, wl = ww - hw * npw, pw = pw0 + wl;
     const bool tapless = tapless_d || holds_tapless(1, oh0 + hw * p.win[1], p.win[1]) || holds_tapless(2, pw * p.win[2], p.win[2]);
-    const unsigned* wm = winmax + (hw * p.pwb + wl) * 64;
+    const unsigned* wm = (gm_part ? gm_part : winmax) + (hw * p.pwb + wl) * 64;
     float v2[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int k = lane + 32 * h;
       float v = (p.red == FF_RED_MAX) ? -__int_as_float(0x7f800000) : 0.0f;   // identity for k >= K
       if (k < p.K) {
-        const unsigned enc = wm[k];
+        const unsigned enc = gm_part ? __ldcg(wm + k) : wm[k];
         v = enc ? fb_dec(enc) : -__int_as_float(0x7f800000);   // 0: no computed position (tapless only)
         const float bk = p.bias ? __ldg(p.bias + k) : 0.0f;
         if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
@@ -694,6 +694,11 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
       else if constexpr (DT == FF_BF16) static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(v);
       else static_cast<__half*>(p.out)[o] = __float2half_rn(v);
     }
+  }
+  if (gm_part) {   // block-uniform: the workspace back to zero for the next launch
+    __syncthreads();
+    for (int i = tid; i < nent; i += NTHR) gm_part[i] = 0u;
+    if (tid == 0) p.ws_cnt[part] = 0;
   }
 #else
   __trap();

@@ -704,7 +704,7 @@ def test_auto_is_never_slower_than_eager(family, shape, conv):
     from fullfuse.seed_models import seed_model
 
     torch.manual_seed(SEED)
-    model = seed_model(family, conv=conv).cuda().eval() if family == "A" else SeedB().cuda().eval()
+    model = (seed_model(family, in_channels=shape[1], conv=conv) if family == "A" else SeedB()).cuda().eval()
     auto = fullfuse.fused_model(model)
     x = torch.randn(shape, device="cuda")
 

@@ -68,7 +68,7 @@ struct WGParams {
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
-  int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ring][ones][B descriptors]
+  int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ones][ring][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;
   long long L, lines_img; int G, J;
   float inv_pq;
