@@ -29,6 +29,8 @@ from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
 _REPEATS = 3
 _ALIGN = 16              # bytes; the alignment the frontend's tensors declare by default
+_SPREADING_NOTES = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+_WORKSPACE_FLOOR = 64 << 20   # a plan may take this much workspace, or as much as the conv's output if more
 _entries: Dict[tuple, Optional["_Entry"]] = {}
 _local = threading.local()   # .handles: device index -> this thread's cuDNN handle
 _lock = threading.Lock()     # builds (and times) one problem's plans at a time; guards _entries
@@ -109,8 +111,9 @@ def time_plan(graph, pack, workspace, index, handle) -> float:
     return min(times)
 
 
-def fastest_plan(graph, pack, handle, device):
-    """Time every built plan of ``graph`` once on ``pack``; returns (index, ms, workspace bytes, plan count)."""
+def fastest_plan(graph, pack, handle, device, workspace_cap: int = 1 << 62):
+    """Time every built plan of ``graph`` whose workspace is at most ``workspace_cap`` bytes once on ``pack``; returns
+    (index, ms, workspace bytes, plan count)."""
     cudnn = frontend()
     count = graph.get_execution_plan_count()
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
@@ -118,6 +121,9 @@ def fastest_plan(graph, pack, handle, device):
     for index in range(count):
         try:
             ws = graph.get_workspace_size_plan_at_index(index)
+            if ws > workspace_cap:
+                _debug(f"plan {index} of {count} skipped: workspace {ws} bytes")
+                continue
             workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=device)
             ms = time_plan(graph, pack, workspace, index, handle)
         except Exception as exc:
@@ -155,13 +161,19 @@ def _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, d
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     notes = [cudnn.numerical_note.TENSOR_CORE] if mode == "ieee" and x.dtype == torch.float32 else []  # no TF32
+    # no FFT / Winograd transforms: they spread an inf or NaN of the input over outputs a direct sum never reaches
+    # (inf - inf in the transform), so the NaN / inf masks would differ from the convolution's own
+    notes += [getattr(cudnn.numerical_note, n) for n in _SPREADING_NOTES if hasattr(cudnn.numerical_note, n)]
     if deterministic:
         notes.append(cudnn.numerical_note.NONDETERMINISTIC)
     if notes:
         graph.deselect_numeric_notes(notes)
     graph.check_support()
     graph.build_plans(cudnn.build_plan_policy.ALL)
-    index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device)
+    # a plan needing more workspace than the conv's own output (FFT-like) would make the first call of a problem the
+    # one that runs out of memory: not timed
+    cap = max(_WORKSPACE_FLOOR, y.numel() * y.element_size())
+    index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device, cap)
     return _Entry(graph, (tx, tw, ty), index, ws, ms, count)
 
 
