@@ -113,25 +113,26 @@ def problems_a(draw):
                 seed=draw(st.integers(0, 2**31 - 1)))
 
 
+def _check_problem(p, op, space, w_shape, fan_in, geometry, label):
+    """One drawn problem through ``op`` (ops.conv_act_pool / ops.convt_pool_reduce) on every path vs float64."""
+    note(str(p))
+    dtype_name, precision = p["dtype_mode"]
+    dtype, mode = getattr(torch, dtype_name), _mode_name(*p["dtype_mode"])
+    x = _input((p["n"], p["c_in"], *space), dtype, p["layout"], p["seed"])
+    w, b = _params(w_shape, fan_in, p["c_out"], p["bias"], dtype, p["seed"])
+    with cudnn_conv_precision("ieee"):
+        ref = op(x.double(), w.double(), None if b is None else b.double(), path="torch", **geometry)
+    _every_path(lambda path: op(x, w, b, path=path, precision=precision, **geometry), ref, mode, f"{label} {p}")
+
+
 @SETTINGS
 @given(p=problems_a())
 def test_family_a_property(p):
     """Family A (Conv2d -> activation -> global mean / max pool) on every path vs float64."""
-    note(str(p))
-    dtype_name, precision = p["dtype_mode"]
-    dtype, mode = getattr(torch, dtype_name), _mode_name(*p["dtype_mode"])
-    x = _input((p["n"], p["c_in"], p["h"], p["w"]), dtype, p["layout"], p["seed"])
-    w_shape = (p["c_out"], p["c_in"], *p["kernel"])
-    w, b = _params(w_shape, p["c_in"] * math.prod(p["kernel"]), p["c_out"], p["bias"], dtype, p["seed"])
     geometry = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], activation=p["activation"],
                     pool=p["pool"], keepdim=p["keepdim"])
-    with cudnn_conv_precision("ieee"):
-        ref = ops.conv_act_pool(x.double(), w.double(), None if b is None else b.double(), path="torch", **geometry)
-
-    def run(path):
-        return ops.conv_act_pool(x, w, b, path=path, precision=precision, **geometry)
-
-    _every_path(run, ref, mode, f"A {p}")
+    _check_problem(p, ops.conv_act_pool, (p["h"], p["w"]), (p["c_out"], p["c_in"], *p["kernel"]),
+                   p["c_in"] * math.prod(p["kernel"]), geometry, "A")
 
 
 @st.composite
@@ -160,19 +161,7 @@ def problems_b(draw):
 @given(p=problems_b())
 def test_family_b_property(p):
     """Family B (ConvTranspose -> activation -> max-pool window -> channel sum / mean / max), every path vs float64."""
-    note(str(p))
-    dtype_name, precision = p["dtype_mode"]
-    dtype, mode = getattr(torch, dtype_name), _mode_name(*p["dtype_mode"])
-    x = _input((p["n"], p["c_in"], *p["space"]), dtype, p["layout"], p["seed"])
-    w_shape = (p["c_in"], p["c_out"], *p["kernel"])
-    w, b = _params(w_shape, p["c_out"] * math.prod(p["kernel"]), p["c_out"], p["bias"], dtype, p["seed"])
     geometry = dict(stride=p["stride"], padding=p["padding"], output_padding=p["output_padding"], dilation=1,
                     window=p["window"], activation=p["activation"], reduction=p["reduction"], keepdim=p["keepdim"])
-    with cudnn_conv_precision("ieee"):
-        ref = ops.convt_pool_reduce(x.double(), w.double(), None if b is None else b.double(), path="torch",
-                                    **geometry)
-
-    def run(path):
-        return ops.convt_pool_reduce(x, w, b, path=path, precision=precision, **geometry)
-
-    _every_path(run, ref, mode, f"B {p}")
+    _check_problem(p, ops.convt_pool_reduce, p["space"], (p["c_in"], p["c_out"], *p["kernel"]),
+                   p["c_out"] * math.prod(p["kernel"]), geometry, "B")
