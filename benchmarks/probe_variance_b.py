@@ -33,7 +33,8 @@ for name, fmt in layouts.items():
     xs = [fmt(base.clone()) for _ in range(2)]
     out = torch.empty(16, 10, 10, 10, device="cuda")
     args = fb.problem(spec, xs[0], "tf32")
-    ws = workspace.zeroed(xs[0].device, workspace.nbytes(xs[0].device, fb.LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (args,)))
+    ws_bytes = workspace.nbytes(xs[0].device, fb.LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (args,))
+    ws = workspace.zeroed(xs[0].device, ws_bytes)
     for xi, x in enumerate(xs):
         row = []
         for wp in packed:

@@ -37,7 +37,8 @@ def host_us(fn):
 packed = fb.pack_weights(conv.weight.detach(), spec.stride)
 out = torch.empty(x.shape[0], *spec.pooled_spatial(tuple(x.shape[2:])), device="cuda")
 args = fb.problem(spec, x, "tf32")
-ws = workspace.zeroed(x.device, workspace.nbytes(x.device, fb.LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (args,)))
+ws = workspace.zeroed(x.device, workspace.nbytes(x.device, fb.LIB, "ff_fused_convt_pool_reduce_workspace_bytes",
+                                                 (args,)))
 raw_fn = launch.function(fb.LIB, "ff_fused_convt_pool_reduce")
 stream = torch.cuda.current_stream().cuda_stream
 raw = lambda: raw_fn(x.data_ptr(), packed.data_ptr(), conv.bias.data_ptr(), out.data_ptr(), args.address, None if ws is None else ws.data_ptr(), ctypes.c_void_p(stream))

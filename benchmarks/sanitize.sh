@@ -59,7 +59,8 @@ if [ "${ONE_PROCESS:-0}" = 1 ]; then
         log="$OUT/sanitize_${tool}_all.log"
         env $([ "$tool" = memcheck ] && echo PYTORCH_NO_CUDA_MEMORY_CACHING=1) timeout "$TIMEOUT_S" "$SANITIZER" \
             --tool "$tool" --show-backtrace device --print-limit 200 \
-            $([ "$tool" = racecheck ] && echo --racecheck-report hazard) $([ "$tool" = memcheck ] && echo --leak-check no) \
+            $([ "$tool" = racecheck ] && echo --racecheck-report hazard) \
+            $([ "$tool" = memcheck ] && echo --leak-check no) \
             $SANITIZER_ARGS python3 benchmarks/sanitize_cases.py "${CASES[@]}" > "$log" 2>&1 &
     done
     wait
@@ -67,7 +68,8 @@ if [ "${ONE_PROCESS:-0}" = 1 ]; then
     for tool in $TOOLS; do
         log="$OUT/sanitize_${tool}_all.log"
         python3 benchmarks/sanitize_cases.py --summarize "$tool" all "$log" | tee -a "$OUT/sanitize_summary.txt"
-        grep -E "^[a-zA-Z0-9_]+: (fused|fallback|torch|NOT SERVED)" "$log" | sed "s/^/    /" | tee -a "$OUT/sanitize_summary.txt"
+        grep -E "^[a-zA-Z0-9_]+: (fused|fallback|torch|NOT SERVED)" "$log" | sed "s/^/    /" \
+            | tee -a "$OUT/sanitize_summary.txt"
         python3 benchmarks/sanitize_cases.py --summarize "$tool" all "$log" | grep -q "fullfuse kernels: 0 " || status=1
     done
     echo "sanitize.sh: $(( $(date +%s) - start )) s, logs in $OUT"
