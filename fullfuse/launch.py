@@ -155,3 +155,23 @@ def launch(lib: str, name: str, *args, device: torch.device, stream: Optional[in
         code = fn(*[_arg(a) for a in args], ctypes.c_void_p(stream))
     if code != 0:
         raise RuntimeError(f"fullfuse: {name} failed: {_cuda_error_name(code)} ({code})")
+
+
+def launcher(lib: str, name: str, device: torch.device, fixed: tuple, head: int):
+    """``launch`` prepared once for one call signature: returns ``call(*pointers)`` that passes the first ``head``
+    data pointers (ints, 0 for none), the ``fixed`` arguments (ints, or a Problem), the remaining pointers and the
+    current stream of ``device``, with no per-argument conversion in Python (host time per call)."""
+    fn = function(lib, name)
+    index = device.index if device.index is not None else current_device_index()
+    keep, fixed = fixed, tuple(_arg(v) for v in fixed)   # keep: a Problem's array lives as long as the call
+
+    def call(*pointers, _keep=keep):
+        args = (*pointers[:head], *fixed, *pointers[head:], ctypes.c_void_p(current_stream(device)))
+        if index == current_device_index():
+            code = fn(*args)
+        else:
+            with torch.cuda.device(index):
+                code = fn(*args)
+        if code != 0:
+            raise RuntimeError(f"fullfuse: {name} failed: {_cuda_error_name(code)} ({code})")
+    return call

@@ -85,11 +85,16 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     shape = (n, k, *([1] * spec.dims)) if spec.keepdim else (n, k)
     ws_bytes = workspace.nbytes(device, LIB, "ff_fused_conv_act_pool_workspace_bytes", args)
 
+    call = launch.launcher(LIB, "ff_fused_conv_act_pool", device, args, 4)   # x, w, bias, out, args, workspace
+
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
         out = torch.zeros(n, k, dtype=torch.float32, device=device) if atomic else launch.new_output(n, k, device=device)
-        launch.launch(LIB, "ff_fused_conv_act_pool", x, as_memory_format(weight, torch.contiguous_format),
-                      float32_bias(bias), out, *args, workspace.zeroed(device, ws_bytes), device=device)
+        # every tensor the kernel reads is held by a name until the launch is enqueued
+        weight, bias = as_memory_format(weight, torch.contiguous_format), float32_bias(bias)
+        ws = workspace.zeroed(device, ws_bytes)
+        call(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+             0 if ws is None else ws.data_ptr())
         return out.to(dtype).view(shape)
     return run

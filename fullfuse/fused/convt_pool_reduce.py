@@ -140,6 +140,8 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     ws_bytes = workspace.nbytes(device, LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (prob,))
     geometries = {}   # weight strides -> (geometry, bytes)
 
+    call = launch.launcher(LIB, "ff_fused_convt_pool_reduce", device, (prob,), 4)   # x, w, bias, out, prob, ws
+
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
@@ -148,7 +150,9 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             geometry = geometries[weight.stride()] = pack_geometry(spec, weight, mode)
         packed = packed_weights(*geometry, weight)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
-        launch.launch(LIB, "ff_fused_convt_pool_reduce", x, packed, float32_bias(bias), out, prob,
-                      workspace.zeroed(device, ws_bytes), device=device)
+        bias = float32_bias(bias)
+        ws = workspace.zeroed(device, ws_bytes)
+        call(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+             0 if ws is None else ws.data_ptr())
         return out.unsqueeze(1) if keepdim else out
     return run
