@@ -130,7 +130,7 @@ def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch:
 def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic: bool, follows_torch: bool):
     """Path "auto", first call of a signature: the chosen kernel path against the torch path (first_call.py); returns
     the (decision, runner) to keep."""
-    if decision[0] == "torch" or _capturing(x.device):
+    if decision[0] == "torch" or launch.capturing(x.device):
         return decision, runner
     torch_run = _runner(spec, "torch", x, mode, deterministic, follows_torch)
     slower, kernel_ms, torch_ms = first_call.torch_is_faster(lambda: runner(x, weight, bias),
@@ -139,13 +139,6 @@ def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic:
     if slower:
         return ("torch", f"faster than the {decision[0]} path here ({timing}; {decision[1]})"), torch_run
     return (decision[0], f"{decision[1]} ({timing})"), runner
-
-
-def _capturing(device: torch.device) -> bool:
-    if device.index is None or device.index == launch.current_device_index():
-        return torch.cuda.is_current_stream_capturing()
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:

@@ -130,6 +130,13 @@ def _on(device: Optional[torch.device]):
     return torch.cuda.device(device)
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is being captured into a CUDA graph (no device switch where ``device`` is
+    current already: host time)."""
+    with _on(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA builds of torch: one C call each
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 
@@ -138,10 +145,15 @@ def current_device_index() -> int:
     return _get_device() if _get_device is not None else torch.cuda.current_device()
 
 
+def device_index(device: torch.device) -> int:
+    """``device``'s index ("cuda" without one: the current device)."""
+    return device.index if device.index is not None else current_device_index()
+
+
 def current_stream(device: torch.device) -> int:
     """The cudaStream_t of ``device``'s current stream (host time: torch's own C getter where it has one)."""
     if _raw_stream is not None:
-        return _raw_stream(device.index if device.index is not None else current_device_index())
+        return _raw_stream(device_index(device))
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -162,7 +174,7 @@ def launcher(lib: str, name: str, device: torch.device, fixed: tuple, head: int)
     data pointers (ints, 0 for none), the ``fixed`` arguments (ints, or a Problem), the remaining pointers and the
     current stream of ``device``, with no per-argument conversion in Python (host time per call)."""
     fn = function(lib, name)
-    index = device.index if device.index is not None else current_device_index()
+    index = device_index(device)
     keep, fixed = fixed, tuple(_arg(v) for v in fixed)   # keep: a Problem's array lives as long as the call
 
     def call(*pointers, _keep=keep):

@@ -295,7 +295,7 @@ def test_misaligned_tensors_are_copied_to_aligned_memory():
 
 def test_no_plan_is_built_or_cached_under_graph_capture(monkeypatch):
     monkeypatch.setattr(cudnn_conv, "frontend", lambda: object())
-    monkeypatch.setattr(cudnn_conv, "capturing", lambda device: True)
+    monkeypatch.setattr(launch, "capturing", lambda device: True)
     monkeypatch.setattr(cudnn_conv, "_entries", {})
     built = []
     monkeypatch.setattr(cudnn_conv, "_build", lambda *a: built.append(a))

@@ -24,6 +24,7 @@ from typing import Dict, Optional
 
 import torch
 
+from .. import launch
 from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
@@ -62,26 +63,16 @@ def data_type(cudnn, dtype: torch.dtype):
             torch.float16: cudnn.data_type.HALF}[dtype]
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def handle_for(cudnn, device: torch.device):
     """This thread's cuDNN handle on ``device`` (the input's device), created on first use."""
     handles = getattr(_local, "handles", None)
     if handles is None:
         handles = _local.handles = {}
-    index = _index(device)
+    index = launch.device_index(device)
     if index not in handles:
         with torch.cuda.device(index):
             handles[index] = cudnn.create_handle()
     return handles[index]
-
-
-def capturing(device: torch.device) -> bool:
-    """Whether ``device``'s current stream is being captured into a CUDA graph."""
-    with torch.cuda.device(_index(device)):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -199,12 +190,12 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
            tuple(out_shape), tuple(padding), tuple(stride), tuple(dilation), mode, deterministic)
     entry = _entries.get(key, _MISSING)
     if entry is _MISSING:
-        if capturing(x.device):
+        if launch.capturing(x.device):
             return None       # building / timing plans synchronises: PyTorch's call serves this one, nothing cached
         with _lock:
             if key not in _entries:
                 try:
-                    with torch.cuda.device(_index(x.device)):
+                    with torch.cuda.device(launch.device_index(x.device)):
                         _entries[key] = _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode,
                                                deterministic)
                 except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
@@ -213,7 +204,7 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
             entry = _entries[key]
     if entry is None:
         return None
-    index = _index(x.device)
+    index = launch.device_index(x.device)
     # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
     with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
         y = _channels_last(out_shape, x.dtype, x.device)          # fresh memory: aligned

@@ -26,6 +26,8 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
+from .. import launch
+
 CHUNK_BYTES = 256 << 20     # default schedule: chunks of this much conv output ...
 OVERLAP = True              # ... with the epilogue on a side stream
 AUTOTUNE = True
@@ -47,15 +49,11 @@ def chunks(n: int, bytes_per_image: int, chunk_bytes: Optional[int] = None) -> L
     return [(bounds[i], bounds[i + 1]) for i in range(count) if bounds[i + 1] > bounds[i]]
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     streams = getattr(_local, "side_streams", None)
     if streams is None:
         streams = _local.side_streams = {}
-    index = _index(device)
+    index = launch.device_index(device)
     if index not in streams:
         streams[index] = torch.cuda.Stream(device=index)
     return streams[index]
@@ -156,7 +154,7 @@ def run(device: torch.device, key: Hashable, n: int, bytes_per_image: int,
         produce: Callable[[int, int], torch.Tensor], consume: Callable[[torch.Tensor, int, int], None]) -> None:
     """For each chunk [n0, n1): y = produce(n0, n1), then consume(y, n0, n1), on the schedule chosen for key."""
     chosen = _chosen.get(key)
-    if chosen is None and AUTOTUNE and n > 1 and not _capturing(device):
+    if chosen is None and AUTOTUNE and n > 1 and not launch.capturing(device):
         with _tune_lock:
             chosen = _chosen.get(key)
             if chosen is None:
@@ -164,11 +162,6 @@ def run(device: torch.device, key: Hashable, n: int, bytes_per_image: int,
                 return                              # the chosen schedule computed the full result
     chunk_bytes, overlap = (chosen[0], chosen[1]) if chosen is not None else (CHUNK_BYTES, OVERLAP)
     _execute(device, chunks(n, bytes_per_image, chunk_bytes), overlap, produce, consume)
-
-
-def _capturing(device: torch.device) -> bool:
-    with torch.cuda.device(_index(device)):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def describe() -> list:
