@@ -66,9 +66,9 @@ def main() -> int:
         backend = "none"
 
     if rank == 0:
-        import cutlass_ops.builder
+        import cutlass_ops
 
-        print(f"kernel cache shared by the {world} rank(s): {cutlass_ops.builder.cache_dir()}", flush=True)
+        print(f"kernel cache shared by the {world} rank(s): {cutlass_ops.cache_dir()}", flush=True)
     status = 0
     for family in ("A", "B"):
         model = build(family, device, args.path)

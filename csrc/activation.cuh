@@ -1,5 +1,5 @@
-// Device helpers shared by the fullfuse CUDA kernels (fallback epilogues now, fused kernels later), plus the host
-// switch that turns run-time codes (codes.h) into template parameters.  Accuracy, one line per function:
+// Device helpers shared by the fullfuse CUDA kernels (the fallback epilogues and the fused kernels); run-time codes are
+// in codes.h.  Accuracy, one line per function:
 //   ff_activate<FF_ACT_NONE>       x, exact.
 //   ff_activate<FF_ACT_RELU>       max(x, 0), exact; relu(NaN) = NaN like torch.relu.
 //   ff_activate<FF_ACT_GELU_ERF>   relu(x) - u*2^P5(u), u = |x| (fast_gelu.md): abs err <= 3.1e-7*max(1,|x|) vs exact
@@ -18,11 +18,9 @@
 //                                  == 16, p 16-byte aligned); streaming (.cs) cache hint: data is read once.
 //                                  = ff_convert(ff_load_raw(p)); ff_load1(p) is the scalar form.
 #pragma once
-#include <cuda_runtime.h>
+#include "device_std.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <stdint.h>
-#include <type_traits>
 #include "codes.h"
 
 __device__ __forceinline__ float ff_max_nan(float a, float b) {
@@ -69,7 +67,7 @@ __device__ __forceinline__ float ff_gelu_erf(float x) {
 // +inf; -inf and NaN give NaN as there.  (For finite |x| > 16 the fp32 Horner value is <= -399 all the way to FLT_MAX
 // and -inf at inf, checked over every float in [16, 4096] and a log sweep above, so ex2 flushes q to 0 as at the
 // clamp.)  5 FFMA taking |x| as an operand modifier + MUFU + FMNMX + FFMA: 3 issue slots fewer than ff_gelu_erf.  For
-// hot loops whose inputs are known finite (fused_conv_act_pool.cu takes it while a block's inputs are bounded).
+// hot loops whose inputs are known finite (the fused A wgmma kernel takes it while a block's inputs are bounded).
 __device__ __forceinline__ float ff_gelu_erf_noclamp(float x) {
   const float u = fabsf(x);
   return fmaf(-u, ff_phi_neg(u), fmaxf(x, -0.0f));
@@ -168,37 +166,6 @@ __device__ __forceinline__ float ff_load1(const T* p) {
   float o[1];
   ff_load<T, 1>(p, o);
   return o[0];
-}
-
-// ---- host: run-time codes -> template parameters.  f receives a tag; returns f's int or cudaErrorInvalidValue ----
-template <typename T> struct ff_type_tag { using type = T; };
-template <int V> using ff_int = std::integral_constant<int, V>;
-
-template <class F>
-inline int ff_dispatch_dtype(int dtype, F&& f) {
-  switch (dtype) {
-    case FF_F32: return f(ff_type_tag<float>{});
-    case FF_BF16: return f(ff_type_tag<__nv_bfloat16>{});
-    case FF_F16: return f(ff_type_tag<__half>{});
-  }
-  return (int)cudaErrorInvalidValue;
-}
-
-template <class F>
-inline int ff_dispatch_act(int act, F&& f) {
-  switch (act) {
-    case FF_ACT_NONE: return f(ff_int<FF_ACT_NONE>{});
-    case FF_ACT_RELU: return f(ff_int<FF_ACT_RELU>{});
-    case FF_ACT_GELU_ERF: return f(ff_int<FF_ACT_GELU_ERF>{});
-    case FF_ACT_GELU_TANH: return f(ff_int<FF_ACT_GELU_TANH>{});
-    case FF_ACT_SILU: return f(ff_int<FF_ACT_SILU>{});
-  }
-  return (int)cudaErrorInvalidValue;
-}
-
-template <class F>
-inline int ff_dispatch_bool(bool b, F&& f) {
-  return b ? f(std::true_type{}) : f(std::false_type{});
 }
 
 __host__ __device__ inline long long ff_ceil_div(long long a, long long b) { return (a + b - 1) / b; }

@@ -1,15 +1,16 @@
 // Family B's weight packing on the GPU, run on the caller's stream before every fused launch (so the packed copy is
 // never stale, never crosses streams, and is part of a captured CUDA graph): the ConvTranspose weight (C, K, Td, Th,
-// Tw), any strides, into the layout fb_kernel streams (fused_convt_pool_reduce.cu): per residue class (rd, rh, rw),
-// per tap (td, th, tw) = (rd + sd md, rh + sh mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G] with G = 4
-// fp32 (TF32-rounded) or 8 16-bit values, input channels zero-padded to C_pad, output channels to 64.
+// Tw), any strides, into the layout fb_kernel streams (fused_convt_pool_reduce/kernel.cuh): per residue class (rd,
+// rh, rw), per tap (td, th, tw) = (rd + sd md, rh + sh mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G]
+// with G = 4 fp32 (TF32-rounded) or 8 16-bit values, input channels zero-padded to C_pad, output channels to 64.
 // "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit];
 // a weight whose w_hi is not finite has 0 in the other two parts.
-// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which it is tested.
+// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which it is tested,
+// and launches it: grid (ceil(items per slice / 256), slices), 256 threads; Geometry is mirrored by
+// cutlass_ops/convt_pool_reduce.py PackGeometry.
 #pragma once
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
+#include "device_std.h"
 
 namespace fb_pack {
 
@@ -86,20 +87,6 @@ __global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, 
       }
     }
   }
-}
-
-// q: op, C, K, cpad, cpad16, T[3], s[3], weight strides[5], slices (fullfuse/fused/convt_pool_reduce.py pack_geometry)
-inline int launch(const void* w, const long long* q, void* out, cudaStream_t stream) {
-  Geometry g;
-  g.op = (int)q[0]; g.C = (int)q[1]; g.K = (int)q[2]; g.cpad = (int)q[3]; g.cpad16 = (int)q[4];
-  for (int a = 0; a < 3; ++a) { g.T[a] = (int)q[5 + a]; g.s[a] = (int)q[8 + a]; }
-  for (int a = 0; a < 5; ++a) g.ws[a] = q[11 + a];
-  g.nslices = (int)q[16];
-  const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);
-  if (g.nslices == 0 || per == 0) return 0;
-  const int threads = 256;
-  pack_kernel<<<dim3((unsigned)((per + threads - 1) / threads), (unsigned)g.nslices), threads, 0, stream>>>(w, out, g);
-  return (int)cudaGetLastError();
 }
 
 }  // namespace fb_pack

@@ -1,5 +1,6 @@
 // GELU (erf) of two fp32 values in packed half precision, for the fused A kernel's 16-bit epilogue (wg_epi_h2 below,
-// called by fa_wgmma_kernel in fused_conv_act_pool.cu) and the microbenchmark benchmarks/probe_epilogue_a.cu.
+// called by fa_wgmma_kernel, csrc/fused_conv_act_pool/wgmma_epilogue.cuh) and the microbenchmark
+// benchmarks/probe_epilogue_a.cu.
 // wg_epi_h2 reduces over a tile's 128 pixels per output channel (the mean pool's sum), so that on the H200 none of its work
 // is on the FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two
 // times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: NOTES run 22).  Per pair of accumulators (two pixels of one
@@ -14,9 +15,9 @@
 // |g - gelu(x)| <= 1.2e-3 max(1, |x|) (~2 fp16 ulps: fp16 rounding of the conv output and of the GELU, where PyTorch
 // rounds both to the input's 16-bit type); mean bias over normal inputs of scale 0.3-3 under 1.5e-4.  Valid only while
 // x rounds to a finite fp16 (|x| < 65520); any other x gives g = NaN, which the kernel's check after each tile catches
-// (wg_epi_h2_checked in fused_conv_act_pool.cu: such tiles go through the fp32 GELU).
+// (wg_epi_h2_checked in fused_conv_act_pool/wgmma_epilogue.cuh: such tiles go through the fp32 GELU).
 #pragma once
-#include <stdint.h>
+#include "device_std.h"
 
 __device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;

@@ -1,7 +1,8 @@
-"""Kernel build system for fullfuse: render, compile (nvcc + ninja), cache and load the CUDA libraries."""
-from .builder import (FIX, BuildError, build, build_all, cache_dir, csrc_dir, find_nvcc, library_path, load,
-                      nvcc_version)
-from .libraries import LIBRARIES, KernelLibrary
+"""How fullfuse's kernels come to exist: the table of kernel instantiations (one compile unit each), NVRTC through
+cuda-python, the on-disk cubin cache, and ``fullfuse build``.  Device code lives in csrc/; loading and launching in
+``fullfuse.runtime``."""
+from .cache import BuildError, cache_dir, cubin
+from .nvrtc import CompileError, csrc_dir
+from .variants import HOPPER, PORTABLE, Variant
 
-__all__ = ["FIX", "BuildError", "build", "build_all", "cache_dir", "csrc_dir", "find_nvcc", "library_path", "load",
-           "nvcc_version", "LIBRARIES", "KernelLibrary"]
+__all__ = ["BuildError", "CompileError", "HOPPER", "PORTABLE", "Variant", "cache_dir", "csrc_dir", "cubin"]

@@ -13,9 +13,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="fullfuse", description="Fused convolution pipelines for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="GPU, versions, kernel cache")
-    p_build = sub.add_parser("build", help="compile every kernel library ahead of time (no GPU needed)")
-    p_build.add_argument("--jobs", type=int, default=None)
-    p_build.add_argument("--only", nargs="*", default=None, help="library names")
+    p_build = sub.add_parser("build", help="compile every kernel variant ahead of time with NVRTC (no GPU needed)")
+    p_build.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
+    p_build.add_argument("--arch", nargs="*", default=None,
+                         help="architectures, e.g. sm_90a sm_80 sm_86 (default: each kernel's own: sm_90a, sm_80)")
+    p_build.add_argument("--family", nargs="*", default=None, choices=["conv_act_pool", "convt_pool_reduce", "fallback"])
     p_check = sub.add_parser("check", help="every path vs float64 on fresh random inputs")
     p_check.add_argument("--family", choices=["A", "B", "both"], default="both")
     p_check.add_argument("--quick", action="store_true")
@@ -39,9 +41,14 @@ def main(argv=None) -> int:
         from .info import main as run
         return run()
     if args.command == "build":
-        import cutlass_ops
-        for name, path in cutlass_ops.build_all(args.only, jobs=args.jobs).items():
-            print(f"{name:24} {path}")
+        from cutlass_ops.build import build
+        from cutlass_ops.cache import BuildError
+        try:
+            summary = build(args.arch, workers=args.jobs, families=args.family)
+        except BuildError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"fullfuse build: {summary['kernels']} kernels in {summary['seconds']} s (slowest {summary['slowest']})")
         return 0
     families = ("A", "B") if args.family == "both" else (args.family,)
     if args.command == "check":

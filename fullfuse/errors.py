@@ -13,4 +13,4 @@ class TraceError(FullfuseError, RuntimeError):
     """torch.fx could not trace the model."""
 
 
-from cutlass_ops.builder import BuildError  # noqa: E402,F401  (re-exported: a kernel failed to compile or load)
+from cutlass_ops.cache import BuildError  # noqa: E402,F401  (re-exported: a kernel could not be compiled or read)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-import cutlass_ops
+from cutlass_ops import cache, nvrtc
 
 from .fallback import cudnn_conv
 from .measure import environment
@@ -19,16 +19,15 @@ def main() -> int:
     else:
         print("GPU            none visible to torch: kernels cannot run here; the torch path serves every model")
     print(f"torch          {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']})")
-    print(f"nvcc           {env['nvcc'] or 'not found (set CUDA_HOME): only cached kernels can be used'}")
+    print(f"compiler       {nvrtc.describe()}")
     print(f"cuDNN frontend {env['cudnn_frontend'] or 'not installed'} ({'importable' if cudnn_conv.available() else 'not importable'})")
     print(f"commit         {env['commit']}")
-    cache = cutlass_ops.cache_dir()
-    print(f"kernel cache   {cache}")
-    for name in cutlass_ops.LIBRARIES:
-        try:
-            path = cutlass_ops.library_path(name)
-            state = "built" if path.exists() else "not built yet (compiled on first use or by `fullfuse build`)"
-        except Exception as exc:
-            state = f"unavailable: {exc}"
-        print(f"  {name:24} {state}")
+    print(f"kernel cache   {cache.cache_dir()}")
+    try:
+        from cutlass_ops.build import jobs_for
+        jobs = jobs_for()
+        have = sum(1 for v, arch in jobs if cache.entry_path(v, arch).is_file())
+        print(f"  {have} of {len(jobs)} kernel variants compiled (the rest on first use, or `fullfuse build`)")
+    except Exception as exc:
+        print(f"  kernel variants: unavailable ({str(exc).splitlines()[0]})")
     return 0

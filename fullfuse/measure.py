@@ -104,15 +104,21 @@ def git_commit() -> str:
         return "unknown"
 
 
-def environment() -> Dict[str, object]:
-    import cutlass_ops
+def nvrtc_version():
+    from cutlass_ops import nvrtc
+    try:
+        return "%d.%d" % nvrtc.version()
+    except Exception:
+        return None
 
+
+def environment() -> Dict[str, object]:
     env = {
         "commit": git_commit(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nvcc": cutlass_ops.nvcc_version(),
+        "nvrtc": nvrtc_version(),
         "python": platform.python_version(),
         "gpu": None,
     }

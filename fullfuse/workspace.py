@@ -1,8 +1,7 @@
 """Scratch buffers of the fused kernels (counters, partials, window maxima): a zeroed buffer per call.
 
-A kernel that needs one says how many bytes for a problem (its ``*_workspace_bytes`` C function, asked once per
-call signature).  The buffer is allocated and zeroed on the caller's current stream in every call, so it is ordered with
-the launch that uses it, shared by no other stream or thread, and under CUDA-graph capture both the zeroing and the
+A kernel that needs one says how many bytes for a problem (its planner, asked once per call signature).  The buffer
+is allocated and zeroed on the caller's current stream in every call, so it is ordered with the launch that uses it, shared by no other stream or thread, and under CUDA-graph capture both the zeroing and the
 buffer belong to the graph (no buffer kept across calls can sit in a graph's memory pool).  The zeroing is one
 memset of at most ~1 MB.
 """
@@ -11,13 +10,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-
-from . import launch
-
-
-def nbytes(device: torch.device, lib: str, bytes_fn: str, args: tuple) -> int:
-    """Workspace bytes of one problem on ``device`` (asked once per call signature, when the call is prepared)."""
-    return launch.call(lib, bytes_fn, *args, device=device)
 
 
 def zeroed(device: torch.device, size: int) -> Optional[torch.Tensor]:

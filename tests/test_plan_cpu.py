@@ -1,15 +1,18 @@
-"""Family A's planner without a GPU: which kernel, loader, op count and blocks per SM the fused library picks for a
-problem, and why it refuses one, with the library planning as on an H200 (FF_FUSED_A_PLAN_AS_SM90 = 132 SMs, honoured
-only where the process sees no CUDA device: csrc/fused_conv_act_pool.cu, dev_info).  Runs in a child process (the
-library caches the device it plans for); needs the compiled library (`fullfuse build`), else it skips.  The GPU tests check the
-same names on the H200 for the shapes they run (tests/test_gpu.py)."""
-import json
-import os
-import subprocess
-import sys
-
+"""Family A's planner without a GPU (fullfuse/fused/conv_act_pool_plan.py, a pure function of the problem and the
+device's properties): which kernel, loader, op count and blocks per SM it picks for a problem on an H200 (sm_90,
+132 SMs, 227 KB of shared memory per block), and why it refuses one; every plan maps to a kernel of the build table
+(cutlass_ops.conv_act_pool.VARIANTS).  The GPU tests check the same names on the H200 for the shapes they run
+(tests/test_gpu.py)."""
 import pytest
 import torch
+
+from cutlass_ops import conv_act_pool as abi
+from fullfuse.fused import conv_act_pool as fa
+from fullfuse.fused import conv_act_pool_plan as plan
+from fullfuse.runtime import DeviceProps
+from fullfuse.spec import ConvActPoolSpec
+
+H200 = DeviceProps(major=9, minor=0, sm_count=132, smem_optin=232448)
 
 # (name, x shape, dtype, channels_last, (C_out, kernel, stride, padding, dilation, groups), precision, expected text
 #  or None, expected refusal or None: exactly one of the two)
@@ -66,42 +69,50 @@ CASES = [
     ("groups: never", (2, 8, 16, 16), "float32", False, (64, 3, 1, 0, 1, 2), "tf32", None, "groups != 1"),
 ]
 
-_CHILD = r"""
-import json, sys, torch
-from fullfuse.fused import conv_act_pool as fa
-from fullfuse.spec import ConvActPoolSpec
-out = []
-for name, shape, dtype, cl, (k, r, s, p, d, g), prec, _, _ in json.loads(sys.argv[1]):
+def _plan(case, props=H200):
+    name, shape, dtype, cl, (k, r, s, p, d, g), prec, _, _ = case
     spec = ConvActPoolSpec(dims=2, in_channels=shape[1], out_channels=k, kernel_size=(r, r), stride=(s, s),
                            padding=(p, p), dilation=(d, d), has_bias=True, groups=g)
     x = torch.empty(shape, dtype=getattr(torch, dtype))
     if cl:
         x = x.contiguous(memory_format=torch.channels_last)
-    why = fa.unsupported(spec, x, prec, True)
-    out.append([why, None if why else fa.kernel(spec, x, prec, True)])
-print(json.dumps(out))
-"""
-
-
-@pytest.fixture(scope="module")
-def planned():
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present: the library plans for it (the GPU tests check the names there)")
-    from cutlass_ops import builder
-    if not builder.library_path("fused_conv_act_pool").exists():   # (CI builds it first: `fullfuse build`)
-        pytest.skip("the fused library is not built here (fullfuse build)")
-    env = dict(os.environ, FF_FUSED_A_PLAN_AS_SM90="132")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(CASES)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(zip([c[0] for c in CASES], json.loads(proc.stdout.strip().splitlines()[-1])))
+    why = fa.static_unsupported(spec)
+    if why:
+        return why, None, None
+    _, problem = fa._problem(spec, x, prec, True)
+    return plan.unsupported(problem, props), plan.kernel_text(problem, props), problem
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_family_a_plan_as_on_an_h200(planned, case):
-    name, *_, text, refusal = case
-    why, kernel = planned[name]
+def test_family_a_plan_as_on_an_h200(case):
+    *_, text, refusal = case
+    why, kernel, problem = _plan(case)
     if text is not None:
         assert why is None and text in kernel, (why, kernel)
+        for aligned in (True, False):   # the plan of an aligned and of an unaligned input: a kernel that is built
+            c = plan.choose_call(problem, H200, aligned)
+            if not c.why:
+                assert fa._variant(problem, c) in abi.VARIANTS
     else:
         assert why is not None and refusal in why, (why, kernel)
+
+
+def test_family_a_plan_on_an_a100():
+    """Not sm_90: the mma.sync kernel where it fits (no wgmma plan), its reason where it does not."""
+    a100 = DeviceProps(major=8, minor=0, sm_count=108, smem_optin=166912)
+    why, kernel, _ = _plan(CASES[0], a100)
+    assert why is None and kernel == "mma.sync kernel, TF32"
+    why, kernel, _ = _plan(CASES[6], a100)   # 3x3 over 16 channels: 18 K units, beyond the mma.sync kernel's 9
+    assert kernel is None and "beyond the mma.sync kernel" in why
+
+
+def test_family_a_seed_plan_parameters():
+    """The seed's TF32 NCHW plan, field by field where the kernel depends on exact values (magic-number division,
+    shared-memory layout, grid): the values the C++ planner produced."""
+    problem = plan.Problem(0, 0, 128, 8, 256, 256, 64, 3, 3, 1, 1, 0, 0, 1, 1, 2, 0, 0, 1)
+    c = plan.choose_call(problem, H200)
+    p = c.wp.prm
+    assert c.wp.ok and c.wp.lm == abi.WG_LM_TNCHW and c.wp.bps == 3 and p.nops == 10
+    assert (p.mTWa, p.sTWa) == plan._magic(p.TWa) and all((p.mTWa * n) >> p.sTWa == n // p.TWa for n in range(1 << 16))
+    assert p.G == 3 * 132 and p.RB >= 4 and c.wp.smem <= 232448 // 3
+    assert plan.workspace_bytes(problem, H200) == 203264

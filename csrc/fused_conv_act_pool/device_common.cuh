@@ -1,10 +1,9 @@
 // Family A, fused: device helpers both kernels use — fp32 -> tf32 rounding, element loads, the ordered-uint max
 // encoding (atomicMax on floats, NaN-propagating), exact division by magic numbers, 16-bit pair packing.
 #pragma once
-#include <cuda_runtime.h>
+#include "device_std.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <stdint.h>
 #include "codes.h"
 
 // fp32 -> tf32 (low 13 bits 0), round to nearest: sm_90 has it as one instruction (F2FP.TF32, ties to even); sm_80's

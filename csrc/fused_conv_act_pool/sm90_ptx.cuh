@@ -1,7 +1,7 @@
 // Family A, fused: the sm_90a instructions the wgmma kernel issues, one inline-PTX wrapper each — wgmma (SS, TF32 /
 // bf16 / fp16), its fences, cp.async, mbarriers and TMA tensor copies.
 #pragma once
-#include <stdint.h>
+#include "device_std.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_HAVE_WGMMA 1

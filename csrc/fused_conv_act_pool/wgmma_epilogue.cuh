@@ -42,7 +42,7 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 
 // GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
-// ff_gelu_erf; otherwise (or knob FF_FUSED_A_NOCLAMP = 0) ff_gelu_erf itself.  full: no pixel of the tile is padding
+// ff_gelu_erf; otherwise (WGParams gelu_fast = 0) ff_gelu_erf itself.  full: no pixel of the tile is padding
 // (a whole 128-pixel tile, or a mean whose padding accumulators were zeroed, wg_epi_any), so the pass runs without the
 // per-column-block mask tests: one straight-line block of 64 values.  SAT: fp16 input (wg_epi_pass), where a conv
 // output past fp16's range is +-inf even from bounded inputs, so it takes the exact form.
@@ -107,7 +107,7 @@ __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float 
 // only the last column block is partial (qv > 120: the seed's second half-row has 126 pixels) only its 4 values are
 // tested; the general loop, which ptxas predicates whole (2 compares and 4 selects per column block, issued even where
 // off: 9 % of the 16-bit kernel's issue at the seed, NOTES run 23), serves the rest.  Max pooling keeps the masks (0 is
-// not neutral for a max); 16-bit whole tiles skip them too (knob FF_FUSED_A_FULLTILE).
+// not neutral for a max); 16-bit whole tiles skip them too (WGParams fulltile).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
 // h2: the half-precision GELU (wg_epi_h2_checked, 16-bit input only) adds into dm[0..3] instead of red.
 template <int DT, bool SPLIT>

@@ -9,15 +9,14 @@
 
 // Before row t's wgmmas (fa_wgmma_kernel): the barrier after which the rows of output row t are in, and whether they are
 // bounded where the epilogue needs to know (the result only grows: a later row's answer covers the earlier rows too).
-// (DIAG_OFF 11: this thread's view, no barrier)
 template <int DT>
 __device__ __forceinline__ bool wg_row_ready(const WGParams& p, bool h2_cap, const WGInBound& bound) {
-  if (!DIAG_OFF(11)) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   bool in_ok = true;
   if (h2_cap) {
-    if (!DIAG_OFF(11)) __syncthreads();
+    __syncthreads();
   } else {
-    in_ok = DIAG_OFF(11) ? bound.ok<DT>() : __syncthreads_and(bound.ok<DT>()) != 0;
+    in_ok = __syncthreads_and(bound.ok<DT>()) != 0;
   }
   return in_ok;
 }
@@ -42,7 +41,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)p.ring_off;
   uint32_t* dtab = reinterpret_cast<uint32_t*>(smem + p.dtab_off);
-  FA_DIAG_STAMP(0);
   const long long L0 = wg_line0(p, blockIdx.x), L1 = wg_line0(p, blockIdx.x + 1);
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
@@ -75,7 +73,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece<VOL, SW2> pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
-      if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
+      wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
@@ -90,17 +88,6 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   float red[2][2] = {{red_init, red_init}, {red_init, red_init}};
   long long cur_n = n_first;
   float acc[64];
-#ifdef FF_FUSED_A_DIAG
-  __syncthreads();
-  FA_DIAG_STAMP(1);
-  bool first_rows = true;
-  if (threadIdx.x == 0 && blockIdx.x < FA_DIAG_MAXB) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    fa_diag_t[blockIdx.x][5] = smid;
-    fa_diag_t[blockIdx.x][6] = (unsigned long long)(L1 - L0);
-  }
-#endif
 
   auto flush = [&](long long n) {
     float v[2];
@@ -166,7 +153,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       }
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
-        if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, np, nx, hbase, wbase, bound);
+        wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, np, nx, hbase, wbase, bound);
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
     } else {
@@ -177,10 +164,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const bool mode1 = LM != WG_LM_REG && (tpost || LM == WG_LM_NCHW8);
     if (LM != WG_LM_REG && !TMA) {
       cp_wait_n(p.D - 1);
-#ifdef FF_FUSED_A_DIAG
-      if (first_rows) { FA_DIAG_STAMP(2); first_rows = false; }
-#endif
-      if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
+      if (mode1) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     // R2 (two output rows per tile, WG_NT_R2): rows t, t + 1 (u = 0, 1) each issue an m64n64 chain into one half of the
@@ -200,12 +184,10 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
 #pragma unroll 1
         for (int half = 0; half < pc.nhalf; ++half) {
           if constexpr (R2) {
-            if (!DIAG_OFF(12)) {
-              if (u == 0) wg_issue<DT, SPLIT, NOPS, 0>(p, acc, sbase16, dtab, rs, 0);
-              else wg_issue<DT, SPLIT, NOPS, 1>(p, acc, sbase16, dtab, rs, 0);
-            }
+            if (u == 0) wg_issue<DT, SPLIT, NOPS, 0>(p, acc, sbase16, dtab, rs, 0);
+            else wg_issue<DT, SPLIT, NOPS, 1>(p, acc, sbase16, dtab, rs, 0);
           } else {
-            if (!DIAG_OFF(12)) wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
+            wg_issue<DT, SPLIT, NOPS>(p, acc, sbase16, dtab, rs, half);
           }
           if constexpr (TMA) {
             if (half == 0 && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
@@ -222,33 +204,31 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
                 wg_tma_take<DT, SPLIT, LM, SW2>(p, ring, stage0, bar0, tak, tph, tpost, bound, tn);
           } else {
             if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
-              if (!DIAG_OFF(8)) wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
+              wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
               if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
             }
             if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
               cp_wait_n(p.D - 1);
-              if (mode1 && !DIAG_OFF(9)) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
+              if (mode1) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
             }
           }
           if constexpr (!R2) {
-            if (!DIAG_OFF(12)) wg_wait0();
-            if (!DIAG_OFF(10)) wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
+            wg_wait0();
+            wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
           }
         }
         rs += p.sh;
         rs -= (rs >= p.RB) ? p.RB : 0;
       }
       if constexpr (R2) {
-        if (!DIAG_OFF(12)) wg_wait0();
-        if (!DIAG_OFF(10)) wg_epi_r2<DT>(p, acc, red, dm, qv, t0 + 1 < np, tig, fast, h2_cap);
+        wg_wait0();
+        wg_epi_r2<DT>(p, acc, red, dm, qv, t0 + 1 < np, tig, fast, h2_cap);
       }
     }
     if (LM != WG_LM_REG && !TMA) asm volatile("cp.async.wait_all;" ::: "memory");
     l += np;
   }
-  FA_DIAG_STAMP(3);
   flush(cur_n);
-  FA_DIAG_STAMP(4);
 #else
   __trap();
 #endif

@@ -1,7 +1,7 @@
-// Family A, fused, sm_90a wgmma path: its design (below), compile-time constants, the kernel parameters (WGParams)
-// and the diagnostic-build switches.
+// Family A, fused, sm_90a wgmma path: its design (below), compile-time constants and the kernel parameters (WGParams,
+// mirrored by cutlass_ops/conv_act_pool.py).
 #pragma once
-#include <cuda.h>
+#include "device_std.h"   // CUtensorMap
 #include "fused_conv_act_pool/device_common.cuh"
 
 // sm_90a path: wgmma SS (A = weights, B = pixels, both from shared memory through descriptors, no swizzle).
@@ -38,7 +38,7 @@ constexpr int WG_NT2 = 128;
 constexpr int WG_NT_R2 = 64;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
-// 16-bit 3x3 with the column pair (knob FF_FUSED_A_COL16): ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
+// 16-bit 3x3 with the column pair: ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
 // spare chunk, then (0, 2) + (1, 2) as one op whose two K chunks lie in two ring slots (LBO = the slots' distance; where
 // the second row's slot comes first in the ring, its K chunks are swapped: B starts at that slot and the op reads A block
 // WG_COL16_OPS, the op's weights with the two chunks swapped): 5 ops of K 16 for 72 + bias instead of 6
@@ -64,7 +64,6 @@ struct WGParams {
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
   int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)
-  int diag;   // builds with -DFF_FUSED_A_DIAG only (benchmarks): FF_FUSED_A_DIAG_OFF bits switch parts of the kernel off
   int CG, nops, nseg, TWa, RB, D;
   int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
@@ -108,25 +107,3 @@ __host__ __device__ __forceinline__ int wg_pos(const WGParams& p, int c) {
 }
 
 static_assert(sizeof(WGParams) <= 4096, "kernel parameters are limited to 4 KB");
-
-// Diagnostic builds (-DFF_FUSED_A_DIAG; wrong results by design, never the product library), bits of FF_FUSED_A_DIAG_OFF
-// (fa_wgmma_kernel): 8 = no copies, 9 = no post-copy pass, 10 = no epilogue, 11 = no per-row barrier / proxy fence,
-// 12 = no wgmmas.
-#ifdef FF_FUSED_A_DIAG
-#define DIAG_OFF(bit) ((p.diag >> (bit)) & 1)
-// Per-block timestamps of fa_wgmma_kernel (%globaltimer, ns), read by ff_fused_a_diag_times: 0 entry, 1 setup done,
-// 2 first rows landed, 3 line loop done, 4 exit; 5 = SM id, 6 = lines of the block.
-#define FA_DIAG_MAXB 4096
-__device__ unsigned long long fa_diag_t[FA_DIAG_MAXB][8];
-__device__ __forceinline__ void fa_diag_stamp(int i) {
-  if (threadIdx.x == 0 && blockIdx.x < FA_DIAG_MAXB) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    fa_diag_t[blockIdx.x][i] = t;
-  }
-}
-#define FA_DIAG_STAMP(i) fa_diag_stamp(i)
-#else
-#define DIAG_OFF(bit) false
-#define FA_DIAG_STAMP(i) ((void)0)
-#endif

@@ -1,51 +1,39 @@
 """Family A fallback: cuDNN conv (channels_last, precision as selected; cuDNN's fastest plan through the cuDNN
-frontend where available, else PyTorch's call) -> csrc/fallback_act_pool.cu, which adds
+frontend where available, else PyTorch's call) -> the epilogue kernel of csrc/fallback_act_pool.cuh, which adds
 the bias, applies the activation and pools per (image, channel) in one read of the conv output.  The batch runs
 in chunks so that the epilogue of one chunk overlaps the convolution of the next (pipeline.py).
 
-``unavailable()`` says (once per process) whether the epilogue library can be loaded here; the dispatcher steps
-down to the torch path under "auto", or raises UnsupportedError for path="fallback", where it cannot."""
+``unavailable()`` says (once per process and device) whether the epilogue kernels can be had here (cached or
+compiled with NVRTC); the dispatcher steps down to the torch path under "auto", or raises UnsupportedError for
+path="fallback", where they cannot."""
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from .. import launch
-from ..codes import ACTIVATIONS, POOLS, dtype_code
+from cutlass_ops import fallback as kernels
+
+from .. import launch, workspace
+from ..codes import ACTIVATIONS, DTYPES, POOLS, dtype_code
 from ..errors import UnsupportedError
 from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec
 from ..weights import as_memory_format, float32_bias
-from . import cudnn_conv, pipeline
+from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline
+from .epilogue_launch import POINTER, PreparedLaunch
 
-LIB = "fallback_act_pool"
 _CONV = {2: F.conv2d, 3: F.conv3d}
 CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
-_reasons: Dict[str, Optional[str]] = {}   # library -> why it cannot be loaded (None: it loads)
-
-
-def library_unavailable(lib: str) -> Optional[str]:
-    """None if the kernel library ``lib`` loads (compiled first where nvcc is present) and exports its API; else the
-    reason in one line, with the fix.  Decided once per process (a missing compiler is not looked for again on every
-    call); never raises."""
-    if lib not in _reasons:
-        try:
-            for name in launch.SIGNATURES[lib]:
-                launch.function(lib, name)
-            reason = None
-        except Exception as exc:  # BuildError (no nvcc, unwritable cache, failed compile, no load), missing symbol
-            first = str(exc).strip().splitlines()
-            reason = f"fallback kernel library {lib} unavailable: {first[0] if first else type(exc).__name__}"
-        _reasons.setdefault(lib, reason)   # two threads may both try; the first answer stays
-    return _reasons[lib]
+# the instantiation whose availability stands for all of the family's (they differ in template arguments only)
+PROBE = kernels.pool_rows(DTYPES["float32"], ACTIVATIONS["gelu_erf"], POOLS["mean"], True)
 
 
 def unavailable() -> Optional[str]:
-    """None if the family-A fallback can run here (its epilogue library loads); else why, in one line."""
-    return library_unavailable(LIB)
+    """None if the family-A fallback can run here (its epilogue kernels can be had); else why, in one line."""
+    return epilogue_launch.unavailable(PROBE)
 
 
 def require(reason: Optional[str]) -> None:
@@ -60,15 +48,34 @@ def layout_of(y: torch.Tensor, dims: int):
     return y.contiguous(), 0
 
 
+class _ActPool:
+    """The epilogue of one signature (conv output shape, layout, dtype, alignment, activation, pool, device)."""
+
+    def __init__(self, y: torch.Tensor, channels_last: int, activation: str, pool: str):
+        n, k = y.shape[:2]
+        plan = epilogue_plan.act_pool(n, k, math.prod(y.shape[2:]), bool(channels_last), dtype_code(y.dtype),
+                                      ACTIVATIONS[activation], POOLS[pool], y.data_ptr() % 16 == 0)
+        args = (POINTER, POINTER, POINTER, *[ty(v) for ty, v in plan.scalars], POINTER, POINTER)
+        self.launch = PreparedLaunch(plan.variant, y.get_device(), plan.grid, epilogue_plan.THREADS, 0, args)
+        self.workspace_bytes, self.partials_offset = plan.workspace_bytes, plan.partials_offset
+
+
+_prepared = epilogue_launch.Prepared()
+
+
 def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor) -> None:
-    """out[n, k] = pool over space of act(y[n, k, ...] + bias[k]); y is the bias-free conv output."""
+    """out[n, k] = pool over space of act(y[n, k, ...] + bias[k]); y is the bias-free conv output, bias float32
+    (float32_bias) or None, out a float32 (N, K) view with rows of K contiguous floats."""
     y, channels_last = layout_of(y, spec.dims)
-    n, k = y.shape[:2]
-    s = math.prod(y.shape[2:])
-    ws_bytes = launch.call(LIB, "ff_act_pool_workspace_bytes", n, k, s, channels_last)
-    workspace = torch.zeros(ws_bytes, dtype=torch.uint8, device=y.device) if ws_bytes else None
-    launch.launch(LIB, "ff_act_pool", y, dtype_code(y.dtype), float32_bias(bias), out, n, k, s, channels_last,
-                  ACTIVATIONS[spec.activation], POOLS[spec.pool], workspace, device=y.device)
+    y_ptr = y.data_ptr()
+    key = (y.shape, channels_last, y.dtype, y.get_device(), y_ptr % 16, spec.activation, spec.pool)
+    op = _prepared.get(key)
+    if op is None:
+        op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool))
+    ws = workspace.zeroed(y.device, op.workspace_bytes)   # the counters start at zero in every call
+    ws_ptr = ws.data_ptr() if ws is not None else 0
+    op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), ws_ptr,
+              ws_ptr + op.partials_offset if ws_ptr else 0)
 
 
 def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,

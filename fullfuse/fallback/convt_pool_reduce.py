@@ -1,10 +1,12 @@
-"""Family B fallback: the transposed conv through cuDNN, then csrc/fallback_window_reduce.cu, which takes the
-composed max window over only the needed region, adds the bias after the max and reduces over channels, in one
-read.  The transposed conv is cuDNN's best plan through the cuDNN frontend where available; else, for float32,
-sub-pixel forward convolutions (subpixel.py); else PyTorch's own call.  The batch runs in overlapping chunks.
+"""Family B fallback: the transposed conv through cuDNN, then the epilogue kernel of csrc/fallback_window_reduce.cuh,
+which takes the composed max window over only the needed region, adds the bias after the max and reduces over
+channels, in one read.  The transposed conv is cuDNN's best plan through the cuDNN frontend where available; else,
+for float32, sub-pixel forward convolutions (subpixel.py); else PyTorch's own call.  The batch runs in overlapping
+chunks.
 
-``unavailable()`` says (once per process) whether the epilogue library can be loaded here; the dispatcher steps
-down to the torch path under "auto", or raises UnsupportedError for path="fallback", where it cannot."""
+``unavailable()`` says (once per process and device) whether the epilogue kernels can be had here (cached or
+compiled with NVRTC); the dispatcher steps down to the torch path under "auto", or raises UnsupportedError for
+path="fallback", where they cannot."""
 from __future__ import annotations
 
 import math
@@ -13,21 +15,25 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from cutlass_ops import fallback as kernels
+
 from .. import launch
-from ..codes import ACTIVATIONS, REDUCTIONS, dtype_code
+from ..codes import ACTIVATIONS, DTYPES, REDUCTIONS, dtype_code
 from ..precision import cudnn_settings
 from ..spec import ConvTPoolReduceSpec
 from ..weights import as_memory_format, float32_bias
-from . import cudnn_conv, pipeline, subpixel
-from .conv_act_pool import CHANNELS_LAST, library_unavailable, require
+from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline, subpixel
+from .conv_act_pool import CHANNELS_LAST, require
+from .epilogue_launch import POINTER, PreparedLaunch
 
-LIB = "fallback_window_reduce"
 _CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
+# the instantiation whose availability stands for all of the family's (they differ in template arguments only)
+PROBE = kernels.window_reduce(DTYPES["float32"], ACTIVATIONS["none"], REDUCTIONS["sum"], True)
 
 
 def unavailable() -> Optional[str]:
-    """None if the family-B fallback can run here (its epilogue library loads); else why, in one line."""
-    return library_unavailable(LIB)
+    """None if the family-B fallback can run here (its epilogue kernels can be had); else why, in one line."""
+    return epilogue_launch.unavailable(PROBE)
 
 
 def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
@@ -44,14 +50,43 @@ def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Te
         return _CONV_T[spec.dims](x, weight, None, spec.stride, spec.padding, spec.output_padding, 1, spec.dilation)
 
 
+def _as_5d(shape, strides):
+    """A 2-D problem's (N, K, H, W) as depth 1, with the strides unsqueeze(2) would give."""
+    if len(shape) == 5:
+        return tuple(shape), tuple(strides)
+    n, k, h, w = shape
+    return (n, k, 1, h, w), (strides[0], strides[1], strides[2] * h, strides[2], strides[3])
+
+
+class _WindowReduce:
+    """The epilogue of one signature (conv output shape, strides, dtype, alignment, window, activation, reduction,
+    device)."""
+
+    def __init__(self, spec: ConvTPoolReduceSpec, y: torch.Tensor):
+        shape, strides = _as_5d(y.shape, y.stride())
+        window = (1,) * (3 - len(spec.window)) + tuple(spec.window)
+        plan = epilogue_plan.window_reduce(shape, strides, window, dtype_code(y.dtype), ACTIVATIONS[spec.activation],
+                                           REDUCTIONS[spec.reduction], y.data_ptr() % 16 == 0)
+        self.launch = None
+        if plan.blocks:
+            geo = kernels.Geo(**plan.geo)
+            self.launch = PreparedLaunch(plan.variant, y.get_device(), plan.blocks, epilogue_plan.THREADS, plan.smem,
+                                         (POINTER, POINTER, POINTER, geo))
+
+
+_prepared = epilogue_launch.Prepared()
+
+
 def epilogue(spec: ConvTPoolReduceSpec, y: torch.Tensor, bias, out: torch.Tensor) -> None:
-    """out[n, (d,) h, w] = reduce over k of max over the window of y (+ bias, activation as the spec says)."""
-    if spec.dims == 2:
-        y, out = y.unsqueeze(2), out.unsqueeze(1)            # 2-D as depth 1
-    window = (1,) * (3 - spec.dims) + tuple(spec.window)
-    n, k, d, h, w = y.shape
-    launch.launch(LIB, "ff_window_reduce", y, dtype_code(y.dtype), float32_bias(bias), out, n, k, d, h, w,
-                  *y.stride(), *window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction], device=y.device)
+    """out[n, (d,) h, w] = reduce over k of max over the window of y (+ bias, activation as the spec says); bias
+    float32 (float32_bias) or None, out float32 and contiguous."""
+    y_ptr = y.data_ptr()
+    key = (y.shape, y.stride(), y.dtype, y.get_device(), y_ptr % 16, spec.window, spec.activation, spec.reduction)
+    op = _prepared.get(key)
+    if op is None:
+        op = _prepared.keep(key, _WindowReduce(spec, y))
+    if op.launch is not None:                                # else the output is empty
+        op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr())
 
 
 def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,

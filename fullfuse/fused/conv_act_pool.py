@@ -1,17 +1,19 @@
-"""Family A fused kernel (csrc/fused_conv_act_pool.cu): implicit-GEMM conv whose epilogue adds the bias, applies
-the activation and reduces per (image, channel); only (N, C_out) values leave the chip."""
+"""Family A fused kernel (csrc/fused_conv_act_pool/): implicit-GEMM conv whose epilogue adds the bias, applies the
+activation and reduces per (image, channel); only (N, C_out) values leave the chip.  The plan is conv_act_pool_plan's,
+the kernels are compiled per instantiation at first use (cutlass_ops.conv_act_pool) and launched through runtime."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import ctypes
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from .. import launch, workspace
+from cutlass_ops import conv_act_pool as abi
+from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, POOLS, PRECISIONS, dtype_code
 from ..spec import ConvActPoolSpec
 from ..weights import as_memory_format, float32_bias
-
-LIB = "fused_conv_act_pool"
+from . import conv_act_pool_plan as plan
 
 
 def static_unsupported(spec: ConvActPoolSpec) -> Optional[str]:
@@ -42,59 +44,212 @@ def _kernel_layout(x: torch.Tensor) -> Tuple[bool, int]:
     return True, 0
 
 
-def _problem(spec, x, mode, deterministic) -> Tuple[bool, tuple]:
-    """(copy x first (_kernel_layout), the C API's problem): the Conv2d's (rows, columns) and, for a Conv3d, its depth
-    in the last five (D = 0: none), in the layout the kernel reads x in."""
+def _problem(spec, x, mode, deterministic) -> Tuple[bool, plan.Problem]:
+    """(copy x first (_kernel_layout), the problem): the Conv2d's (rows, columns) and, for a Conv3d, its depth (D = 0:
+    none), in the layout the kernel reads x in."""
     copy, channels_last = _kernel_layout(x)
     n, c, *space = x.shape
     k, s, p, d = spec.kernel_size, spec.stride, spec.padding, spec.dilation
     depth = (space[0], k[0], s[0], p[0], d[0]) if spec.dims == 3 else (0, 1, 1, 0, 1)
     h, w = space[-2:]
     precision = PRECISIONS.get(mode, 0)
-    return copy, (dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *k[-2:], *s[-2:], *p[-2:], *d[-2:],
-                  ACTIVATIONS[spec.activation], POOLS[spec.pool], precision, int(deterministic), *depth)
+    return copy, plan.Problem(dtype_code(x.dtype), channels_last, n, c, h, w, spec.out_channels, *k[-2:], *s[-2:],
+                              *p[-2:], *d[-2:], ACTIVATIONS[spec.activation], POOLS[spec.pool], precision,
+                              int(deterministic), *depth)
+
+
+def _aligned(x: torch.Tensor, copy: bool) -> bool:
+    """Whether the tensor the kernel reads starts 16-byte aligned (a copy is a fresh allocation: aligned)."""
+    return copy or x.data_ptr() % 16 == 0
 
 
 def unsupported(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
-    """Why the fused kernel cannot serve this call (None if it can)."""
+    """Why the fused kernel cannot serve this call (None if it can): the planner's reason for the problem, or for this
+    input where it is not 16-byte aligned; or why its kernel cannot be compiled or loaded here."""
     reason = static_unsupported(spec)
     if reason:
         return reason
+    copy, pb = _problem(spec, x, mode, deterministic)
     try:
-        why = launch.call(LIB, "ff_fused_conv_act_pool_unsupported", *_problem(spec, x, mode, deterministic)[1],
-                          device=x.device)
-    except Exception as exc:  # no nvcc and no cached build, or a build failure
+        index = launch.device_index(x.device)
+        props = runtime.device_props(index)
+        choice = plan.choose_call(pb, props)
+        if not choice.why and not _aligned(x, copy):
+            choice = plan.choose_call(pb, props, aligned=False)
+        if choice.why:
+            return choice.why
+        runtime.kernel(_variant(pb, choice), index)   # compiled (or found in the cache) and loaded
+    except Exception as exc:  # no NVRTC and no cached kernel, a compile failure, a GPU the kernel cannot run on
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
-    return None if why is None else why.decode()
+    return None
 
 
 def kernel(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
     """Which kernel serves this call, in words (``unsupported`` said one does)."""
-    copy, args = _problem(spec, x, mode, deterministic)
-    text = launch.call(LIB, "ff_fused_conv_act_pool_kernel", *args, device=x.device)
-    return (text.decode() if text else "fused kernel") + (", on a contiguous copy of the input" if copy else "")
+    copy, pb = _problem(spec, x, mode, deterministic)
+    text = plan.kernel_text(pb, runtime.device_props(launch.device_index(x.device)))
+    return (text or "fused kernel") + (", on a contiguous copy of the input" if copy else "")
+
+
+def _variant(pb: plan.Problem, c: plan.Choice):
+    if c.wp.ok:
+        return abi.wg_plan_variant(pb.dtype, pb.precision, c.wp.lm, c.wp.prm)
+    return abi.mma_plan_variant(pb.dtype, pb.precision, c.pl.nu)
+
+
+class Launches:
+    """One call signature's launches, everything that depends only on the signature worked out once: the plan, its
+    kernel build, grid, shared memory and parameter templates.  ``params`` fills a call's pointers into copies of the
+    templates (thread-safe: the templates are only read); the device-free half of the launch path."""
+
+    def __init__(self, pb: plan.Problem, props: runtime.DeviceProps, choice: plan.Choice):
+        self.pb, self.props, self.choice = pb, props, choice
+        if choice.why:
+            raise launch_error(choice.why)
+        self.variant = _variant(pb, choice)
+        self.wgmma = choice.wp.ok
+        self.tma = plan.uses_tma(choice)
+        self.geometry = plan.tensor_map_geometry(pb, choice.wp.lm, choice.wp.prm) if self.tma else None
+        if self.wgmma:
+            self._init_wgmma(choice.wp)
+        else:
+            self._init_mma(choice.pl)
+
+    def _init_wgmma(self, wp: plan.WGPlan):
+        pb = self.pb
+        q = abi.WGParams.from_buffer_copy(wp.prm)
+        q.nhwc = pb.channels_last
+        q.gelu_fast = 1   # GELU (erf) clamp-free while a block's inputs are bounded (the kernel checks)
+        q.fulltile = 1    # whole 16-bit tiles skip the per-column-block mask tests
+        # 16-bit GELU mean: the half-precision epilogue (gelu_h2.cuh; tiles out of fp16's range redone in fp32)
+        q.h2 = 1 if pb.dtype != abi.F32 and pb.activation == plan.ACT_GELU_ERF and pb.pool == plan.POOL_MEAN else 0
+        self.grid, self.smem = q.G, wp.smem
+        self.ws_cnt, self.ws_bytes = wp.ws_cnt_bytes, wp.ws_bytes
+        # K > 64: one launch per 64 channels, launch kb's (N, K_kb) block of the workspace's tmp copied into out's
+        # columns; offsets in bytes of the weights (one output channel's: C x R x S elements), in floats of the bias
+        wrow = q.C * pb.R * pb.S * (4 if pb.dtype == abi.F32 else 2)
+        self.nkb, self.tmp_off = wp.nkb, wp.ws_tmp_off
+        self.blocks: List[Tuple[bytes, int, int, int]] = []   # (template, first channel, channels, weight offset)
+        for kb in range(wp.nkb):
+            k0 = 64 * kb
+            q.K = min(pb.K - k0, 64)
+            self.blocks.append((bytes(q), k0, q.K, k0 * wrow))
+
+    def _init_mma(self, pl: plan.MmaPlan):
+        self.grid_blocks = self.pb.N * pl.nksl * pl.nbands * pl.nseg
+        self.smem = pl.smem
+        self.ws_cnt, self.ws_bytes = pl.ws_cnt_bytes, pl.ws_bytes
+        self.nkb = 1
+        self.template = bytes(plan.mma_params(self.pb, pl, aligned=True))
+
+    def _ws(self, q, ws: int):
+        mean = self.pb.pool == plan.POOL_MEAN
+        q.ws_cnt = ws if self.ws_bytes else None
+        q.ws_part = ws + self.ws_cnt if self.ws_bytes and mean else None
+        q.ws_max = ws + self.ws_cnt if self.ws_bytes and not mean else None
+
+    def params(self, x: int, w: int, bias: int, out: int, ws: int, tmap: Optional[bytes] = None, tmp: int = 0):
+        """The kernel parameters of each launch for these addresses (bias 0: none; tmp: the workspace's tmp block,
+        K > 64 only; tmap: the input's tensor map, TMA loaders only)."""
+        if not self.wgmma:
+            q = abi.FAParams.from_buffer_copy(self.template)
+            q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
+            q.x, q.w, q.bias, q.out = x, w, bias or None, out
+            self._ws(q, ws)
+            return [q]
+        out_list = []
+        for template, k0, _, woff in self.blocks:
+            q = abi.WGParams.from_buffer(bytearray(template))
+            if tmap is not None:
+                ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
+            q.x, q.w, q.bias = x, w + woff, (bias + 4 * k0) if bias else None
+            q.out = out if self.nkb == 1 else tmp + 4 * self.pb.N * k0
+            self._ws(q, ws)
+            out_list.append(q)
+        return out_list
+
+
+def launch_error(why: str) -> RuntimeError:
+    return RuntimeError(f"fullfuse: the fused kernel cannot serve this call: {why}")
+
+
+class _Runner:
+    """Launches bound to a device: the kernel loaded, the mma.sync grid from its occupancy."""
+
+    def __init__(self, launches: Launches, device: int):
+        self.l, self.device = launches, device
+        self.kernel = runtime.kernel(launches.variant, device)
+        if launches.wgmma:
+            self.grid = launches.grid
+        else:   # at most the blocks that are resident at once; each loops over its items
+            occ = self.kernel.blocks_per_sm(128, launches.smem)
+            self.grid = min(launches.grid_blocks, occ * launches.props.sm_count)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
+                 ws: Optional[torch.Tensor], tmap: Optional[bytes] = None):
+        l = self.l
+        ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                0 if ws is None else ws.data_ptr())
+        if l.nkb == 1:
+            q, = l.params(*ptrs, tmap)
+            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q).address)
+            return
+        # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zeroed first for the atomic mean), then
+        # the block into out's columns, all in stream order
+        n = l.pb.N
+        tmp = ws[l.tmp_off:l.tmp_off + n * l.nkb * 64 * 4].view(torch.float32)
+        atomic_mean = l.pb.pool == plan.POOL_MEAN and not l.pb.deterministic
+        for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
+            block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
+            if atomic_mean:
+                block.zero_()
+            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q).address)
+            out[:, k0:k0 + kk].copy_(block)
+
+
+def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
+    """The launcher of one call signature: its plan's runner, and for a TMA plan the tensor map of each call's input
+    (where the driver cannot make one: the copy loader's plan, prepared on first need, as the C++ launcher did)."""
+    choice = plan.choose_call(pb, props, aligned)
+    primary = _Runner(Launches(pb, props, choice), device)
+    if not primary.l.tma:
+        return primary
+    dtype, dims, strides, box, element_strides = primary.l.geometry
+    fallback: List[_Runner] = []
+
+    def run(x, weight, bias, out, ws):
+        tmap = runtime.tensor_map(dtype, x.data_ptr(), dims, strides, box, element_strides)
+        if tmap is not None:
+            return primary(x, weight, bias, out, ws, tmap)
+        if not fallback:   # (a race prepares it twice: harmless)
+            fallback.append(_Runner(Launches(pb, props, plan.fallback_choice(pb, props, choice)), device))
+        return fallback[0](x, weight, bias, out, ws)
+    return run
 
 
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
-    """The call for inputs like ``x`` (dtype, shape, strides, device), everything that depends only on those worked
-    out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
-    copy, args = _problem(spec, x, mode, deterministic)
+    """The call for inputs like ``x`` (dtype, shape, strides, device, 16-byte alignment), everything that depends only
+    on those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
+    copy, pb = _problem(spec, x, mode, deterministic)
     n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
+    index = launch.device_index(device)
+    props = runtime.device_props(index)
     # the atomic mean accumulates into out; every other mode writes each element once
     atomic = spec.pool == "mean" and not deterministic
     shape = (n, k, *([1] * spec.dims)) if spec.keepdim else (n, k)
-    ws_bytes = workspace.nbytes(device, LIB, "ff_fused_conv_act_pool_workspace_bytes", args)
-
-    call = launch.launcher(LIB, "ff_fused_conv_act_pool", device, args, 4)   # x, w, bias, out, args, workspace
+    ws_bytes = plan.workspace_bytes(pb, props)
+    call = _runner(pb, props, index, _aligned(x, copy))
 
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
-        out = torch.zeros(n, k, dtype=torch.float32, device=device) if atomic else launch.new_output(n, k, device=device)
+        if atomic:
+            out = torch.zeros(n, k, dtype=torch.float32, device=device)
+        else:
+            out = launch.new_output(n, k, device=device)
         # every tensor the kernel reads is held by a name until the launch is enqueued
         weight, bias = as_memory_format(weight, torch.contiguous_format), float32_bias(bias)
         ws = workspace.zeroed(device, ws_bytes)
-        call(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-             0 if ws is None else ws.data_ptr())
+        call(x, weight, bias, out, ws)
         return out.to(dtype).view(shape)
     return run

@@ -1,19 +1,22 @@
-"""Family B fused kernel (csrc/fused_convt_pool_reduce.cu): the transposed conv as sub-pixel implicit GEMMs on the
+"""Family B fused kernel (csrc/fused_convt_pool_reduce/): the transposed conv as sub-pixel implicit GEMMs on the
 tensor cores whose epilogue keeps the pooling-window maxima on chip, then one fixed-order channel reduction; only
-the pooled result is written."""
+the pooled result is written.  Planned in Python (convt_pool_reduce_plan), compiled per instantiation at first use
+and launched through fullfuse.runtime; the weights are packed on the GPU before every launch (fb_pack)."""
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Optional, Tuple
 
 import torch
 
-from .. import launch, workspace
+from cutlass_ops import convt_pool_reduce as abi
+
+from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, PRECISIONS, REDUCTIONS, dtype_code
 from ..spec import ConvTPoolReduceSpec
 from ..weights import float32_bias
-
-LIB = "fused_convt_pool_reduce"
+from . import convt_pool_reduce_plan as planner
 
 
 def static_unsupported(spec: ConvTPoolReduceSpec) -> Optional[str]:
@@ -35,13 +38,23 @@ def _channels_last(x: torch.Tensor) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
 
 
-def problem(spec, x, mode) -> launch.Problem:
-    """The C API's problem array (csrc/fused_convt_pool_reduce.cu, FB_PROBLEM_LEN): dtype, precision, layout, shape,
-    geometry per dim, activation, reduction."""
+def problem(spec, x, mode) -> Tuple[int, ...]:
+    """The planner's problem (convt_pool_reduce_plan.PROBLEM_FIELDS): dtype, precision, layout, shape, geometry per
+    dim, activation, reduction."""
     n, c, d, h, w = x.shape
-    return launch.Problem((dtype_code(x.dtype), PRECISIONS.get(mode, 0), int(_channels_last(x)), n, c, d, h, w,
-                           spec.out_channels, *spec.kernel_size, *spec.stride, *spec.padding, *spec.output_padding,
-                           *spec.window, ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction]))
+    return (dtype_code(x.dtype), PRECISIONS.get(mode, 0), int(_channels_last(x)), n, c, d, h, w, spec.out_channels,
+            *spec.kernel_size, *spec.stride, *spec.padding, *spec.output_padding, *spec.window,
+            ACTIVATIONS[spec.activation], REDUCTIONS[spec.reduction])
+
+
+def plan(spec, x, mode) -> planner.Plan:
+    """The kernel's plan for inputs like ``x`` on their device."""
+    return planner.plan(problem(spec, x, mode), runtime.device_props(launch.device_index(x.device)))
+
+
+def _kernels(p: planner.Plan, index: int):
+    """The plan's fused kernel and the packing kernel, loaded on device ``index`` (compiled on first use)."""
+    return runtime.kernel(abi.fused_variant(p.has_act, p.ks, p.kv), index), runtime.kernel(abi.PACK, index)
 
 
 def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
@@ -52,10 +65,15 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
     if _channels_last(x) and x.data_ptr() % 16:
         return "channels_last_3d input not 16-byte aligned (the fused kernel copies 16-byte channel groups)"
     try:
-        why = launch.call(LIB, "ff_fused_convt_pool_reduce_unsupported", problem(spec, x, mode), device=x.device)
-    except Exception as exc:  # no nvcc and no cached build, or a build failure
+        p = plan(spec, x, mode)
+        if p.why:
+            return p.why
+        fused, _ = _kernels(p, launch.device_index(x.device))
+    except Exception as exc:  # no NVRTC and no cached kernel, a compile failure, a kernel this GPU cannot load
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
-    return None if why is None else why.decode()
+    if p.smem > fused.max_dynamic_smem:
+        return planner.PREFIX + "the input tile of one window row does not fit in shared memory"
+    return None
 
 
 def kernel(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool) -> str:
@@ -105,42 +123,55 @@ def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float3
     return packed if dtype != torch.float32 or mode == "exact" else _tf32(packed)
 
 
-def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> Tuple[launch.Problem, int]:
-    """(the C API's geometry for ff_fused_convt_pack_weights (csrc/fused_convt_pack.cuh), packed bytes): the layout
+def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> Tuple[abi.PackGeometry, int]:
+    """(the packing kernel's geometry (csrc/fused_convt_pack.cuh, fb_pack::Geometry), packed bytes): the layout
     pack_weights builds, for a weight of this dtype and strides."""
     c_in, k_out = weight.shape[:2]
     if weight.dtype != torch.float32:
-        op, c_pad, c_pad16, item_bytes = 0, padded_channels(c_in, weight.dtype), 0, 2
+        op, c_pad, c_pad16, item_bytes = abi.PACK_OPS["copy16"], padded_channels(c_in, weight.dtype), 0, 2
     elif mode == "ieee":
-        op, c_pad, c_pad16 = 2, padded_channels(c_in), padded_channels(c_in, torch.bfloat16)
+        op, c_pad, c_pad16 = abi.PACK_OPS["ieee"], padded_channels(c_in), padded_channels(c_in, torch.bfloat16)
         item_bytes = None
     else:
-        op, c_pad, c_pad16, item_bytes = 1, padded_channels(c_in), 0, 4
+        op, c_pad, c_pad16, item_bytes = abi.PACK_OPS["tf32"], padded_channels(c_in), 0, 4
     taps = math.prod(weight.shape[2:])
     nbytes = taps * (c_pad * 64 * 8 + c_pad16 * 64 * 2 if item_bytes is None else c_pad * 64 * item_bytes)
-    values = (op, c_in, k_out, c_pad, c_pad16, *weight.shape[2:], *spec.stride, *weight.stride(), taps)
-    return launch.Problem(values), nbytes
+    g = abi.PackGeometry(op, c_in, k_out, c_pad, c_pad16, (ctypes.c_int * 3)(*weight.shape[2:]),
+                         (ctypes.c_int * 3)(*spec.stride), (ctypes.c_longlong * 5)(*weight.stride()), taps)
+    return g, nbytes
 
 
-def packed_weights(geometry: launch.Problem, nbytes: int, weight: torch.Tensor) -> torch.Tensor:
+def packed_weights(geometry: abi.PackGeometry, nbytes: int, weight: torch.Tensor) -> torch.Tensor:
     """The packed weights, made on the caller's current stream from the weight as it is now."""
     out = torch.empty(nbytes, dtype=torch.uint8, device=weight.device)
-    launch.launch(LIB, "ff_fused_convt_pack_weights", weight, geometry, out, device=weight.device)
+    per = geometry.cpad * 64 + (geometry.cpad16 * 64 if geometry.op == abi.PACK_OPS["ieee"] else 0)   # per slice
+    if geometry.nslices == 0 or per == 0:
+        return out
+    pack = runtime.kernel(abi.PACK, launch.device_index(weight.device))
+    args = runtime.Args(ctypes.c_void_p(weight.data_ptr()), ctypes.c_void_p(out.data_ptr()), geometry)
+    pack.launch((-(-per // abi.PACK_THREADS), geometry.nslices, 1), abi.PACK_THREADS, 0, args.address)
     return out
 
 
 def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device, alignment), everything that depends only on
-    those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call).  The weights are packed in
-    every call (packed_weights), the geometry of that once per weight layout."""
+    those worked out once (the plan, its kernel, grid, shared memory, a template of the kernel's parameters): returns
+    ``run(x, weight, bias) -> out`` (host time per call).  The weights are packed in every call (packed_weights),
+    the geometry of that once per weight layout."""
     copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d))
-    prob = problem(spec, x.contiguous() if copy else x, mode)   # NCDHW / channels_last_3d read natively, else copied
+    xs = x.contiguous() if copy else x   # NCDHW / channels_last_3d read natively, else copied
+    index = launch.device_index(x.device)
+    p = planner.plan(problem(spec, xs, mode), runtime.device_props(index))
+    if p.why:
+        raise RuntimeError(f"fullfuse: {p.why}")
+    fused, _ = _kernels(p, index)
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     shape, dtype, device, keepdim = (x.shape[0], *pooled), x.dtype, x.device, spec.keepdim
-    ws_bytes = workspace.nbytes(device, LIB, "ff_fused_convt_pool_reduce_workspace_bytes", (prob,))
+    channels_last = bool(p.params.channels_last)
+    vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
+    template = bytes(p.params)   # every field but the pointers and ncdhw_vec
+    grid, threads, smem, ws_bytes, ws_cnt = p.blocks, p.threads, p.smem, p.ws_bytes, p.ws_cnt_offset
     geometries = {}   # weight strides -> (geometry, bytes)
-
-    call = launch.launcher(LIB, "ff_fused_convt_pool_reduce", device, (prob,), 4)   # x, w, bias, out, prob, ws
 
     def run(x, weight, bias):
         if copy:
@@ -152,7 +183,16 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         bias = float32_bias(bias)
         ws = workspace.zeroed(device, ws_bytes)
-        call(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-             0 if ws is None else ws.data_ptr())
+        xp = x.data_ptr()
+        if channels_last and xp % 16:
+            raise RuntimeError("fullfuse: the fused kernel needs a 16-byte aligned channels_last_3d input")
+        prm = abi.FBParams.from_buffer_copy(template)   # per call: threads share only the template
+        prm.x, prm.wp, prm.out = xp, packed.data_ptr(), out.data_ptr()
+        prm.bias = None if bias is None else bias.data_ptr()
+        if ws is not None:
+            prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
+        prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
+        args = runtime.Args(prm)
+        fused.launch(grid, threads, smem, args.address)
         return out.unsqueeze(1) if keepdim else out
     return run

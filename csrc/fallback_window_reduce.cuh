@@ -1,5 +1,17 @@
-// Family B epilogue: out[n,dp,hp,wp] = reduce over channels k of (max over one non-overlapping (wd,wh,ww) window of
-// act(y + bias[k])): composed max pools then a channel sum/mean/max after a transposed conv, reading y once.
+// Family B fallback epilogue, after cuDNN's transposed conv: out[n,dp,hp,wp] = reduce over channels k of (max over
+// one non-overlapping (wd,wh,ww) window of act(y + bias[k])): composed max pools then a channel sum / mean / max,
+// reading y once.  Device code only: the host side (Geo's values, grid, which instantiation) is
+// fullfuse/fallback/epilogue_plan.py, the instantiations cutlass_ops/fallback.py.
+//
+// Contract (one launch per call, kThreads threads a block, ceil(n_out / kWarps) blocks, P * 4 bytes of dynamic
+// shared memory where use_tab, else none):
+//  - y: N x K x D x H x W with element strides (sN, sK, sD, sH, sW), T in {float, __nv_bfloat16, __half},
+//    element-aligned; 2-D problems pass D = 1, wd = 1.  Window (wd, wh, ww), kernel == stride:
+//    Dp = D/wd, Hp = H/wh, Wp = W/ww (floor; trailing rows are not read).  n_out = N*Dp*Hp*Wp < 2^31.
+//  - out: fp32 contiguous (N, Dp, Hp, Wp).  v_k = max_window(y[n,k,.]) + bias[k] when ACT == NONE (the bias
+//    commutes with the max), else v_k = max_window(act(y + bias[k])); out = sum / mean (sum * scale, scale = 1/K) /
+//    max over k.  Maxima propagate NaN.  bias may be NULL.  No workspace.
+//  - V > 1 (16-byte loads): sK == 1, K, sN, sD, sH, sW multiples of V, y 16-byte aligned.
 //
 // One warp per output position.  Lane = (channel slot cs, position slot ps): the lane keeps a running max of its
 // channel (vector) over window positions ps, ps+PL, ...; a shuffle tree over the PL position slots gives the window
@@ -7,21 +19,23 @@
 //  - channel-fast (sK == 1): lanes along channels, 16-byte loads when K, strides and y allow it;
 //  - position-fast (otherwise, e.g. NCDHW): lanes along window positions (w fastest), one channel per slot.
 // Fixed shuffle trees and pass order: deterministic.
-#include <algorithm>
-#include <cstdlib>
+#pragma once
 #include "activation.cuh"
 
-namespace {
+namespace ff_window_reduce {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kTabMax = 8192;
+constexpr int kThreads = 256, kWarps = kThreads / 32;
 
-struct Geo {          // everything the kernel needs besides pointers
+// Everything the kernel needs besides pointers; mirrored by cutlass_ops/fallback.py (Geo), whose layout each
+// instantiation's compile unit checks.
+struct Geo {
   long long K, sN, sK, sD, sH, sW;
   unsigned Dp, Hp, Wp, n_out;  // n_out < 2^31: 32-bit divisions (64-bit ones compile to calls)
   int wd, wh, ww, P;  // window, P = wd*wh*ww positions
   int CL, PL;         // channel slots, position slots (CL*PL <= 32)
   int cs_stride, ps_stride;  // lane distance between consecutive channel / position slots
-  int use_tab;        // window offsets from a shared-memory table (int32) instead of divisions
+  int use_tab;        // window offsets from a shared-memory table (int32) instead of divisions: the host sets it
+                      // where P <= 8192 (32 KB, under the default dynamic limit) and every offset fits in int32
   float scale;        // 1/K for the mean
 };
 
@@ -30,7 +44,8 @@ __device__ __forceinline__ long long window_offset(const Geo& g, int p) {
   return (long long)(q / g.wh) * g.sD + (long long)(q % g.wh) * g.sH + (long long)pw * g.sW;
 }
 
-// m[e] = max of act(x + b[e]) (ACT != NONE) or of x (NONE) over window positions p = ps, ps+PL, ... of channel(s) at src
+// m[e] = max of act(x + b[e]) (ACT != NONE) or of x (NONE) over window positions p = ps, ps+PL, ... of the
+// channel(s) at src
 template <typename T, int ACT, int V, bool TAB>
 __device__ __forceinline__ void window_max(const T* src, const Geo& g, const int* tab, int ps, float (&m)[V],
                                            const float (&b)[V]) {
@@ -114,60 +129,4 @@ __global__ void __launch_bounds__(kThreads, 4) window_reduce(const T* __restrict
   if (lane == 0) out[o] = RED == FF_RED_MEAN ? acc * g.scale : acc;
 }
 
-}  // namespace
-
-extern "C" int ff_window_reduce(const void* y, int dtype, const float* bias, float* out, long long N, long long K,
-                                long long D, long long H, long long W, long long sN, long long sK, long long sD,
-                                long long sH, long long sW, int wd, int wh, int ww, int activation, int reduction,
-                                cudaStream_t stream) {
-  if (N < 0 || D < 0 || H < 0 || W < 0 || wd < 1 || wh < 1 || ww < 1) return (int)cudaErrorInvalidValue;
-  const long long n_out = N * (D / wd) * (H / wh) * (W / ww);
-  if (n_out == 0) return (int)cudaSuccess;  // empty output: nothing to do
-  if (K < 1 || !y || !out || reduction < FF_RED_SUM || reduction > FF_RED_MAX ||
-      (long long)wd * wh * ww > 0x7fffffffLL || n_out > 0x7fffffffLL)
-    return (int)cudaErrorInvalidValue;
-  Geo g;
-  g.Dp = (unsigned)(D / wd), g.Hp = (unsigned)(H / wh), g.Wp = (unsigned)(W / ww), g.K = K;
-  g.n_out = (unsigned)n_out;
-  if (K == 1) sK = 1;  // a size-1 dim's stride is irrelevant
-  g.sN = sN, g.sK = sK, g.sD = sD, g.sH = sH, g.sW = sW;
-  g.wd = wd, g.wh = wh, g.ww = ww, g.P = wd * wh * ww;
-  g.scale = (float)(1.0 / (double)K);
-  const long long span = (wd - 1) * llabs(sD) + (wh - 1) * llabs(sH) + (ww - 1) * llabs(sW);
-  g.use_tab = g.P <= kTabMax && span <= 0x7fffffffLL;
-  const size_t smem = g.use_tab ? (size_t)g.P * sizeof(int) : 0;
-
-  return ff_dispatch_dtype(dtype, [&](auto tt) {
-    using T = typename decltype(tt)::type;
-    constexpr int VW = ff_vec_width<T>::value;
-    if ((uintptr_t)y % sizeof(T)) return (int)cudaErrorInvalidValue;
-    const bool vec = sK == 1 && K % VW == 0 && (uintptr_t)y % 16 == 0 && sN % VW == 0 && sD % VW == 0 &&
-                     sH % VW == 0 && sW % VW == 0;
-    if (sK == 1) {  // channel-fast
-      const long long Kv = vec ? K / VW : K, passes = ff_ceil_div(Kv, 32);
-      g.CL = (int)ff_ceil_div(Kv, passes);
-      g.PL = (int)std::min<long long>(32 / g.CL, g.P);
-      g.cs_stride = 1, g.ps_stride = g.CL;
-    } else {  // position-fast
-      g.PL = std::min(g.P, 32);
-      g.CL = (int)std::min<long long>(32 / g.PL, K);
-      g.ps_stride = 1, g.cs_stride = g.PL;
-    }
-    const unsigned blocks = (unsigned)ff_ceil_div(g.n_out, kWarps);
-    return ff_dispatch_act(activation, [&](auto act) {
-      constexpr int ACT = decltype(act)::value;
-      const T* yt = static_cast<const T*>(y);
-      auto launch = [&](auto red) {
-        constexpr int RED = decltype(red)::value;
-        if (vec) window_reduce<T, ACT, RED, VW><<<blocks, kThreads, smem, stream>>>(yt, bias, out, g);
-        else window_reduce<T, ACT, RED, 1><<<blocks, kThreads, smem, stream>>>(yt, bias, out, g);
-        return (int)cudaGetLastError();
-      };
-      switch (reduction) {
-        case FF_RED_SUM: return launch(ff_int<FF_RED_SUM>{});
-        case FF_RED_MEAN: return launch(ff_int<FF_RED_MEAN>{});
-        default: return launch(ff_int<FF_RED_MAX>{});
-      }
-    });
-  });
-}
+}  // namespace ff_window_reduce

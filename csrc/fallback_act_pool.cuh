@@ -1,39 +1,24 @@
-// Family A epilogue: out[n,k] = pool over the spatial positions s of act(y[n,k,s] + bias[k]) (global mean/max pool
-// after a conv), so y (the cuDNN output) is read exactly once, in fixed order (deterministic, no float atomics).
+// Family A fallback epilogue, after cuDNN's conv: out[n,k] = pool over the spatial positions s of
+// act(y[n,k,s] + bias[k]) (global mean / max pool), reading y (the bias-free conv output) exactly once, in a fixed
+// order (deterministic, no float atomics).  Device code only: the host side (plan, grid, workspace layout, which
+// instantiation) is fullfuse/fallback/epilogue_plan.py, the instantiations cutlass_ops/fallback.py.
 //
-// Work is split into items of at most a few tens of KB.  An item whose (n,k) plane (layout 0) or image (layout 1)
-// is split across several items writes a partial to the workspace; the last item to finish (int counter +
-// __threadfence) sums the partials in index order and writes out.  One launch per call.
+// Contract of both kernels (one launch per call, kThreads threads a block, no dynamic shared memory):
+//  - y: N images x K channels x S positions, T in {float, __nv_bfloat16, __half}, element-aligned;
+//    pool_planes reads layout 0, y[(n*K+k)*S + s] (NCHW / NCDHW contiguous), pool_rows layout 1, y[(n*S+s)*K + k]
+//    (NHWC / NDHWC contiguous).  bias: K floats or NULL.  out: N*K floats, out[n*K+k].  N*K < 2^31.
+//  - MAX: NaN-propagating max; else the sum times `scale` (1/S, the mean).
+//  - Work is split into items (a plane's chunk of `len` elements, or an image's chunk of `rows` rows); where an
+//    item count C > 1 splits a plane (layout 0) or an image (layout 1), items write partials to `part` and bump
+//    an int counter in `cnt` (one per plane / image); the last item to finish (__threadfence + atomicAdd) sums the
+//    partials in index order.  The counters must be zero at launch (the caller zero-fills the workspace each call).
+//  - pool_rows<V>: V > 1 reads 16 bytes a load (K % V == 0, y 16-byte aligned); V == 1 one element a load.
+#pragma once
 #include "activation.cuh"
 
-namespace {
+namespace ff_act_pool {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
-
-struct Plan {
-  long long C;    // items per plane (layout 0) / row chunks per image (layout 1)
-  long long len;  // elements per item (layout 0) / rows per chunk (layout 1)
-};
-
-// Depends on the shape only (not dtype), so the workspace size is known before the dtype is.
-Plan make_plan(long long N, long long K, long long S, int channels_last) {
-  if (!channels_last) {  // warp items over a plane of S contiguous elements
-    const long long P = N * K;
-    long long C = ff_ceil_div(S, 8192);
-    while (P * C < 8192 && ff_ceil_div(S, C) > 2048) C *= 2;  // small batch: more, shorter items
-    if (C > 4096) C = 4096;                                   // bounds the finalize (<= 128 partials a lane)
-    const long long len = ff_ceil_div(ff_ceil_div(S, C), 256) * 256;
-    return {ff_ceil_div(S, len), len};
-  }
-  long long rows = 32768 / K;                                  // ~32 K elements a block item
-  if (rows < 64) rows = 64;                                    // partials <= y / 64
-  while (N * ff_ceil_div(S, rows) < 1024 && rows > 8) rows = ff_ceil_div(rows, 2);
-  if (ff_ceil_div(S, rows) > 4096) rows = ff_ceil_div(S, 4096);
-  return {ff_ceil_div(S, rows), rows};
-}
-
-// Workspace: int counters (one per plane or per image), then float partials.  Empty when nothing is split.
-size_t counters_bytes(long long n) { return (size_t)ff_ceil_div(n * 4, 256) * 256; }
 
 template <bool MAX>
 __device__ __forceinline__ float finish(float v, float scale) { return MAX ? v : v * scale; }
@@ -53,7 +38,8 @@ __device__ __forceinline__ float warp_all(float v) {  // xor butterfly: every la
 }
 
 // ---- layout 0: y[(n*K+k)*S + s]. One warp per item = a contiguous range of one plane: warp w of block
-// (x, c) handles plane p = 8x + w, chunk c.  (No 64-bit divisions: they compile to calls.) ----
+// (x, c) handles plane p = 8x + w, chunk c; grid (ceil(P / kWarps), C), P = N*K planes, C <= 4096 items of `len`
+// elements a plane.  (No 64-bit divisions: they compile to calls.) ----
 template <typename T, int ACT, bool MAX>
 __global__ void __launch_bounds__(kThreads, 4) pool_planes(const T* __restrict__ y, const float* __restrict__ bias,
                                                          float* __restrict__ out, unsigned P, unsigned K,
@@ -113,8 +99,9 @@ __global__ void __launch_bounds__(kThreads, 4) pool_planes(const T* __restrict__
   if (lane == 0) out[p] = finish<MAX>(v, scale);
 }
 
-// ---- layout 1: y[(n*S+s)*K + k]. One block per item = (image n, row chunk c, column block b). ----
-// Thread t owns vector column b*Cw + t%Cw and rows t/Cw + R*j of the chunk; rows are combined in smem in fixed order.
+// ---- layout 1: y[(n*S+s)*K + k]. One block per item = (image n, row chunk c, column block b): N*C*B blocks. ----
+// Thread t owns vector column b*Cw + t%Cw and rows t/Cw + R*j of the chunk (R = kThreads / Cw); rows are combined in
+// smem in fixed order.
 template <typename T, int ACT, bool MAX, int V>
 __global__ void __launch_bounds__(kThreads, 4) pool_rows(const T* __restrict__ y, const float* __restrict__ bias,
                                                        float* __restrict__ out, long long K, long long S, int C,
@@ -198,57 +185,4 @@ __global__ void __launch_bounds__(kThreads, 4) pool_rows(const T* __restrict__ y
   }
 }
 
-}  // namespace
-
-extern "C" size_t ff_act_pool_workspace_bytes(long long N, long long K, long long S, int channels_last) {
-  if (N < 1 || K < 1 || S < 1) return 0;
-  const Plan pl = make_plan(N, K, S, channels_last);
-  if (pl.C == 1) return 0;
-  const long long units = channels_last ? N : N * K;  // counters
-  const long long parts = channels_last ? N * pl.C * K : N * K * pl.C;
-  return counters_bytes(units) + (size_t)parts * sizeof(float);
-}
-
-extern "C" int ff_act_pool(const void* y, int dtype, const float* bias, float* out, long long N, long long K,
-                           long long S, int channels_last, int activation, int pool, void* workspace,
-                           cudaStream_t stream) {
-  if (N < 1 || K < 1 || S < 1 || N * K > 0x7fffffffLL || !y || !out || (pool != FF_POOL_MEAN && pool != FF_POOL_MAX))
-    return (int)cudaErrorInvalidValue;
-  const Plan pl = make_plan(N, K, S, channels_last);
-  if (pl.C > 1 && !workspace) return (int)cudaErrorInvalidValue;
-  int* cnt = static_cast<int*>(workspace);
-  float* part = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                                     counters_bytes(channels_last ? N : N * K))
-                          : nullptr;
-  const float scale = (float)(1.0 / (double)S);
-  return ff_dispatch_dtype(dtype, [&](auto tt) {
-    using T = typename decltype(tt)::type;
-    if ((uintptr_t)y % sizeof(T)) return (int)cudaErrorInvalidValue;
-    return ff_dispatch_act(activation, [&](auto act) {
-      return ff_dispatch_bool(pool == FF_POOL_MAX, [&](auto mx) {
-        constexpr int ACT = decltype(act)::value;
-        constexpr bool MAX = decltype(mx)::value;
-        const T* yt = static_cast<const T*>(y);
-        if (!channels_last) {
-          const dim3 grid((unsigned)ff_ceil_div(N * K, kWarps), (unsigned)pl.C);  // C <= 4096
-          pool_planes<T, ACT, MAX><<<grid, kThreads, 0, stream>>>(yt, bias, out, (unsigned)(N * K), (unsigned)K, S,
-                                                                   (int)pl.C, pl.len, scale, cnt, part);
-          return (int)cudaGetLastError();
-        }
-        constexpr int VW = ff_vec_width<T>::value;
-        const bool vec = K % VW == 0 && (uintptr_t)y % 16 == 0;
-        const long long Kv = vec ? K / VW : K;
-        const int Cw = (int)min(Kv, (long long)kThreads), B = (int)ff_ceil_div(Kv, Cw), R = kThreads / Cw;
-        const long long blocks = N * pl.C * B;
-        if (blocks > 0x7fffffffLL) return (int)cudaErrorInvalidValue;
-        if (vec)
-          pool_rows<T, ACT, MAX, VW><<<(unsigned)blocks, kThreads, 0, stream>>>(yt, bias, out, K, S, (int)pl.C, pl.len,
-                                                                               B, Cw, R, scale, cnt, part);
-        else
-          pool_rows<T, ACT, MAX, 1><<<(unsigned)blocks, kThreads, 0, stream>>>(yt, bias, out, K, S, (int)pl.C, pl.len,
-                                                                              B, Cw, R, scale, cnt, part);
-        return (int)cudaGetLastError();
-      });
-    });
-  });
-}
+}  // namespace ff_act_pool

@@ -1,0 +1,138 @@
+"""The on-disk cubin cache: one file per (variant, architecture), shared by threads and processes.
+
+Location: ``$FULLFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fullfuse``, else ``~/.cache/fullfuse``.  Entry
+``cubins/<kernel>-<arch>-<key>.cubin`` with the kernel's lowered name in ``.name`` beside it; the key hashes the CUDA
+sources the unit includes, the NVRTC version, the CUDA headers, the compile options, the architecture and
+the variant.  An entry is compiled under a file lock into a private file that is renamed into place after its name
+file, so a ``.cubin`` that exists is complete and its name is there: readers take no lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import sys
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Tuple
+
+from . import nvrtc
+from .variants import Variant
+
+CACHE_FORMAT = "2"  # bump to invalidate every cached cubin
+FIX = "set FULLFUSE_CACHE_DIR to a writable directory (or one holding prebuilt kernels: run `fullfuse build` there)"
+
+
+class BuildError(RuntimeError):
+    """A kernel could neither be found in the cache nor compiled here; the first line says why and the fix."""
+
+
+def cache_dir() -> Path:
+    if os.environ.get("FULLFUSE_CACHE_DIR"):
+        return Path(os.environ["FULLFUSE_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fullfuse"
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+@lru_cache(maxsize=None)
+def sources_digest(header: str) -> str:
+    """The CUDA sources a unit compiles: ``header`` and every file it includes with quotes, transitively (resolved
+    against csrc/ and the including file's folder), by relative path and content.  Editing one family's headers
+    leaves the other families' cubins valid."""
+    root = nvrtc.csrc_dir()
+    digest, seen, todo = hashlib.sha256(), set(), [root / header]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_bytes()
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + text)
+        for name in _INCLUDE.findall(text.decode("utf-8", "replace")):
+            todo += [root / name, path.parent / name]
+    return digest.hexdigest()
+
+
+def key(variant: Variant, arch: str) -> str:
+    major, minor = nvrtc.version()
+    text = "|".join((CACHE_FORMAT, sources_digest(variant.header), f"nvrtc {major}.{minor}", nvrtc.headers_version() or "",
+                     nvrtc.options_key(), arch, variant.header, variant.kernel, variant.checks))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def entry_path(variant: Variant, arch: str) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", variant.kernel.split("<")[0])
+    return cache_dir() / "cubins" / f"{stem}-{arch}-{key(variant, arch)}.cubin"
+
+
+def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]:
+    """The cubin of ``variant`` for ``arch`` and its kernel's lowered name, compiled first if the cache lacks it.
+    Raises BuildError (never OSError) with the fix when it can neither be read nor made."""
+    try:
+        path = entry_path(variant, arch)
+    except nvrtc.CompileError as exc:
+        raise BuildError(str(exc)) from exc
+    found = _read(path)
+    if found is not None:
+        return found
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")
+    except OSError as exc:
+        raise BuildError(f"fullfuse: cannot write the kernel cache {path.parent} ({exc.strerror or exc}); "
+                         f"fix: {FIX}") from exc
+    with lock:
+        # flock excludes other processes and, as every call opens its own file description, other threads too
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = _read(path)
+        if found is not None:
+            return found
+        start = time.time()
+        if not quiet:
+            print(f"fullfuse: compiling {variant.label} for {arch} (first use; cached in {path.parent}) ...",
+                  file=sys.stderr, flush=True)
+        try:
+            code, name = nvrtc.compile_variant(variant, arch)
+        except nvrtc.CompileError as exc:
+            raise BuildError(str(exc)) from exc
+        try:
+            _publish(path.with_suffix(".name"), name.encode())
+            _publish(path, code)
+        except OSError as exc:
+            raise BuildError(f"fullfuse: writing the kernel cache {path.parent} failed ({exc}); fix: {FIX}") from exc
+        if not quiet:
+            print(f"fullfuse: compiled {variant.label} in {time.time() - start:.1f} s", file=sys.stderr, flush=True)
+        return code, name
+
+
+def _read(path: Path):
+    try:
+        code = path.read_bytes()
+        name = path.with_suffix(".name").read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BuildError(f"fullfuse: cannot read the kernel cache {path.parent} ({exc}); fix: {FIX}") from exc
+    return code, name
+
+
+def _publish(path: Path, data: bytes) -> None:
+    """Write ``data`` to a private file, flush it to disk, and rename it over ``path``: readers see all or nothing."""
+    tmp = path.with_name(f"{path.name}.partial-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,42 @@
+"""What one compile unit is: a kernel template instantiation (a C++ name expression) and the header defining it.
+
+Each family's table of the instantiations its planner may pick lives beside its ABI (``cutlass_ops/<family>.py``);
+``instantiations.all_variants()`` collects them for ``fullfuse build``.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Tuple
+
+# Architectures a kernel that uses only sm_80 instructions (mma.sync, cp.async, ldmatrix) is built for ahead of time;
+# at run time every kernel is compiled for the GPU's own architecture (runtime.arch_of).
+PORTABLE = ("sm_80", "sm_90a")
+HOPPER = ("sm_90a",)  # wgmma, TMA, setmaxnreg: sm_90a only
+
+
+@dataclass(frozen=True)
+class Variant:
+    header: str                  # csrc-relative path of the header that defines the kernel template
+    kernel: str                  # the instantiation: "fa_wgmma_kernel<0, false, 6, 10, 3, false>"
+    archs: Tuple[str, ...]       # architectures `fullfuse build` compiles it for (run time: the GPU's own)
+    checks: str = ""             # C++ appended to the unit: static_asserts that the Python ABI mirror matches
+
+    @property
+    def label(self) -> str:
+        return self.kernel.replace(" ", "")
+
+
+def layout_asserts(struct: type, cname: str) -> str:
+    """static_asserts that C++ struct ``cname`` has the size and field offsets of ctypes Structure ``struct``: a
+    Python mirror that drifts from the kernel's parameter struct fails the compile instead of corrupting a launch."""
+    lines = [f"static_assert(sizeof({cname}) == {ctypes.sizeof(struct)}, \"{cname}: size differs from the Python "
+             f"mirror\");"]
+    for field in struct._fields_:
+        name = field[0]
+        if name.startswith("_pad"):
+            continue
+        off = getattr(struct, name).offset
+        lines.append(f"static_assert(__builtin_offsetof({cname}, {name}) == {off}, \"{cname}.{name}: offset differs from the "
+                     f"Python mirror\");")
+    return "\n".join(lines) + "\n"

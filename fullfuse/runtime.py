@@ -1,0 +1,225 @@
+"""Kernels at run time: compiled for the GPU's own architecture (cutlass_ops), loaded per device, launched through
+cuda-python's driver bindings on torch's current stream of the input's device.
+
+Everything here that depends only on a kernel and a device (its module, function, shared-memory limit, occupancy)
+is made once and kept.  A launch is one driver call where the device's primary context (the one torch uses) is
+current on the thread; elsewhere (another device current, or a thread that has not touched the GPU yet) that
+context is made current for the launch and the thread's own restored, so torch's current device never changes.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+
+from cutlass_ops import cache as _cache
+from cutlass_ops import nvrtc as _nvrtc
+from cutlass_ops.variants import Variant
+
+Dim3 = Union[int, Tuple[int, int, int]]
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream)   # CUDA builds of torch: one C call
+
+
+class KernelUnavailable(RuntimeError):
+    """No kernel of this variant can run on this device (the message says why); callers step down."""
+
+
+def _driver():
+    from cuda.bindings import driver
+    return driver
+
+
+def _check(result, what: str):
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        drv = _driver()
+        _, text = drv.cuGetErrorString(err)
+        raise RuntimeError(f"fullfuse: {what} failed: {text.decode() if text else err}")
+    if isinstance(result, tuple):
+        return result[1] if len(result) == 2 else result[1:]
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceProps:
+    """What the planners need of a device: its compute capability, SM count and per-block shared-memory limit."""
+    major: int
+    minor: int
+    sm_count: int
+    smem_optin: int            # bytes of dynamic + static shared memory a block may opt in to
+
+    @property
+    def is_sm90(self) -> bool:  # H100 / H200: the wgmma / TMA kernels (sm_90a)
+        return (self.major, self.minor) == (9, 0)
+
+
+@lru_cache(maxsize=None)
+def device_props(index: int) -> DeviceProps:
+    p = torch.cuda.get_device_properties(index)
+    optin = getattr(p, "shared_memory_per_block_optin", 0) or 0
+    if not optin:
+        drv = _driver()
+        optin = _check(drv.cuDeviceGetAttribute(
+            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, index), "cuDeviceGetAttribute")
+    return DeviceProps(p.major, p.minor, p.multi_processor_count, int(optin))
+
+
+@lru_cache(maxsize=None)
+def arch_of(index: int) -> str:
+    """The NVRTC target for device ``index``: its own SASS ("sm_90a" on Hopper for wgmma), or, where this NVRTC
+    predates the GPU, PTX for the newest architecture it knows ("compute_NN"), which the driver compiles."""
+    props = device_props(index)
+    cc = props.major * 10 + props.minor
+    if cc == 90:
+        return "sm_90a"
+    known = [a for a in _nvrtc.supported_archs() if a <= cc]
+    if cc in _nvrtc.supported_archs():
+        return f"sm_{cc}"
+    if not known:
+        raise KernelUnavailable(f"fullfuse: NVRTC {_nvrtc.version()} cannot target sm_{cc}")
+    return f"compute_{max(known)}"
+
+
+class Kernel:
+    """One kernel loaded on one device."""
+
+    def __init__(self, variant: Variant, device: int):
+        drv = _driver()
+        arch = arch_of(device)
+        code, name = _cache.cubin(variant, arch)
+        self.variant, self.device, self.name = variant, device, name
+        self._ctx = _primary_context(device)
+        previous = _check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        _check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        try:
+            try:
+                self._module = _check(drv.cuModuleLoadData(code), f"loading {variant.label} ({arch})")
+            except RuntimeError as exc:
+                raise KernelUnavailable(f"{exc}; the kernel cannot run on this GPU") from exc
+            self._fn = _check(drv.cuModuleGetFunction(self._module, name.encode()), "cuModuleGetFunction")
+            attr = drv.CUfunction_attribute
+            static = _check(drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._fn),
+                            "cuFuncGetAttribute")
+            # the device's maximum once, never a call's own size: the attribute is the function's for every thread,
+            # so a smaller value set by one thread would fail another's larger launch (invalid argument)
+            self.max_dynamic_smem = device_props(device).smem_optin - int(static)
+            _check(drv.cuFuncSetAttribute(self._fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          self.max_dynamic_smem), "cuFuncSetAttribute")
+        finally:
+            drv.cuCtxSetCurrent(previous)
+        self._occupancy: Dict[Tuple[int, int], int] = {}
+        self._launch = drv.cuLaunchKernel
+        self._set_current, self._get_current = drv.cuCtxSetCurrent, drv.cuCtxGetCurrent
+        self._ctx_int = int(self._ctx)
+
+    def blocks_per_sm(self, block: int, smem: int) -> int:
+        """Resident blocks per SM at ``block`` threads and ``smem`` bytes of dynamic shared memory (>= 1)."""
+        got = self._occupancy.get((block, smem))
+        if got is None:   # (a function-level query: no context needed)
+            drv = _driver()
+            got = max(1, int(_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, block, smem),
+                                    "cuOccupancyMaxActiveBlocksPerMultiprocessor")))
+            self._occupancy[(block, smem)] = got
+        return got
+
+    def launch(self, grid: Dim3, block: Dim3, smem: int, params: int, stream: Optional[int] = None) -> None:
+        """Launch on ``stream`` (default: torch's current stream of the kernel's device); ``params`` is the address of
+        the kernel's argument pointer array (``Args.address``)."""
+        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
+        bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
+        if stream is None:
+            stream = _raw_stream(self.device)
+        _, current = self._get_current()
+        if int(current) == self._ctx_int:
+            err, = self._launch(self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
+        else:   # the device's context for the launch only: the thread's current device (torch's) stays as it was
+            self._set_current(self._ctx)
+            try:
+                err, = self._launch(self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
+            finally:
+                self._set_current(current)
+        if int(err) != 0:
+            _check((err,), f"launching {self.variant.label}")
+
+
+class Args:
+    """A kernel's argument list as ctypes values and the pointer array a launch takes; ``Args(struct)`` for kernels
+    that take one parameter struct by value.  Keep one per call (or per thread): launches copy the values."""
+
+    def __init__(self, *values: ctypes._SimpleCData):
+        self.values = values
+        self._ptrs = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+        self.address = ctypes.addressof(self._ptrs)
+
+
+_kernels: Dict[Tuple[Variant, int], Kernel] = {}
+_kernels_lock = threading.Lock()
+_contexts: Dict[int, object] = {}
+
+
+def _primary_context(device: int):
+    ctx = _contexts.get(device)
+    if ctx is None:
+        torch.cuda.init()
+        with torch.cuda.device(device):
+            torch.empty(0, device=f"cuda:{device}")  # the runtime's primary context exists and is current
+        drv = _driver()
+        ctx = _check(drv.cuDevicePrimaryCtxRetain(_check(drv.cuDeviceGet(device), "cuDeviceGet")),
+                     "cuDevicePrimaryCtxRetain")
+        _contexts[device] = ctx
+    return ctx
+
+
+def kernel(variant: Variant, device: int) -> Kernel:
+    """The loaded kernel of ``variant`` on device ``device`` (compiled and cached on first use; thread-safe).
+    Raises cutlass_ops.cache.BuildError when it can be neither found nor compiled, KernelUnavailable when it cannot
+    run on the device."""
+    k = _kernels.get((variant, device))
+    if k is None:
+        with _kernels_lock:
+            k = _kernels.get((variant, device))
+            if k is None:
+                k = Kernel(variant, device)
+                _kernels[(variant, device)] = k
+    return k
+
+
+# ---- TMA descriptors ----
+_TMAP_CACHE_SIZE = 256
+_tmaps: Dict[tuple, bytes] = {}
+_tmaps_lock = threading.Lock()
+
+
+def tensor_map(dtype: str, address: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int],
+               element_strides: Sequence[int]) -> Optional[bytes]:
+    """The 128-byte CUtensorMap of a tiled view of global memory (cuTensorMapEncodeTiled: no interleave, no swizzle,
+    L2 promotion 128 B, out-of-range elements read as zero), or None where the driver refuses it.  ``dtype`` is
+    "float32" or "uint16"; ``dims`` / ``box`` / ``element_strides`` innermost first, ``strides`` in bytes for
+    dims 1.. (rank - 1 entries).  Kept per (address, geometry): a tensor map depends on nothing else."""
+    k = (dtype, address, tuple(dims), tuple(strides), tuple(box), tuple(element_strides))
+    got = _tmaps.get(k)
+    if got is not None:
+        return got
+    drv = _driver()
+    ty = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32 if dtype == "float32"
+          else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16)
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        ty, len(dims), address, [u64(d) for d in dims], [u64(s) for s in strides], [u32(b) for b in box],
+        [u32(e) for e in element_strides], drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        return None
+    blob = ctypes.string_at(tmap.getPtr(), 128)
+    with _tmaps_lock:
+        if len(_tmaps) >= _TMAP_CACHE_SIZE:
+            _tmaps.clear()
+        _tmaps[k] = blob
+    return blob

@@ -1,0 +1,95 @@
+"""The fallback's robustness on CPU (no GPU needed): cudnn_conv keeps one handle per (thread, device), copies
+misaligned pointers, builds and caches nothing under capture; the pipeline times its candidates in increasing memory
+order, skips the ones that do not fit and keeps the chosen one's result.  (The kernel cache's environment failures:
+tests/test_kernel_cache_cpu.py; the fallback kernels' availability: tests/test_fallback_kernels_cpu.py.)
+"""
+import threading
+
+import pytest
+import torch
+
+from fullfuse import launch
+from fullfuse.fallback import cudnn_conv, pipeline
+
+
+# --- cudnn_conv ------------------------------------------------------------------------------------------------------
+
+class FakeCudnn:
+    def __init__(self):
+        self.created = 0
+
+    def create_handle(self):
+        self.created += 1
+        return object()
+
+
+def test_cudnn_handles_are_per_thread_and_per_device(monkeypatch):
+    import contextlib
+    monkeypatch.setattr(cudnn_conv, "_local", threading.local())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    cudnn = FakeCudnn()
+    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    mine = cudnn_conv.handle_for(cudnn, dev0)
+    assert cudnn_conv.handle_for(cudnn, dev0) is mine and cudnn_conv.handle_for(cudnn, dev1) is not mine
+    other = []
+    thread = threading.Thread(target=lambda: other.append(cudnn_conv.handle_for(cudnn, dev0)))
+    thread.start()
+    thread.join()
+    assert other[0] is not mine and cudnn.created == 3
+
+
+def test_misaligned_tensors_are_copied_to_aligned_memory():
+    big = torch.randn(2 * 3 * 5 * 7 + 1)
+    x = big[1:].view(2, 5, 7, 3).permute(0, 3, 1, 2)          # channels_last, one element past an aligned start
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.data_ptr() % 16
+    y = cudnn_conv.aligned(x)
+    assert y.data_ptr() % 16 == 0 and y.stride() == x.stride() and torch.equal(y, x)
+    z = torch.randn(4, 4)
+    assert cudnn_conv.aligned(z) is z
+
+
+def test_no_plan_is_built_or_cached_under_graph_capture(monkeypatch):
+    monkeypatch.setattr(cudnn_conv, "frontend", lambda: object())
+    monkeypatch.setattr(launch, "capturing", lambda device: True)
+    monkeypatch.setattr(cudnn_conv, "_entries", {})
+    built = []
+    monkeypatch.setattr(cudnn_conv, "_build", lambda *a: built.append(a))
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    assert cudnn_conv.run("fprop", x, w, (2, 4, 6, 6), (0, 0), (1, 1), (1, 1), "tf32", True) is None
+    assert not built and not cudnn_conv._entries
+
+
+# --- pipeline --------------------------------------------------------------------------------------------------------
+
+def test_autotune_times_in_memory_order_skips_what_does_not_fit_and_keeps_the_chosen_result(monkeypatch):
+    mb = 1 << 20
+    per_image, n = 4 * mb, 64                                  # whole conv output 256 MB
+    monkeypatch.setattr(pipeline, "CANDIDATES", ((8 * mb, False), (32 * mb, True), (1 << 62, False)))
+    monkeypatch.setattr(pipeline, "_free_bytes", lambda device: 100 * mb)   # the whole batch does not fit
+    timings = {8: 1.0, 64: 0.5}                                # ms by the schedule's peak in MB
+    executed = []
+    monkeypatch.setattr(pipeline, "_execute", lambda device, spans, overlap, produce, consume: executed.append(
+        pipeline.peak_bytes(spans, overlap, per_image) // mb))
+    monkeypatch.setattr(pipeline, "_time", lambda device, fn: (fn(), timings[executed[-1]])[1])
+    chunk_bytes, overlap, ms = pipeline._autotune(None, n, per_image, lambda a, b: None, lambda y, a, b: None)
+    assert executed == [8, 64]              # increasing memory; the 256 MB whole batch > 0.8 * 100 MB is not run
+    assert (chunk_bytes, overlap, ms) == (32 * mb, True, 0.5)
+
+
+def test_autotune_prefers_less_memory_among_the_near_fastest(monkeypatch):
+    mb = 1 << 20
+    monkeypatch.setattr(pipeline, "CANDIDATES", ((8 * mb, False), (32 * mb, False)))
+    monkeypatch.setattr(pipeline, "_free_bytes", lambda device: 1 << 40)
+    runs = []
+    monkeypatch.setattr(pipeline, "_execute", lambda device, spans, overlap, p, c: runs.append(len(spans)))
+    monkeypatch.setattr(pipeline, "_time", lambda device, fn: (fn(), {8: 1.00, 2: 0.99}[runs[-1]])[1])
+    # 64 MB of conv output: 8 chunks or 2 chunks
+    chunk_bytes, overlap, _ = pipeline._autotune(None, 64, 1 * mb, lambda a, b: None, lambda y, a, b: None)
+    assert chunk_bytes == 8 * mb and not overlap                 # 1 % slower, a quarter of the memory
+    assert runs == [8, 2, 8]                                     # ... and its result is the one kept
+
+
+def test_peak_bytes_of_a_schedule():
+    assert pipeline.peak_bytes([(0, 3), (3, 6)], True, 10) == 60
+    assert pipeline.peak_bytes([(0, 3), (3, 5)], False, 10) == 30
+    assert pipeline.peak_bytes([(0, 6)], True, 10) == 60

@@ -1,0 +1,221 @@
+"""The cubin cache and the NVRTC front end, on CPU (no GPU, no nvcc needed).
+
+- the cache key changes with the sources, the NVRTC version, the architecture and the variant, and nothing else;
+- concurrent threads and processes compile an entry once, and a reader never sees a half-written cubin (a fake
+  compiler writes slowly while others read);
+- every environment failure (no NVRTC, an unwritable cache, a failed compile) is a BuildError whose text says the fix;
+- a real NVRTC compile of a small kernel, where NVRTC is installed.
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cutlass_ops import cache, nvrtc
+from cutlass_ops.variants import Variant
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANT = Variant("device_std.h", "no_such_kernel<1>", ("sm_80",))
+CUBIN = b"\x7fELF fake cubin " * 4096
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("FULLFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setattr(nvrtc, "headers_version", lambda: "test")
+    return tmp_path
+
+
+def fake_compiler(monkeypatch, log, pause=0.2, fail=False):
+    def compile_variant(variant, arch):
+        log.append((variant.kernel, arch))
+        time.sleep(pause)
+        if fail:
+            raise nvrtc.CompileError("fullfuse: NVRTC failed to compile (test)")
+        return CUBIN, "_Z14no_such_kernelILi1EEvv"
+    monkeypatch.setattr(nvrtc, "compile_variant", compile_variant)
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("FULLFUSE_CACHE_DIR", str(tmp_path / "c"))
+    assert cache.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("FULLFUSE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache.cache_dir() == tmp_path / "x" / "fullfuse"
+
+
+def test_key_depends_on_arch_variant_nvrtc_and_sources(env, monkeypatch):
+    base = cache.key(VARIANT, "sm_80")
+    assert base == cache.key(VARIANT, "sm_80")
+    assert base != cache.key(VARIANT, "sm_90a")
+    assert base != cache.key(Variant("device_std.h", "no_such_kernel<2>", ("sm_80",)), "sm_80")
+    assert base != cache.key(Variant("device_std.h", "no_such_kernel<1>", ("sm_80",), checks="x"), "sm_80")
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 1))
+    assert base != cache.key(VARIANT, "sm_80")
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setattr(cache, "sources_digest", lambda header: "other sources")
+    assert base != cache.key(VARIANT, "sm_80")
+
+
+def test_sources_digest_follows_the_includes(tmp_path, monkeypatch):
+    """A unit's key covers the headers it includes, transitively, and no others."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.cuh").write_text('#include "sub/b.cuh"\n')
+    (tmp_path / "sub" / "b.cuh").write_text('#include "c.h"\n')   # resolved next to b.cuh
+    (tmp_path / "sub" / "c.h").write_text("int c;\n")
+    (tmp_path / "other.cuh").write_text("int other;\n")
+    monkeypatch.setattr(nvrtc, "csrc_dir", lambda: tmp_path)
+    digest = cache.sources_digest.__wrapped__
+    before = digest("a.cuh")
+    (tmp_path / "other.cuh").write_text("int other2;\n")
+    assert digest("a.cuh") == before
+    (tmp_path / "sub" / "c.h").write_text("int c2;\n")
+    assert digest("a.cuh") != before
+
+
+def test_compiles_once_then_reads(env, monkeypatch):
+    log = []
+    fake_compiler(monkeypatch, log, pause=0.0)
+    assert cache.cubin(VARIANT, "sm_80", quiet=True) == (CUBIN, "_Z14no_such_kernelILi1EEvv")
+    assert cache.cubin(VARIANT, "sm_80", quiet=True)[0] == CUBIN
+    assert log == [("no_such_kernel<1>", "sm_80")]
+    path = cache.entry_path(VARIANT, "sm_80")
+    assert path.is_file() and path.with_suffix(".name").is_file()
+    assert not [p for p in path.parent.iterdir() if "partial" in p.name]
+
+
+def test_concurrent_threads_compile_once_and_never_see_a_partial_cubin(env, monkeypatch):
+    log, results, errors = [], [], []
+    fake_compiler(monkeypatch, log, pause=0.3)
+
+    def worker():
+        try:
+            results.append(cache.cubin(VARIANT, "sm_90a", quiet=True))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(log) == 1
+    assert all(r == (CUBIN, "_Z14no_such_kernelILi1EEvv") for r in results) and len(results) == 8
+
+
+def test_concurrent_processes_compile_once(env, tmp_path):
+    log = tmp_path / "compiles.log"
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from cutlass_ops import cache, nvrtc
+from cutlass_ops.variants import Variant
+nvrtc.version = lambda: (13, 0)
+nvrtc.headers_version = lambda: "test"
+def compile_variant(variant, arch):
+    with open({str(log)!r}, "a") as f:
+        f.write("compile\\n")
+    time.sleep(0.5)
+    return b"cubin" * 100000, "name"
+nvrtc.compile_variant = compile_variant
+code, name = cache.cubin(Variant("device_std.h", "no_such_kernel<1>", ("sm_80",)), "sm_80", quiet=True)
+assert code == b"cubin" * 100000 and name == "name", (len(code), name)
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**os.environ}) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert log.read_text().count("compile") == 1
+
+
+def test_reader_never_takes_a_partial_file(env, monkeypatch):
+    path = cache.entry_path(VARIANT, "sm_80")
+    path.parent.mkdir(parents=True)
+    path.with_name(path.name + ".partial-1-2").write_bytes(CUBIN[:100])   # a killed compile's leftover
+    path.with_suffix(".name").write_text("name")                            # the name is published first
+    log = []
+    fake_compiler(monkeypatch, log, pause=0.0)
+    assert cache.cubin(VARIANT, "sm_80", quiet=True) == (CUBIN, "_Z14no_such_kernelILi1EEvv")
+    assert len(log) == 1
+
+
+def test_failed_compile_is_a_build_error_and_leaves_no_entry(env, monkeypatch):
+    fake_compiler(monkeypatch, [], pause=0.0, fail=True)
+    with pytest.raises(cache.BuildError, match="NVRTC failed"):
+        cache.cubin(VARIANT, "sm_80", quiet=True)
+    assert not cache.entry_path(VARIANT, "sm_80").exists()
+
+
+def test_no_nvrtc_is_a_build_error_with_the_fix(env, monkeypatch):
+    def missing():
+        raise nvrtc.CompileError(f"fullfuse: NVRTC is not available (test); {nvrtc.FIX}")
+    monkeypatch.setattr(nvrtc, "version", missing)
+    with pytest.raises(cache.BuildError, match="pip install cuda-python nvidia-cuda-nvrtc"):
+        cache.cubin(VARIANT, "sm_80", quiet=True)
+
+
+def test_unwritable_cache_is_a_build_error_with_the_fix(env, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("FULLFUSE_CACHE_DIR", str(blocker))
+    fake_compiler(monkeypatch, [], pause=0.0)
+    with pytest.raises(cache.BuildError, match="FULLFUSE_CACHE_DIR"):
+        cache.cubin(VARIANT, "sm_80", quiet=True)
+
+
+def test_fullfuse_build_error_is_the_cache_one():
+    import fullfuse
+    assert fullfuse.BuildError is cache.BuildError
+
+
+def _have_nvrtc() -> bool:
+    try:
+        nvrtc.version()
+        nvrtc.header_dirs()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _have_nvrtc(), reason="NVRTC or the CUDA headers are not installed")
+def test_nvrtc_compiles_a_unit_with_the_project_headers(tmp_path):
+    """device_std.h and the CUDA fp16 / bf16 headers compile under NVRTC, and a failing unit says where."""
+    good = Variant("device_std.h", "ff_probe_kernel<float>", ("sm_80",),
+                   checks="#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
+                          "template <class T> __global__ void ff_probe_kernel(T* p, uint64_t n) "
+                          "{ if (threadIdx.x < n) p[threadIdx.x] = std::is_same_v<T, float> ? "
+                          "__bfloat162float(__float2bfloat16(1.f)) : T(0); }\n")
+    code, name = nvrtc.compile_variant(good, "sm_80")
+    assert code[:4] == b"\x7fELF" and "ff_probe_kernel" in name
+    bad = Variant("device_std.h", "ff_probe_kernel<float>", ("sm_80",), checks="this is not C++\n")
+    with pytest.raises(nvrtc.CompileError, match="ff_probe_kernel"):
+        nvrtc.compile_variant(bad, "sm_80")
+
+
+def test_package_data_ships_every_kernel_source():
+    """`pip install .` copies csrc/ into cutlass_ops/csrc through package-data globs: every header a unit may include
+    (subfolders too) must match one."""
+    import fnmatch
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["cutlass_ops.csrc"]
+    sources = [p.relative_to(ROOT / "csrc").as_posix() for p in (ROOT / "csrc").rglob("*")
+               if p.suffix in (".cu", ".cuh", ".h")]
+    assert sources and not [s for s in sources if s.endswith(".cu")], "csrc/ holds device headers only"
+    missing = [s for s in sources if not any(fnmatch.fnmatchcase(s, pat) and s.count("/") == pat.count("/")
+                                             for pat in patterns)]
+    assert not missing, f"not shipped by pyproject.toml package-data: {missing}"
+
+
+def test_every_variant_header_exists_and_labels_are_unique():
+    from cutlass_ops.instantiations import all_variants
+    seen = set()
+    for family, variants in all_variants().items():
+        assert variants, family
+        for v in variants:
+            assert (nvrtc.csrc_dir() / v.header).is_file(), v
+            assert v.archs and set(v.archs) <= {"sm_80", "sm_90a"}, v
+            assert v.label not in seen, v
+            seen.add(v.label)

@@ -1,0 +1,42 @@
+"""Family A's kernels compile through NVRTC without a GPU (cutlass_ops.nvrtc): one wgmma build for sm_90a and one
+mma.sync build for sm_80, each with its ABI checks (static_asserts that the ctypes mirrors in
+cutlass_ops/conv_act_pool.py match the C++ parameter structs and constants); a mirror that drifts fails the compile.
+Skips where NVRTC is not installed (pip install cuda-python nvidia-cuda-nvrtc nvidia-cuda-runtime)."""
+import ctypes
+import dataclasses
+
+import pytest
+
+from cutlass_ops import conv_act_pool as abi
+from cutlass_ops import nvrtc
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _nvrtc():
+    try:
+        nvrtc.version()
+        nvrtc.header_dirs()
+    except nvrtc.CompileError as exc:
+        pytest.skip(str(exc).splitlines()[0])
+
+
+SEED_WGMMA = abi.wg_variant(abi.F32, False, abi.WG_LM_TNCHW, abi.WG_OPS3X3, 3, False)   # the seed's TF32 NCHW kernel
+BF16_MMA = abi.mma_variant(abi.BF16, False, True)
+
+
+@pytest.mark.parametrize("variant, arch", [(SEED_WGMMA, "sm_90a"), (BF16_MMA, "sm_80")], ids=["wgmma", "mma.sync"])
+def test_variant_compiles(variant, arch):
+    assert variant in abi.VARIANTS and arch in variant.archs
+    code, name = nvrtc.compile_variant(variant, arch)
+    assert code[:4] == b"\x7fELF"
+    name = name.decode() if isinstance(name, bytes) else name
+    assert variant.kernel.split("<")[0] in name
+
+
+def test_drifted_mirror_fails_the_compile():
+    size = ctypes.sizeof(abi.FAParams)
+    broken = dataclasses.replace(BF16_MMA, checks=BF16_MMA.checks.replace(f"sizeof(FAParams) == {size}",
+                                                                          f"sizeof(FAParams) == {size + 8}"))
+    assert broken.checks != BF16_MMA.checks
+    with pytest.raises(nvrtc.CompileError, match="FAParams: size differs"):
+        nvrtc.compile_variant(broken, "sm_80")
