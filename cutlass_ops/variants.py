@@ -27,16 +27,21 @@ class Variant:
         return self.kernel.replace(" ", "")
 
 
+# offsetof for NVRTC: 13.0 has neither offsetof nor __builtin_offsetof; its EDG front end has __INTADDR__ (13.5: both)
+OFFSETOF = ("#ifndef FF_OFFSETOF\n#define FF_OFFSETOF(T, f) ((unsigned long long)__INTADDR__(&(((T*)0)->f)))\n"
+            "#endif")
+
+
 def layout_asserts(struct: type, cname: str) -> str:
     """static_asserts that C++ struct ``cname`` has the size and field offsets of ctypes Structure ``struct``: a
     Python mirror that drifts from the kernel's parameter struct fails the compile instead of corrupting a launch."""
-    lines = [f"static_assert(sizeof({cname}) == {ctypes.sizeof(struct)}, \"{cname}: size differs from the Python "
+    lines = [OFFSETOF, f"static_assert(sizeof({cname}) == {ctypes.sizeof(struct)}, \"{cname}: size differs from the Python "
              f"mirror\");"]
     for field in struct._fields_:
         name = field[0]
         if name.startswith("_pad"):
             continue
         off = getattr(struct, name).offset
-        lines.append(f"static_assert(__builtin_offsetof({cname}, {name}) == {off}, \"{cname}.{name}: offset differs from the "
+        lines.append(f"static_assert(FF_OFFSETOF({cname}, {name}) == {off}, \"{cname}.{name}: offset differs from the "
                      f"Python mirror\");")
     return "\n".join(lines) + "\n"
