@@ -100,8 +100,13 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
             "layout": "channels_last" if channels_last else "contiguous", "rows": rows}
 
 
-def plot(results: List[Dict], path: Path) -> None:
-    import matplotlib
+def plot(results: List[Dict], path: Path) -> bool:
+    """Draw the results to ``path``; False (and a hint) where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("fullfuse bench: no plot (matplotlib is not installed: pip install 'fullfuse[bench]')")
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -120,6 +125,7 @@ def plot(results: List[Dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def bench_cpu(families) -> int:
@@ -165,9 +171,9 @@ def main(families=("A", "B"), shape=None, dtype="float32", precision="auto", lay
     out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_{stamp}_{''.join(families)}_{dtype}_{precision}{'_' + tag if tag else ''}"
     (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": results}, indent=1))
-    plot(results, out / f"{stem}.png")
+    drawn = plot(results, out / f"{stem}.png")
     print(summary(results))
-    print(f"wrote {out / stem}.json and .png")
+    print(f"wrote {out / stem}.json" + (" and .png" if drawn else ""))
     return 0
 
 

@@ -127,9 +127,10 @@ class Kernel:
             self._occupancy[(block, smem)] = got
         return got
 
-    def launch(self, grid: Dim3, block: Dim3, smem: int, params: int, stream: Optional[int] = None) -> None:
-        """Launch on ``stream`` (default: torch's current stream of the kernel's device); ``params`` is the address of
-        the kernel's argument pointer array (``Args.address``)."""
+    def launch(self, grid: Dim3, block: Dim3, smem: int, args: "Args", stream: Optional[int] = None) -> None:
+        """Launch on ``stream`` (default: torch's current stream of the kernel's device) with the kernel's arguments
+        ``args`` (an Args: it holds the values and the pointer array alive until the driver has copied them)."""
+        params = args.address
         gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
         bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
         if stream is None:

@@ -162,7 +162,8 @@ class _RecordingKernel:
     def __init__(self, variant, device):
         self.variant = variant
 
-    def launch(self, grid, block, smem, params, stream=None):
+    def launch(self, grid, block, smem, args, stream=None):
+        params = args.address
         if "pool_planes" in self.variant.kernel:
             types = [ctypes.c_void_p] * 3 + [ctypes.c_uint, ctypes.c_uint, ctypes.c_longlong, ctypes.c_int,
                                              ctypes.c_longlong, ctypes.c_float] + [ctypes.c_void_p] * 2

@@ -49,7 +49,7 @@ class PreparedLaunch:
         slots, args = made
         for slot, pointer in zip(slots, pointers):
             slot.value = pointer
-        self.kernel.launch(self.grid, self.block, self.smem, args.address)
+        self.kernel.launch(self.grid, self.block, self.smem, args)
 
 
 class Prepared(dict):

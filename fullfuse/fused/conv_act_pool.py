@@ -192,7 +192,7 @@ class _Runner:
                 0 if ws is None else ws.data_ptr())
         if l.nkb == 1:
             q, = l.params(*ptrs, tmap)
-            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q).address)
+            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
             return
         # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zeroed first for the atomic mean), then
         # the block into out's columns, all in stream order
@@ -203,7 +203,7 @@ class _Runner:
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
             if atomic_mean:
                 block.zero_()
-            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q).address)
+            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
             out[:, k0:k0 + kk].copy_(block)
 
 

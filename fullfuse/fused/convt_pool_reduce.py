@@ -149,7 +149,7 @@ def packed_weights(geometry: abi.PackGeometry, nbytes: int, weight: torch.Tensor
         return out
     pack = runtime.kernel(abi.PACK, launch.device_index(weight.device))
     args = runtime.Args(ctypes.c_void_p(weight.data_ptr()), ctypes.c_void_p(out.data_ptr()), geometry)
-    pack.launch((-(-per // abi.PACK_THREADS), geometry.nslices, 1), abi.PACK_THREADS, 0, args.address)
+    pack.launch((-(-per // abi.PACK_THREADS), geometry.nslices, 1), abi.PACK_THREADS, 0, args)
     return out
 
 
@@ -193,6 +193,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
         args = runtime.Args(prm)
-        fused.launch(grid, threads, smem, args.address)
+        fused.launch(grid, threads, smem, args)
         return out.unsqueeze(1) if keepdim else out
     return run
