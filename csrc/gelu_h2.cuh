@@ -2,13 +2,13 @@
 // called by fa_wgmma_kernel, csrc/fused_conv_act_pool/wgmma_epilogue.cuh) and the microbenchmark
 // benchmarks/probe_epilogue_a.cu.
 // wg_epi_h2 reduces over a tile's 128 pixels per output channel (the mean pool's sum), so that on the H200 none of its work
-// is on the FP32 FMA pipe, which wgmma chains block (NOTES run 17: FFMA / FADD beside a wgmma chain take the sum of the two
-// times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: NOTES run 22).  Per pair of accumulators (two pixels of one
-// channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (an operand modifier of the HFMA2s, NOTES run 23;
+// is on the FP32 FMA pipe, which wgmma chains block (docs/design.md: FFMA / FADD beside a wgmma chain take the sum of the two
+// times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: docs/design.md).  Per pair of accumulators (two pixels of one
+// channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (an operand modifier of the HFMA2s, docs/design.md;
 // a LOP3 before), Phi(-|x|) = 2^P3(|x|) by 3 HFMA2 in nu
 // and ex2.approx.f16x2 (two MUFU.EX2.F16), g = relu(x) + nu Phi by one HFMA2: fast_gelu.md's form relu(x) - |x| 2^P(|x|),
 // with a degree-3 P fitted for fp16 accuracy (max |g error| on [0, 4] ~1e-4 in exact arithmetic; fast_gelu.md's degree 5
-// is for fp32) — 7 cycles per tile fewer than degree 5 with a second F2FP for relu (NOTES run 22, probe_epilogue_a.cu).
+// is for fp32) — 7 cycles per tile fewer than degree 5 with a second F2FP for relu (docs/design.md, probe_epilogue_a.cu).
 // MUFU.EX2.F16 rounds toward zero (measured bit for bit on the H200, benchmarks/diag_gelu_h2.py); P's fp16 coefficients
 // are the fit's moved by a step or two so that this rounding does not bias the pooled mean (tests/test_gelu_h2.py).
 // Accuracy (tests/test_gelu_h2.py emulates every step, every fp16 x and 1.3 M random fp32 x against float64):
@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
 // The fragments of H2_SUM_BLOCKS such 16-pixel blocks are first added in fp16 (HADD2, round to nearest: each of the
 // log2 H2_SUM_BLOCKS levels adds <= 2^-11 of its partial sums, unbiased), so a tile takes 2 mma.sync instead of 8: the
 // legacy tensor-core op waits for the other blocks' wgmmas (ncu: 'math' stalls), and 8 of them were 1/2 of one wgmma's
-// work.  Measured A / B (NOTES run 23): 8 -> 4 -> 2 mma.sync -2 / -2 % per step, one (8 blocks, 28 HADD2) +1 to +3 %.
+// work.  Measured A / B (docs/design.md): 8 -> 4 -> 2 mma.sync -2 / -2 % per step, one (8 blocks, 28 HADD2) +1 to +3 %.
 // gelu(f, lo, hi): the pair's g as f16x2 (f = its place in the A fragment; the microbenchmarks pass variants).
 constexpr int H2_SUM_BLOCKS = 4;
 constexpr int H2_SUM_GROUPS = 8 / H2_SUM_BLOCKS;   // mma.sync per tile

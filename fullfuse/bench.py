@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -18,7 +17,7 @@ import torch
 from .cudnn_peer import cudnn_fused_a
 from .errors import UnsupportedError
 from .fallback import cudnn_conv, pipeline
-from .measure import environment, errors, gpu_state, peak_extra_memory, time_cuda
+from .measure import environment, errors, gpu_state, peak_extra_memory, result_stem, time_cuda
 from .model import fused_model
 from .precision import cudnn_conv_precision, resolve
 from .seed_models import SEED_SHAPE, SMALL_SHAPE, seed_model
@@ -166,10 +165,9 @@ def main(families=("A", "B"), shape=None, dtype="float32", precision="auto", lay
                   f"layout={layout}", flush=True)
             results.append(bench_family(family, fam_shape, dtype, precision, layout == "channels_last", variants, repeats,
                                         conv=fam_conv))
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_{stamp}_{''.join(families)}_{dtype}_{precision}{'_' + tag if tag else ''}"
+    stem = result_stem(f"bench_{''.join(families)}_{dtype}_{precision}{'_' + tag if tag else ''}")
     (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": results}, indent=1))
     drawn = plot(results, out / f"{stem}.png")
     print(summary(results))

@@ -104,6 +104,15 @@ def git_commit() -> str:
         return "unknown"
 
 
+def result_stem(name: str) -> str:
+    """A result file's name: the benchmark, then the commit, GPU, torch and CUDA versions it was measured with."""
+    env = environment()
+    gpu = (env.get("gpu") or "cpu").replace("NVIDIA", "").strip().split()[0]
+    commit = str(env["commit"])[:7] + ("+dirty" if "dirty" in str(env["commit"]) else "")
+    torch_version = ".".join(str(env["torch"]).split("+")[0].split(".")[:2])
+    return f"{name}_{commit}_{gpu}_torch{torch_version}_cu{env['cuda']}"
+
+
 def nvrtc_version():
     from cutlass_ops import nvrtc
     try:

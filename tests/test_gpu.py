@@ -217,7 +217,7 @@ def test_fused_a_plan_names_the_kernel(conv, width, precision, kernel):
 
 def test_fused_a_small_channels_last_input_is_copied():
     """channels_last input with fewer than 8 channels and W % 4 == 0 (fp32): the fused call reads a contiguous copy
-    through the NCHW loaders (faster than the per-element channels_last loader, NOTES run 29), same result."""
+    through the NCHW loaders (faster than the per-element channels_last loader, docs/design.md), same result."""
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GELU(), nn.AdaptiveAvgPool2d(1)).cuda().eval()
     x = torch.randn(2, 3, 20, 132, device="cuda", generator=torch.Generator("cuda").manual_seed(SEED))
     with torch.no_grad(), cudnn_conv_precision("ieee"):
@@ -486,7 +486,7 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
     precision, both layouts, atomic and deterministic partials, against float64; the deterministic mode repeats bits.
     ieee's ring is twice as large: over more than one channel group (C_in x kernel depth > 8) it leaves one block per
     SM and refuses (_CONV3D_IEEE_REFUSED), except where the ring is small — a one-row filter over 10-pixel rows (ring
-    slots of 128 + halo columns, NOTES run 33)."""
+    slots of 128 + halo columns, docs/design.md)."""
     xs, k_out, kernel, stride, padding, dilation = shape
     if mode == "ieee" and xs in _CONV3D_IEEE_REFUSED:
         model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), nn.AdaptiveAvgPool3d(1))

@@ -224,7 +224,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
     // and chunk e of quad j lands at position (e + j / 2) mod 4 of its block: the 8 threads of a 16-byte shared-memory
     // phase then copy into and load from 8 bank groups (4-way conflicts before), and store the transposed columns
     // into 4 (2-way; 4-way before).  (Stepping a thread's tasks by constants, as VEC and NCHW8 do for one plane,
-    // measured 4.7 % slower here: NOTES run 18 item 7.)
+    // measured 4.7 % slower here: docs/design.md.)
     const int wq = (wbase >= 0) ? (wbase & ~3) : -((3 - wbase) & ~3);   // floor(wbase / 4) * 4
     const int delta = wq - wbase;                                         // -3 .. 0 positions
     const int HP = p.CG * 2;
@@ -353,7 +353,7 @@ __device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t
 // ldmatrix.trans and one stmatrix (x4: a warp moves four blocks per instruction pair, block = column group j x channel
 // group cg, cg fastest).  The stage's channel rows lie tma_bc * 2 = 16 bytes modulo 128 apart (tma_bc = 8 mod 64), so the 8
 // rows of a block come from 8 bank groups; a block's 8 entries are 128 contiguous bytes of the slot.  The stage is
-// complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (NOTES run 17 item 9).
+// complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (docs/design.md).
 // Block k of a thread's pass (k-th trip of its warp, lane's block clamped to the last): source offset in its stage,
 // destination offset in its slot.
 // (SW2: each column's entry at its parity's position, wg_pos: stmatrix takes one address per lane and row.)
@@ -368,7 +368,7 @@ __device__ __forceinline__ WGTn16Blk wg_tnchw16_blk(const WGParams& p, int b0, i
 }
 // The pass's offsets are the same for every row: where a warp's blocks take at most WG_TN16_TRIPS trips (nb <= 48: up
 // to ~384 columns of 8 channels) and the offsets fit 16 bits, they are worked out once per block, packed src | dst << 16
-// (the index arithmetic per row cost ~50 instructions per tile at the seed, NOTES run 23); otherwise per row.
+// (the index arithmetic per row cost ~50 instructions per tile at the seed, docs/design.md); otherwise per row.
 constexpr int WG_TN16_TRIPS = 3;
 template <bool SW2 = false>
 struct WGTn16 {
@@ -419,7 +419,7 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
 // j % RB.  The rows are taken in order, so every thread keeps the next one's pair in one register (st | rs << 16), reset
 // per piece, instead of two 64-bit multiply-high divisions per row (their chains held ~2 % of the stall samples); the
 // row thread 0 issues inside the row loop is always (D - 1) sh rows past the next one to take, so its stage follows from
-// that pair (NOTES run 24: counters of their own for both sequences spilled in the 16-bit TNCHW kernel).
+// that pair (docs/design.md: counters of their own for both sequences spilled in the 16-bit TNCHW kernel).
 __device__ __forceinline__ int wg_stage_of(const WGParams& p, int j) { return j - p.NST * fdiv(j, p.mST, p.sST); }
 __device__ __forceinline__ int wg_stage_next(const WGParams& p, int st) { return st + 1 == p.NST ? 0 : st + 1; }
 struct WGRowSlot {

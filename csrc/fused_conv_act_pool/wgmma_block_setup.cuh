@@ -24,7 +24,7 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   // 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  OB ops' global loads are
   // issued before any is used (in flight together).  Kept small on purpose: this code runs once per block, so its cost
   // is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 14-25 us
-  // per block before the first row could start (NOTES run 19).
+  // per block before the first row could start (docs/design.md).
   constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
   const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
   const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;

@@ -77,7 +77,7 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
 // tile takes the tile back — dm as before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones
 // matrix) — and runs it through the exact GELU (ff_gelu_erf) into red instead.  fp16 input: that redo sees the conv
 // outputs through ff_f16_sat, so |x| >= 65520 gives PyTorch's GELU(+-inf) = inf / NaN.  The check costs two compares
-// per tile (it replaced a guard on the staged inputs whose running bound cost a pass over every row, NOTES run 23).
+// per tile (it replaced a guard on the staged inputs whose running bound cost a pass over every row, docs/design.md).
 // bf16 input (DT == FF_BF16) is also redone when the tile adds less than T = 2^-8 to either row sum (128 pixels):
 // the fp16 rounding of x and of g keeps an absolute floor of ~2^-25 per value (fp16's subnormal step), where PyTorch's
 // bf16 (fp32's exponent range) keeps ~3 significant digits, so small activations (~1e-7) lost everything.  That floor
@@ -103,10 +103,10 @@ __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float 
 
 // Mean pooling zeroes a partial tile's padding accumulators (pixels >= qv) first: every activation maps 0 to (+-)0, which
 // adds nothing to a sum, so the epilogue then runs as for a whole tile — one straight-line block of 64 values, where the
-// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, NOTES run 18).  Where
+// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, docs/design.md).  Where
 // only the last column block is partial (qv > 120: the seed's second half-row has 126 pixels) only its 4 values are
 // tested; the general loop, which ptxas predicates whole (2 compares and 4 selects per column block, issued even where
-// off: 9 % of the 16-bit kernel's issue at the seed, NOTES run 23), serves the rest.  Max pooling keeps the masks (0 is
+// off: 9 % of the 16-bit kernel's issue at the seed, docs/design.md), serves the rest.  Max pooling keeps the masks (0 is
 // not neutral for a max); 16-bit whole tiles skip them too (WGParams fulltile).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
 // h2: the half-precision GELU (wg_epi_h2_checked, 16-bit input only) adds into dm[0..3] instead of red.

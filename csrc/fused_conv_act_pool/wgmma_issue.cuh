@@ -46,7 +46,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
                                          int half) {
 #ifdef FA_HAVE_WGMMA
   // straight-line kernels read the whole row of descriptor words first, so that the shared-memory latencies overlap
-  // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, NOTES run 19); not the ieee kernel (SPLIT),
+  // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, docs/design.md); not the ieee kernel (SPLIT),
   // whose 246 registers grew to 254 with it and whose NCHW time by 5 %
   constexpr bool PRE = NOPS > 0 && !SPLIT;
   constexpr bool COL = NOPS == WG_COL16_OPS;    // + the column op's A word (wg_dtab_fill)

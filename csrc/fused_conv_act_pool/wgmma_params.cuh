@@ -49,7 +49,7 @@ constexpr int WG_COL16_OPS = 5, WG_COL16_J = 4;
 // ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
 // TVEC / TNCHW = channels_last (C % 8 == 0) / NCHW (W % 4 fp32, % 8 16-bit) through the tensor-memory-access engine (TMA,
 // wg_tma_row): one thread issues a row's few bulk copies instead of every thread its 16-byte ones (the copies' issue and
-// index arithmetic were ~70-100 instructions per tile and warp, NOTES run 19 item 9); TVEC lands in the slot's own layout,
+// index arithmetic were ~70-100 instructions per tile and warp, docs/design.md); TVEC lands in the slot's own layout,
 // TNCHW in a staging buffer that the post-copy pass transposes into the slot.
 enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4, WG_LM_TVEC = 5, WG_LM_TNCHW = 6 };
 constexpr bool wg_lm_tma(int lm) { return lm == WG_LM_TVEC || lm == WG_LM_TNCHW; }

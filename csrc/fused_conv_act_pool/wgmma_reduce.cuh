@@ -47,7 +47,7 @@ struct WGPiece {
 };
 
 // The lines of block b are [wg_line0(b), wg_line0(b + 1)): equal shares.  (Weighting them per launch wave — the third
-// wave's blocks of an SM finished ~8 % after the first's — made the kernel slower: NOTES run 19.)
+// wave's blocks of an SM finished ~8 % after the first's — made the kernel slower: docs/design.md.)
 __device__ __forceinline__ long long wg_line0(const WGParams& p, long long b) { return b * p.L / p.G; }
 // the block holding line l: the last b with wg_line0(b) <= l
 __device__ __forceinline__ long long wg_block_of(const WGParams& p, long long l) { return ((l + 1) * p.G + p.L - 1) / p.L - 1; }

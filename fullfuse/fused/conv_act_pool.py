@@ -33,7 +33,7 @@ def _kernel_layout(x: torch.Tensor) -> Tuple[bool, int]:
     a contiguous copy.  A channels_last(_3d) input that only the per-element loader would read — a Conv3d's, or a
     Conv2d's with fewer than 8 channels — is copied to NCHW / NCDHW when its rows suit the TMA / 16-byte loaders there
     (W % 4 fp32, % 8 16-bit): the copy (one read and write of the input, which the call then holds as extra memory)
-    costs far less than the per-element loader (benchmarks/NOTES.md runs 28, 29)."""
+    costs far less than the per-element loader (docs/design.md)."""
     if x.is_contiguous():
         return False, 0
     if x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim()]):

@@ -271,7 +271,7 @@ class WGPlan:
 # Blocks per SM the wgmma kernel is planned for: 3 (the 168-register builds: 0.584 / 0.743 ms NHWC / NCHW TF32 at the
 # seed against 0.674 / 0.847 for 4 blocks of 128 registers); 3xTF32 at most 2.  Fewer where a large filter's ring needs
 # the room, but never fewer than MIN_BPS: one block per SM, no other block to fill its MMA and epilogue gaps, measured
-# slower than cuDNN + the fused epilogue kernel (benchmarks/NOTES.md run 17: 3x3 over 24 / 32 channels).
+# slower than cuDNN + the fused epilogue kernel (docs/design.md: 3x3 over 24 / 32 channels).
 BPS, MIN_BPS = 3, 2
 MAX_RING = 8   # ring slots beyond the ones a row needs, where shared memory allows
 
@@ -649,9 +649,9 @@ def choose(pb: Problem, props, lm: int) -> Choice:
     wp = wg_plan(pb, Cx, pl, lm, v, props)
     # Narrow output rows: a wgmma tile is 128 pixels of one output row, so a row of Q pixels fills Q / 128 of it, and
     # the mma.sync kernel's 16-pixel tiles are faster below: measured at Q = 30 (1.8-2.6x faster in every mode) and
-    # 62 (ieee 1.2-1.3x, TF32 channels_last 1.3x faster; TF32 NCHW and 16-bit 6-18 % slower), NOTES run 29; the
+    # 62 (ieee 1.2-1.3x, TF32 channels_last 1.3x faster; TF32 NCHW and 16-bit 6-18 % slower), docs/design.md; the
     # thresholds between come from time ~ 1 / Q (wgmma) vs ~ ceil(Q / 16) / Q (mma.sync) per output.  Two rows per
-    # tile (R2) fill 2 Q / 128 of a tile: it keeps rows of more than R2_NARROW pixels (NOTES run 31).
+    # tile (R2) fill 2 Q / 128 of a tile: it keeps rows of more than R2_NARROW pixels (docs/design.md).
     q_narrow = (R2_NARROW if wp.prm.r2 else
                 64 if pb.precision == PREC_IEEE or (pb.dtype == F32 and pb.channels_last) else 48)
     if wp.ok and not pl.mma_why and pl.Q <= q_narrow:

@@ -1,7 +1,7 @@
 // Variants of the fused A kernel's 16-bit GELU (csrc/gelu_h2.cuh h2_gelu) that the microbenchmarks price against it
 // (probe_epilogue_a.cu: the seed's tile work; probe_wgmma_smem.cu: what runs beside a wgmma chain).  Each returns, like
 // h2_gelu, g = relu(x) - |x| Phi(-|x|) of a pair of fp32 values as f16x2; the epilogue around them (h2_var_epi) reduces,
-// like wg_epi_h2, over the tile's 128 pixels per channel by mma.sync against ones.  Measured in NOTES run 22:
+// like wg_epi_h2, over the tile's 128 pixels per channel by mma.sync against ones.  Measured in docs/design.md:
 //   V 0  the product form (P3, relu by HMNMX2)
 //   V 1  run 21's form (fast_gelu.md's degree-5 P, relu by a second F2FP, cvt.rn.relu)
 //   V 2  no MUFU: r' = -P5 clamped to <= 14, m = round(r') by the 1536 magic number, 2^-(r' - m) by a degree-3

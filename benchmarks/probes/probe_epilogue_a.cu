@@ -2,7 +2,7 @@
 // the shape of fa_wgmma_kernel (one warpgroup per block, 3 blocks per SM, 64 accumulators: per 128-pixel tile a chain
 // of wgmmas, wait, epilogue, next tile).  Reduces, per block and output channel, the activation over every tile's
 // pixels — the fused kernel's sum — so each variant's result can be compared with the fp32 GELU's.
-// Question it answers: how much of the kernel's time per tile (NOTES run 17: bf16 1682, 'none' 1046 cycles per SM)
+// Question it answers: how much of the kernel's time per tile (docs/design.md: bf16 1682, 'none' 1046 cycles per SM)
 // is the MMA + epilogue alternation itself, and what an epilogue without FP32-pipe work (half2 GELU, sums in half2 or
 // by a reduction wgmma against a ones matrix) would cost there; since run 22 also the kernel's own 16-bit epilogue
 // (csrc/gelu_h2.cuh) beside the variants of its GELU that gelu_h2_variants.cuh collects, each with the MMAs and alone.
@@ -301,7 +301,7 @@ void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const
 // shared-memory buffers (mbarriers full / empty per buffer), one block of (NM + NE) x 128 threads per SM; the epilogue
 // warpgroups run the kernel's 16-bit GELU + mean (P3, MUFU, mma.sync sums) on the handed-over pairs.  Question: does
 // taking the epilogue off the MMA warpgroups (the MMAs of one tile beside the epilogues of earlier ones, without a second
-// accumulator set) beat the kernel's three blocks of one warpgroup (NOTES run 24)?
+// accumulator set) beat the kernel's three blocks of one warpgroup (docs/design.md)?
 // SPLIT_NB (6) is a multiple of NM and NE: every buffer then has one producer and one consumer warpgroup, in tile order
 // (the parity waits need that)
 constexpr int SPLIT_BUF_OFF = (SMEM + 1023) / 1024 * 1024, SPLIT_BUF = 16384, SPLIT_NB = 6;

@@ -1,4 +1,4 @@
-"""Fit of the MUFU-free 16-bit GELU variants V 7 / V 8 of gelu_h2_variants.cuh (NOTES run 25 item 2), CPU only.
+"""Fit of the MUFU-free 16-bit GELU variants V 7 / V 8 of gelu_h2_variants.cuh (docs/design.md), CPU only.
 
 V 7: g = relu(x) - |x| P(v), P ~ Phi(-u);  V 8: 2g = x + |x| Q(v), Q ~ erf(u / sqrt 2);  u = |x|, v = min(u - a, U - a)
 (the Horner centred at a: in u itself the fp16 rounding of its large alternating terms costs 1.6-5e-3).  Steps: a minimax
