@@ -190,6 +190,34 @@ def kernel(variant: Variant, device: int) -> Kernel:
     return k
 
 
+def memset_zero(address: int, nbytes: int, device: int) -> None:
+    """Zero ``nbytes`` at ``address`` on torch's current stream of ``device`` (cuMemsetD8Async; 32-bit words where
+    the size and address allow)."""
+    drv = _memset_fns()
+    stream = _raw_stream(device)
+    ctx = _primary_context(device)
+    _, current = drv[2]()
+    switch = int(current) != int(ctx)
+    if switch:
+        drv[3](ctx)
+    try:
+        if nbytes % 4 == 0 and address % 4 == 0:
+            err, = drv[0](address, 0, nbytes // 4, stream)
+        else:
+            err, = drv[1](address, 0, nbytes, stream)
+    finally:
+        if switch:
+            drv[3](current)
+    if int(err) != 0:
+        _check((err,), "cuMemsetAsync")
+
+
+@lru_cache(maxsize=None)
+def _memset_fns():
+    drv = _driver()
+    return drv.cuMemsetD32Async, drv.cuMemsetD8Async, drv.cuCtxGetCurrent, drv.cuCtxSetCurrent
+
+
 # ---- TMA descriptors ----
 _TMAP_CACHE_SIZE = 256
 _tmaps: Dict[tuple, bytes] = {}

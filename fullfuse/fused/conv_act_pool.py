@@ -4,6 +4,7 @@ the kernels are compiled per instantiation at first use (cutlass_ops.conv_act_po
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -178,6 +179,7 @@ class _Runner:
 
     def __init__(self, launches: Launches, device: int):
         self.l, self.device = launches, device
+        self._local = threading.local()
         self.kernel = runtime.kernel(launches.variant, device)
         if launches.wgmma:
             self.grid = launches.grid
@@ -191,8 +193,21 @@ class _Runner:
         ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                 0 if ws is None else ws.data_ptr())
         if l.nkb == 1:
-            q, = l.params(*ptrs, tmap)
-            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
+            # one launch: this thread's own parameter struct, made once from the template, gets the call's pointers
+            # (a launch copies the parameters, so the struct is free again when launch() returns)
+            mine = getattr(self._local, "args", None)
+            if mine is None:
+                mine = self._local.args = runtime.Args(l.params(*ptrs, tmap)[0])
+            q = mine.values[0]
+            if l.wgmma:
+                if tmap is not None:
+                    ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
+                q.x, q.w, q.bias, q.out = ptrs[0], ptrs[1], ptrs[2] or None, ptrs[3]
+            else:
+                q.x, q.w, q.bias, q.out = ptrs[0], ptrs[1], ptrs[2] or None, ptrs[3]
+                q.vec_ok = 1 if l.pb.channels_last and l.pb.C % 8 == 0 and ptrs[0] % 16 == 0 else 0
+            l._ws(q, ptrs[4])
+            self.kernel.launch(self.grid, 128, l.smem, mine)
             return
         # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zeroed first for the atomic mean), then
         # the block into out's columns, all in stream order
@@ -204,7 +219,7 @@ class _Runner:
             if atomic_mean:
                 block.zero_()
             self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
-            out[:, k0:k0 + kk].copy_(block)
+            out.view(n, -1)[:, k0:k0 + kk].copy_(block)
 
 
 def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
@@ -243,13 +258,14 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
+        # out in the shape the call returns (the kernel writes its N x K floats contiguously)
         if atomic:
-            out = torch.zeros(n, k, dtype=torch.float32, device=device)
+            out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
-            out = launch.new_output(n, k, device=device)
+            out = launch.new_output(*shape, device=device)
         # every tensor the kernel reads is held by a name until the launch is enqueued
         weight, bias = as_memory_format(weight, torch.contiguous_format), float32_bias(bias)
         ws = workspace.zeroed(device, ws_bytes)
         call(x, weight, bias, out, ws)
-        return out.to(dtype).view(shape)
+        return out if dtype == torch.float32 else out.to(dtype)
     return run

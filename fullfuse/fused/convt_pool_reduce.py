@@ -5,6 +5,7 @@ and launched through fullfuse.runtime; the weights are packed on the GPU before 
 from __future__ import annotations
 
 import ctypes
+import threading
 import math
 from typing import Optional, Tuple
 
@@ -166,12 +167,15 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         raise RuntimeError(f"fullfuse: {p.why}")
     fused, _ = _kernels(p, index)
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
-    shape, dtype, device, keepdim = (x.shape[0], *pooled), x.dtype, x.device, spec.keepdim
+    # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
+    shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
+    dtype, device = x.dtype, x.device
     channels_last = bool(p.params.channels_last)
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
     template = bytes(p.params)   # every field but the pointers and ncdhw_vec
     grid, threads, smem, ws_bytes, ws_cnt = p.blocks, p.threads, p.smem, p.ws_bytes, p.ws_cnt_offset
     geometries = {}   # weight strides -> (geometry, bytes)
+    local = threading.local()   # .args: this thread's parameter struct (a launch copies it: free again after)
 
     def run(x, weight, bias):
         if copy:
@@ -186,13 +190,15 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         xp = x.data_ptr()
         if channels_last and xp % 16:
             raise RuntimeError("fullfuse: the fused kernel needs a 16-byte aligned channels_last_3d input")
-        prm = abi.FBParams.from_buffer_copy(template)   # per call: threads share only the template
+        args = getattr(local, "args", None)
+        if args is None:
+            args = local.args = runtime.Args(abi.FBParams.from_buffer_copy(template))
+        prm = args.values[0]
         prm.x, prm.wp, prm.out = xp, packed.data_ptr(), out.data_ptr()
         prm.bias = None if bias is None else bias.data_ptr()
         if ws is not None:
             prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
-        args = runtime.Args(prm)
         fused.launch(grid, threads, smem, args)
-        return out.unsqueeze(1) if keepdim else out
+        return out
     return run
