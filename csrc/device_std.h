@@ -12,7 +12,7 @@ typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
-typedef unsigned long uintptr_t;
+typedef unsigned long long uintptr_t;   // as CCCL's (arch_sm90.cuh includes CuTe): the two must agree
 
 namespace std {
 template <class T, T v> struct integral_constant {

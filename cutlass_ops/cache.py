@@ -2,9 +2,10 @@
 
 Location: ``$FULLFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fullfuse``, else ``~/.cache/fullfuse``.  Entry
 ``cubins/<kernel>-<arch>-<key>.cubin`` with the kernel's lowered name in ``.name`` beside it; the key hashes the CUDA
-sources the unit includes, the NVRTC version, the CUDA headers, the compile options, the architecture and
-the variant.  An entry is compiled under a file lock into a private file that is renamed into place after its name
-file, so a ``.cubin`` that exists is complete and its name is there: readers take no lock.
+sources the unit includes, the NVRTC version, the CUDA headers and the CUTLASS / CCCL versions
+(``nvrtc.headers_version``), the compile options, the architecture and the variant.  An entry is compiled under a
+file lock into a private file that is renamed into place after its name file, so a ``.cubin`` that exists is
+complete and its name is there: readers take no lock.
 """
 from __future__ import annotations
 

@@ -2,8 +2,11 @@
 
 No CUDA toolkit is needed: NVRTC is the ``nvidia-cuda-nvrtc`` wheel (a CUDA build of torch depends on it) and the
 headers the kernels include (``cuda_fp16.h``, ``cuda_bf16.h``) come from the ``nvidia-cuda-runtime`` wheel, a CUDA
-toolkit if there is one, or, failing both, the headers NVRTC bundles (NVRTC >= 13.1).  A compile unit is the
-variant's header plus one explicit instantiation and the ABI checks (static_asserts on the parameter struct).
+toolkit if there is one, or, failing both, the headers NVRTC bundles (NVRTC >= 13.1).  The sm_90a kernels'
+wgmma wrappers (csrc/arch_sm90.cuh) are CuTe's: the CUTLASS headers come from the ``nvidia-cutlass`` wheel
+(``cutlass_library.source_path``) and the CCCL headers they need (libcu++, ``cuda/std/...``) from the
+``nvidia-cuda-cccl`` wheel or a CUDA toolkit.  A compile unit is the variant's header plus one explicit instantiation
+and the ABI checks (static_asserts on the parameter struct).
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from .variants import Variant
 OPTIONS = dict(std="c++17", lineinfo=True, device_as_default_execution_space=True)
 FIX = ("install NVRTC and the CUDA headers: pip install cuda-python nvidia-cuda-nvrtc nvidia-cuda-runtime (a CUDA "
        "build of torch already brings both wheels), or point CUDA_HOME at a CUDA toolkit >= 12.4")
+CUTE_FIX = "pip install 'nvidia-cutlass>=4.2' nvidia-cuda-cccl (the CUTLASS / CuTe and CCCL headers)"
+# the CuTe header csrc/arch_sm90.cuh includes: present in every CUTLASS this works with (>= 4.2)
+CUTE_PROBE = Path("cute", "arch", "mma_sm90_gmma.hpp")
 
 
 class CompileError(RuntimeError):
@@ -82,6 +88,76 @@ def header_dirs() -> Tuple[Tuple[str, ...], bool]:
     raise CompileError(f"fullfuse: the CUDA headers (cuda_fp16.h) are not installed; {FIX}")
 
 
+@lru_cache(maxsize=None)
+def cutlass_dir() -> Optional[str]:
+    """The CUTLASS include directory (holding cute/ and cutlass/) of the nvidia-cutlass wheel, or None."""
+    import importlib.util
+    try:   # located, not imported: the package's Python side needs more (cuda-python, networkx...) than its headers
+        spec = importlib.util.find_spec("cutlass_library")
+        inc = Path(list(spec.submodule_search_locations)[0], "source", "include")
+    except Exception:  # not installed
+        return None
+    return str(inc) if (inc / CUTE_PROBE).is_file() else None
+
+
+@lru_cache(maxsize=None)
+def cccl_dir() -> Optional[str]:
+    """The folder holding CCCL's cuda/std/ (CuTe includes <cuda/std/...>): <include>/cccl of the nvidia-cuda-cccl wheel
+    (site-packages nvidia/cu13 or cu12, as the CUDA headers) or of a CUDA 13 toolkit, a CUDA 12 toolkit's include, or
+    None.  Beside the CUDA headers found first, so that the two come from one CUDA release where both are installed."""
+    try:
+        cands = [Path(d) for d in header_dirs()[0]]
+    except CompileError:
+        cands = []
+    cands += [base / "nvidia" / sub / "include" for base in map(Path, sys.path)
+              for sub in ("cu13", "cu12", "cuda_cccl")]
+    for inc in cands:
+        for d in (inc / "cccl", inc):
+            if (d / "cuda" / "std" / "version").is_file():
+                return str(d)
+    try:
+        from cuda import pathfinder
+        located = pathfinder.find_nvidia_header_directory("cccl")
+        if located and Path(located, "cuda", "std", "version").is_file():
+            return str(located)
+    except Exception:
+        pass
+    return None
+
+
+_QUOTED = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+_CUTE = re.compile(r'^\s*#\s*include\s*<(cute|cutlass)/', re.M)
+
+
+@lru_cache(maxsize=None)
+def needs_cutlass(header: str) -> bool:
+    """Whether ``header`` (csrc-relative) or a file it includes with quotes includes a CUTLASS / CuTe header."""
+    root, seen, todo = csrc_dir(), set(), [csrc_dir() / header]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_text("utf-8", "replace")
+        if _CUTE.search(text):
+            return True
+        for name in _QUOTED.findall(text):
+            todo += [root / name, path.parent / name]
+    return False
+
+
+def cutlass_include_dirs() -> Tuple[str, ...]:
+    """The CUTLASS and CCCL include directories, or CompileError naming the wheels to install.  CUTLASS includes CCCL
+    both as <cuda/std/...> and as <cccl/cuda/std/...>: a CCCL folder named cccl/ comes with its parent too."""
+    cut, cccl = cutlass_dir(), cccl_dir()
+    if cut and cccl:
+        return (cut, cccl, str(Path(cccl).parent)) if Path(cccl).name == "cccl" else (cut, cccl)
+    wanted = (("CUTLASS (nvidia-cutlass >= 4.2)", cut), ("CCCL (nvidia-cuda-cccl)", cccl))
+    missing = " and ".join(name for name, found in wanted if not found)
+    raise CompileError(f"fullfuse: the {missing} headers are not installed (the sm_90a kernels include CuTe's wgmma "
+                       f"wrappers); {CUTE_FIX}")
+
+
 def arch_option(arch: str) -> str:
     """NVRTC's --gpu-architecture value for "sm_90a" / "sm_86" / ...: the cubin for that GPU."""
     if not re.fullmatch(r"sm_\d+[af]?", arch):
@@ -99,6 +175,8 @@ def compile_variant(variant: Variant, arch: str) -> Tuple[bytes, str]:
     from cuda.core import Program, ProgramOptions
     version()
     includes, bundled = header_dirs()
+    if needs_cutlass(variant.header):   # only these units: the others compile without CUTLASS / CCCL installed
+        includes = (*includes, *cutlass_include_dirs())
     opts = ProgramOptions(arch=arch_option(arch), include_path=[str(csrc_dir()), *includes],
                           use_bundled_headers=bundled or None, **OPTIONS)
     try:
@@ -117,15 +195,38 @@ def describe() -> str:
         return str(exc)
     includes, bundled = header_dirs()
     where = "NVRTC's bundled headers" if bundled else ", ".join(includes)
-    return f"NVRTC {major}.{minor} (headers: {where})"
+    cute = ", ".join(f"{name} {ver}" for name, ver in _cute_versions().items())
+    return f"NVRTC {major}.{minor} (headers: {where}; {cute})"
 
 
 def options_key() -> str:
     return repr(sorted(OPTIONS.items()))
 
 
+def _version_of(path: Path, pattern: str) -> str:
+    try:
+        return ".".join(re.search(pattern, path.read_text("utf-8", "replace"), re.S).groups())
+    except (OSError, AttributeError):
+        return "unknown"
+
+
+@lru_cache(maxsize=None)
+def _cute_versions() -> dict:
+    """{"CUTLASS": "4.2.0", "CCCL": "3.0.1"}, "missing" for one not installed."""
+    cut, cccl = cutlass_dir(), cccl_dir()
+    pattern = r"CUTLASS_MAJOR (\d+).*CUTLASS_MINOR (\d+).*CUTLASS_PATCH (\d+)"
+    return {"CUTLASS": _version_of(Path(cut, "cutlass", "version.h"), pattern) if cut else "missing",
+            "CCCL": _cccl_version(Path(cccl, "cuda", "std", "__cccl", "version.h")) if cccl else "missing"}
+
+
+def _cccl_version(path: Path) -> str:
+    v = _version_of(path, r"#define CCCL_VERSION (\d+)")   # major * 1000000 + minor * 1000 + patch
+    return f"{int(v) // 1000000}.{int(v) // 1000 % 1000}.{int(v) % 1000}" if v.isdigit() else v
+
+
 def headers_version() -> Optional[str]:
+    """Part of every cache key: the CUDA headers (a digest of cuda_fp16.h, or "bundled") and the CUTLASS and CCCL
+    versions (a new wheel recompiles the kernels)."""
     includes, bundled = header_dirs()
-    if bundled:
-        return "bundled"
-    return hashlib.sha256(Path(includes[0], "cuda_fp16.h").read_bytes()).hexdigest()[:12]
+    cuda = "bundled" if bundled else hashlib.sha256(Path(includes[0], "cuda_fp16.h").read_bytes()).hexdigest()[:12]
+    return "|".join([cuda, *(f"{name} {ver}" for name, ver in _cute_versions().items())])

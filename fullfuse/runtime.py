@@ -120,10 +120,15 @@ class Kernel:
     def blocks_per_sm(self, block: int, smem: int) -> int:
         """Resident blocks per SM at ``block`` threads and ``smem`` bytes of dynamic shared memory (>= 1)."""
         got = self._occupancy.get((block, smem))
-        if got is None:   # (a function-level query: no context needed)
+        if got is None:   # (the query needs the device's context current, as a launch does)
             drv = _driver()
-            got = max(1, int(_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, block, smem),
-                                    "cuOccupancyMaxActiveBlocksPerMultiprocessor")))
+            _, current = self._get_current()
+            self._set_current(self._ctx)
+            try:
+                got = max(1, int(_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, block, smem),
+                                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")))
+            finally:
+                self._set_current(current)
             self._occupancy[(block, smem)] = got
         return got
 

@@ -3,7 +3,7 @@
 #pragma once
 #include "activation.cuh"
 #include "fused_conv_act_pool/wgmma_params.cuh"
-#include "fused_conv_act_pool/sm90_ptx.cuh"
+#include "arch_sm90.cuh"
 
 // precision ieee, the small part of the ring slot: per 8-channel group two bf16 planes, bf16(x) then bf16(x - x_hi)
 // (x_hi = tf32(x)), both 0 where x_hi is not finite (Inf / NaN then reach the result through x_hi w_hi alone, as in
@@ -134,7 +134,8 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
       for (int e = 0; e < G; ++e) {
         long long off = 0;
         const bool ok = wok && pl * G + e < p.C && (!VOL || wg_x_at_vol(p, n, pl * G + e, h, w0, off));
-        cp_async16(blk + ((e + j) & (G - 1)) * 16, reinterpret_cast<const char*>(p.x) + (ok ? (VOL ? off : c0 + e * plane) * (16 / G) : 0), ok);
+        ff_cp_async16(blk + ((e + j) & (G - 1)) * 16,
+                      reinterpret_cast<const char*>(p.x) + (ok ? (VOL ? off : c0 + e * plane) * (16 / G) : 0), ok);
       }
     } else {
       uint32_t v[G][4];
@@ -167,7 +168,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
     // offset in x (used only when ok)
     auto chunk = [&](uint32_t dst, long long src, bool ok, int half) {
       if (MODE == 0) {
-        cp_async16(dst, reinterpret_cast<const char*>(p.x) + (ok ? src * ESZ : 0), ok);
+        ff_cp_async16(dst, reinterpret_cast<const char*>(p.x) + (ok ? src * ESZ : 0), ok);
       } else if (DT == FF_F32) {
         uint4 v;
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(dst));
@@ -241,7 +242,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           const bool ok = wok && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w0, off));
           const float* src = reinterpret_cast<const float*>(p.x);
           if (ok) src += VOL ? off : ((n * p.C + c) * p.H + h) * (long long)p.W + w0;
-          cp_async16(blk + ((e + (j >> 1)) & 3) * 16, src, ok);
+          ff_cp_async16(blk + ((e + (j >> 1)) & 3) * 16, src, ok);
         }
       } else {
         uint32_t v[4][4];
@@ -278,7 +279,7 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         const bool ok = hok && w >= 0 && w < p.W && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w, off));
         const float* src = reinterpret_cast<const float*>(p.x);
         if (ok) src += VOL ? off : p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
-        cp_async4(dst, src, ok);
+        ff_cp_async4(dst, src, ok);
       } else {
         float v;
         asm volatile("ld.shared.f32 %0,[%1];" : "=f"(v) : "r"(dst));
@@ -388,14 +389,12 @@ struct WGTn16 {
 };
 __device__ __forceinline__ void wg_tnchw16_move(uint32_t src, uint32_t dst, bool bnd, WGInBound& bound) {
   uint32_t v[4];
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(src));
+  ff_ldsm_x4_trans(src, v);
   if (bnd) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) bound.add2(v[k]);
   }
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
-               :: "r"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+  ff_stsm_x4(dst, v);
 }
 // bnd: the input bound is wanted (not by the 16-bit GELU mean epilogue, which checks its own range)
 template <bool SW2>
@@ -446,13 +445,13 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
                                            int h, int wbase) {
   constexpr int ESZ = DT == FF_F32 ? 4 : 2;
   const uint32_t bar = bar0 + 8u * st;
-  mbar_expect_tx(bar, (unsigned)p.tma_bytes);
+  ff_mbar_expect_tx(bar, (unsigned)p.tma_bytes);
   if (VOL) {
     const long long ni = n / p.vDout;
     const int z0 = (int)(n - ni * p.vDout) * p.vsd - p.vpd;
     for (int b = 0; b < p.tma_nbox; ++b)
-      tma_load5(stage0 + (uint32_t)(st * p.stage_bytes + b * 8 * ESZ * p.tma_bc), &p.tmap, bar, wbase - p.tma_delta + b * p.tma_bc,
-                h, z0, 0, (int)ni);
+      ff_tma_load5(stage0 + (uint32_t)(st * p.stage_bytes + b * 8 * ESZ * p.tma_bc), &p.tmap, bar,
+                   wbase - p.tma_delta + b * p.tma_bc, h, z0, 0, (int)ni);
     return;
   }
   for (int g = 0; g < (LM == WG_LM_TVEC ? p.CG * (8 / (16 / ESZ)) : p.CG); ++g)
@@ -460,14 +459,15 @@ __device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uin
       if (LM == WG_LM_TVEC && SW2) {
 #pragma unroll
         for (int par = 0; par < 2; ++par)
-          tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + par * p.sw2_sub + b * p.tma_bc) * 16),
-                    &p.tmap, bar, 0, g, wbase + par + 2 * b * p.tma_bc, h, (int)n);
+          ff_tma_load5(
+              ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + par * p.sw2_sub + b * p.tma_bc) * 16),
+              &p.tmap, bar, 0, g, wbase + par + 2 * b * p.tma_bc, h, (int)n);
       } else if (LM == WG_LM_TVEC)
-        tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + b * p.tma_bc) * 16), &p.tmap, bar, 0, g,
-                  wbase + b * p.tma_bc, h, (int)n);
+        ff_tma_load5(ring + (uint32_t)(st * p.slot_bytes + g * p.plane_bytes + (WG_PAD + b * p.tma_bc) * 16), &p.tmap,
+                     bar, 0, g, wbase + b * p.tma_bc, h, (int)n);
       else
-        tma_load4(stage0 + (uint32_t)(st * p.stage_bytes + (g * p.tma_nbox + b) * 8 * ESZ * p.tma_bc), &p.tmap, bar,
-                  wbase - p.tma_delta + b * p.tma_bc, h, g * 8, (int)n);
+        ff_tma_load4(stage0 + (uint32_t)(st * p.stage_bytes + (g * p.tma_nbox + b) * 8 * ESZ * p.tma_bc), &p.tmap, bar,
+                     wbase - p.tma_delta + b * p.tma_bc, h, g * 8, (int)n);
     }
 }
 // A Conv3d's TNCHW stages (wg_tma_row): the rows C x T .. 7 of every box, which its boxes never write, zeroed once per
@@ -489,7 +489,7 @@ __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, ui
                                             uint32_t& tph, bool post, WGInBound& bound, const WGTn16<SW2>& tn) {
   const int st = at.st(), rs = at.rs();
   at.step(p);
-  mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
+  ff_mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
   tph ^= 1u << st;
   if (LM == WG_LM_TVEC) {
     if (DT == FF_F32 || post) wg_row<DT, SPLIT, WG_LM_TVEC, 1>(p, ring + (uint32_t)(st * p.slot_bytes), 0, 0, 0, bound);

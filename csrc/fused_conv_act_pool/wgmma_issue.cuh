@@ -1,7 +1,7 @@
 // Family A, fused, sm_90a: the B-descriptor table of the input-row ring and the issue of one half-row's wgmma chain.
 #pragma once
 #include "fused_conv_act_pool/wgmma_params.cuh"
-#include "fused_conv_act_pool/sm90_ptx.cuh"
+#include "arch_sm90.cuh"
 
 // The B descriptor table (low words), entry (rs * 2 + h) * WG_DSTRIDE(NOPS) + j: op j for output-row ring slot rs and
 // half h reads ring slot (rs + op_rd[j]) % RB at column h * 128 (the bias op's ones block: op_mask 0, always the same
@@ -44,7 +44,7 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
 template <int DT, bool SPLIT, int NOPS, int H = -1>
 __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
                                          int half) {
-#ifdef FA_HAVE_WGMMA
+#ifdef FF_HAVE_WGMMA
   // straight-line kernels read the whole row of descriptor words first, so that the shared-memory latencies overlap
   // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, docs/design.md); not the ieee kernel (SPLIT),
   // whose 246 registers grew to 254 with it and whose NCHW time by 5 %
@@ -59,7 +59,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
-  wg_fence();
+  ff_wg_fence();
 #pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
@@ -71,21 +71,19 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
     if constexpr (H >= 0) {
       static_assert(!SPLIT && H < 2, "two rows per tile: halves 0 and 1, not ieee");
       float* const d = acc + 32 * H;
-      if (DT == FF_BF16) wgh_bf16_n64(d, da, desc, j > 0);
-      else if (DT == FF_F16) wgh_f16_n64(d, da, desc, j > 0);
-      else wgh_tf32_n64(d, da, desc, j > 0);
+      ff_wgmma<64, DT>(d, da, desc, j > 0);
     } else if (DT == FF_BF16) {
-      wgh_bf16(acc, da, desc, j > 0);
+      ff_wgmma<128, FF_BF16>(acc, da, desc, j > 0);
     } else if (DT == FF_F16) {
-      wgh_f16(acc, da, desc, j > 0);
+      ff_wgmma<128, FF_F16>(acc, da, desc, j > 0);
     } else if (SPLIT && !bias_op) {   // x w ~ x_hi w_hi (tf32) + [bf16(x) | bf16(x_lo)] . [bf16(w_lo) | bf16(w)] (k16)
-      wgh_bf16(acc, da + (uint64_t)(p.a_small_off >> 4), desc + (uint64_t)(p.small_off >> 4), j > 0);
-      wgh_tf32(acc, da, desc, 1);
+      ff_wgmma<128, FF_BF16>(acc, da + (uint64_t)(p.a_small_off >> 4), desc + (uint64_t)(p.small_off >> 4), j > 0);
+      ff_wgmma<128, FF_F32>(acc, da, desc, 1);
     } else {
-      wgh_tf32(acc, da, desc, j > 0);
+      ff_wgmma<128, FF_F32>(acc, da, desc, j > 0);
     }
   }
-  wg_commit();
+  ff_wg_commit();
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
 #endif

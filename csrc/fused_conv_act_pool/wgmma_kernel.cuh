@@ -11,7 +11,7 @@
 // bounded where the epilogue needs to know (the result only grows: a later row's answer covers the earlier rows too).
 template <int DT>
 __device__ __forceinline__ bool wg_row_ready(const WGParams& p, bool h2_cap, const WGInBound& bound) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  ff_fence_proxy_async();
   bool in_ok = true;
   if (h2_cap) {
     __syncthreads();
@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
                 "Conv3d loaders");
   static_assert(!SW2 || (!VOL && wg_lm_tma(LM)), "stride-2 columns: the TMA loaders, Conv2d");
   static_assert(!R2 || (!VOL && !SPLIT && wg_lm_tma(LM)), "two rows per tile: the TMA loaders, Conv2d, not ieee");
-#ifdef FA_HAVE_WGMMA
+#ifdef FF_HAVE_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool TMA = wg_lm_tma(LM);
   // TMA destinations must be 128-byte aligned; the dynamic shared memory starts after the static (1040 bytes on sm_90),
@@ -60,9 +60,9 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   int pre = 0;
   if constexpr (TMA) {
     if (tid == 0) {
-      for (int s = 0; s < p.NST; ++s) mbar_init(bar0 + 8u * s, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      for (int s = 0; s < p.NST; ++s) ff_mbar_init(bar0 + 8u * s, 1);
+      ff_fence_mbar_init();
+      ff_fence_proxy_async();
     }
     if (L0 < L1) {
       const WGPiece<VOL, SW2> pc(p, L0, L1);
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     const WGPiece<VOL, SW2> pc(p, L0, L1);
     for (int t = 0; t < p.D; ++t) {
       wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, pc.np, pc.nx, pc.hbase, pc.wbase, bound);
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      ff_cp_commit();
     }
   }
   if constexpr (VOL && LM == WG_LM_TNCHW) wg_tma_zero_vol<DT>(p, smem + p.stage_off, tid, 128);   // (read after that barrier too)
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     } else if (LM != WG_LM_REG) {
       for (int t = 0; t < p.D && l != L0; ++t) {                // (the first piece's went out before the setup)
         wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, t, np, nx, hbase, wbase, bound);
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        ff_cp_commit();
       }
     } else {
       wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     // group t + D run while row t's wgmmas do: only the barrier stays between rows
     const bool mode1 = LM != WG_LM_REG && (tpost || LM == WG_LM_NCHW8);
     if (LM != WG_LM_REG && !TMA) {
-      cp_wait_n(p.D - 1);
+      ff_cp_wait_n(p.D - 1);
       if (mode1) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, 0, np, nx, hbase, wbase, bound);
     }
     int rs = 0;                                                  // ring slot of input row t*sh
@@ -205,15 +205,15 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           } else {
             if (half == 0) {   // group t + D into the ring slots row t - 1 left (not read by row t's wgmmas)
               wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
-              if (LM != WG_LM_REG) asm volatile("cp.async.commit_group;" ::: "memory");
+              if (LM != WG_LM_REG) ff_cp_commit();
             }
             if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
-              cp_wait_n(p.D - 1);
+              ff_cp_wait_n(p.D - 1);
               if (mode1) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
             }
           }
           if constexpr (!R2) {
-            wg_wait0();
+            ff_wg_wait<0>();
             wg_epi_any<DT, SPLIT>(p, acc, red, dm, qv - half * (WG_NT / 2), tig, fast, h2_cap);
           }
         }
@@ -221,11 +221,11 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
         rs -= (rs >= p.RB) ? p.RB : 0;
       }
       if constexpr (R2) {
-        wg_wait0();
+        ff_wg_wait<0>();
         wg_epi_r2<DT>(p, acc, red, dm, qv, t0 + 1 < np, tig, fast, h2_cap);
       }
     }
-    if (LM != WG_LM_REG && !TMA) asm volatile("cp.async.wait_all;" ::: "memory");
+    if (LM != WG_LM_REG && !TMA) ff_cp_wait_all();
     l += np;
   }
   flush(cur_n);

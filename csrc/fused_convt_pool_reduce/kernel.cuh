@@ -49,7 +49,7 @@
 // the weight slices, its step sequence rotated (warpgroup 1 starts half-way), so their epilogues fall apart in time.
 template <bool HAS_ACT, int KS, int DT>
 __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBParams p) {
-#ifdef FB_HAVE_WGMMA
+#ifdef FF_HAVE_WGMMA
   constexpr int NWG = fb_nwg(DT), NTHR = 128 * NWG, NT = fb_nt(DT);
   // one tap's weights: [2 KS planes][64][CPL channels], 2 KB per k step (CPL = 4 fp32 or 8 16-bit values)
   constexpr int SLICE_BYTES = fb_slice_bytes(DT, KS);
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   fb_build_steps<DT>(p, cinfo, steps, colwin, od0, oh0, nwh, ow_lo, ow_hi, part, cgroup, s_total, s_off, s_split);
 
   // ---- tile ready (fp32: rounded to tf32 in place; "ieee": split into x_hi, x_lo) ----
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  ff_cp_wait<0>();
   __syncthreads();
   fb_round_tile<KS, DT>(p, tile);
 
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   // warpgroup 0 takes steps [0, s_off) and warpgroup 1 [s_off, total), both on tiles 0-2, so neither idles.  Step
   // st's weight slices (consecutive in the packing) go into this warpgroup's buffer st % NBUF, a missing second tap
   // as zeros; one commit group per call, empty past the end.
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // this thread's tile writes -> the wgmmas of both
+  ff_fence_proxy_async();   // this thread's tile writes -> the wgmmas of both
   __syncthreads();   // steps[], s_off and the rounded tile are visible to every thread (both warpgroups)
   const int total = s_total, off = wg ? s_off : 0, split = s_split;
   const int nseq = split ? (wg ? total - off : s_off) : total;
@@ -161,23 +161,23 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     // with LBO 0), so Inf / NaN in the input cannot leak into it.
     auto step = [&](int st, auto mma) {
       const int4 e = entry(st);
-      asm volatile("cp.async.wait_group %0;" :: "n"(PF - 1) : "memory");
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      ff_cp_wait<PF - 1>();
+      ff_fence_proxy_async();
       asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");   // this warpgroup: step st's slices landed,
                                                                       // its warps are past step st - 1's wait_group
       load_step(st + PF);  // its buffer held step st - 1 - FB_WGDEPTH, finished by now
       if constexpr (decltype(mma)::value) {
         const uint32_t a_lo = ((wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES) >> 4) | ((uint32_t)(1024 >> 4) << 16);
         fb_step_mmas<KS, DT>(acc, a_lo, bdesc, e, st > st_begin, zero_desc, plane16, lo16);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(FB_WGDEPTH) : "memory");
+        ff_wg_commit();
+        ff_wg_wait<FB_WGDEPTH>();
       }
     };
     if (wg_busy)
       for (; st < st_end; ++st) step(st, std::true_type{});
     else
       for (; st < st_end; ++st) step(st, std::false_type{});
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    ff_wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < 3; ++j)
 #pragma unroll

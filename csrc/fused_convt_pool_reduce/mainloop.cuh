@@ -13,13 +13,13 @@ __device__ __forceinline__ void fb_load_step(const void* wp, uint32_t dst, int4 
 #pragma unroll
     for (int i = threadIdx.x & 127; i < STEP_BYTES / 16; i += 128) {
       const bool ok = i < SLICE_BYTES / 16 || e.z >= 0;
-      fb_cp16(dst + i * 16, ok ? src + i * 16 : src, ok);
+      ff_cp_async16(dst + i * 16, ok ? src + i * 16 : src, ok);
     }
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  ff_cp_commit();
 }
 
-#ifdef FB_HAVE_WGMMA
+#ifdef FF_HAVE_WGMMA
 // The wgmmas of step e (TPS taps x KS k steps x 3 tiles), not committed: A = the step's weights at a_lo (descriptor
 // address | LBO), B = the tiles' descriptors bdesc shifted by the taps' offsets.  accumulate == 0 starts the tiles'
 // sums.  A step without a second tap (odd tap count) multiplies zero weights by the tile's zero slack (zero_desc,
@@ -37,7 +37,7 @@ __device__ __forceinline__ void fb_step_mmas(float (&acc)[3][48], uint32_t a_lo,
 #pragma unroll
   for (int j = 0; j < 3; ++j) b1[j] = none1 ? zero_desc : bdesc[j] - (uint32_t)e.z;
   const uint32_t kstep1 = none1 ? 0u : 2 * plane16;
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  ff_wg_fence();
   if constexpr (X3) {   // w_hi x_hi, w_lo x_hi (tf32), bf16(w) x_lo (bf16)
 #pragma unroll
     for (int part = 0; part < 2; ++part)
@@ -46,7 +46,7 @@ __device__ __forceinline__ void fb_step_mmas(float (&acc)[3][48], uint32_t a_lo,
         const uint64_t da = (uint64_t)(a_lo + (part * KS + ks) * (2048 >> 4)) | desc_hi;
 #pragma unroll
         for (int j = 0; j < 3; ++j)
-          fb_wgmma_tf32(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
+          ff_wgmma<96, FF_F32>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
                         (accumulate || part > 0 || ks > 0) ? 1 : 0);
       }
 #pragma unroll
@@ -54,7 +54,7 @@ __device__ __forceinline__ void fb_step_mmas(float (&acc)[3][48], uint32_t a_lo,
       const uint64_t da = (uint64_t)(a_lo + (2 * KS + ks) * (2048 >> 4)) | desc_hi;
 #pragma unroll
       for (int j = 0; j < 3; ++j)
-        fb_wgmma_bf16(acc[j], da, (uint64_t)(bdesc[j] + lo16 + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi, 1);
+        ff_wgmma<96, FF_BF16>(acc[j], da, (uint64_t)(bdesc[j] + lo16 + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi, 1);
     }
   } else {
 #pragma unroll
@@ -62,14 +62,14 @@ __device__ __forceinline__ void fb_step_mmas(float (&acc)[3][48], uint32_t a_lo,
       const uint64_t da = (uint64_t)(a_lo + ks * (2048 >> 4)) | desc_hi;
 #pragma unroll
       for (int j = 0; j < 3; ++j)
-        fb_wgmma<DT>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
+        ff_wgmma<96, DT>(acc[j], da, (uint64_t)(bdesc[j] + ks * 2 * plane16 - (uint32_t)e.y) | desc_hi,
                      (accumulate || ks > 0) ? 1 : 0);
     }
 #pragma unroll
     for (int ks = 0; ks < (TPS == 2 ? KS : 0); ++ks) {   // tap 1
       const uint64_t da = (uint64_t)(a_lo + (SLICE_BYTES >> 4) + ks * (2048 >> 4)) | desc_hi;
 #pragma unroll
-      for (int j = 0; j < 3; ++j) fb_wgmma<DT>(acc[j], da, (uint64_t)(b1[j] + ks * kstep1) | desc_hi, 1);
+      for (int j = 0; j < 3; ++j) ff_wgmma<96, DT>(acc[j], da, (uint64_t)(b1[j] + ks * kstep1) | desc_hi, 1);
     }
   }
 }

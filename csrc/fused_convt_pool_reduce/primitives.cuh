@@ -1,11 +1,13 @@
 // Family B fused kernel: the device primitives it is built from -- ordered-uint encoding of floats for the window
-// maxima, TF32 rounding, asynchronous copies, the m64n96 wgmma forms, and the run-time activation switch.
+// maxima, TF32 rounding and the run-time activation switch; the sm_90a instructions (cp.async, the m64n96 wgmma forms,
+// fences) are arch_sm90.cuh's, shared with family A.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include "device_std.h"
 #include "codes.h"
 #include "activation.cuh"
+#include "arch_sm90.cuh"
 #include "fused_convt_pool_reduce/params.cuh"
 
 // Window maxima are kept as ordered uints so that atomicMax on them is a float max: fb_enc is monotone, NaN encodes
@@ -33,43 +35,4 @@ __device__ __forceinline__ float fb_act(int act, float v) {
     case FF_ACT_SILU: return ff_activate<FF_ACT_SILU>(v);
     default: return v;
   }
-}
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FB_HAVE_WGMMA 1
-// D (64 x 96 fp32, 48 registers per thread) += A (64 x k, descriptor) * B (k x 96, descriptor): k = 8 tf32 (fp32
-// input) or 16 bf16 / fp16, both operands K-major in shared memory.
-#define FB_WGMMA_N96(NAME, SHAPE_TYPES, TAIL)                                                                    \
-  __device__ __forceinline__ void NAME(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {                  \
-    asm volatile(                                                                                                 \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"                                                            \
-        "wgmma.mma_async.sync.aligned." SHAPE_TYPES " "                                                          \
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27," \
-        "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, " TAIL   \
-        ";\n}\n"                                                                                                 \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]) \
-        : "l"(da), "l"(db), "r"(scale_d));                                                                       \
-  }
-FB_WGMMA_N96(fb_wgmma_tf32, "m64n96k8.f32.tf32.tf32", "1, 1")
-FB_WGMMA_N96(fb_wgmma_bf16, "m64n96k16.f32.bf16.bf16", "1, 1, 0, 0")
-FB_WGMMA_N96(fb_wgmma_f16, "m64n96k16.f32.f16.f16", "1, 1, 0, 0")
-#undef FB_WGMMA_N96
-template <int DT>
-__device__ __forceinline__ void fb_wgmma(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (DT == FF_F32) fb_wgmma_tf32(d, da, db, scale_d);
-  else if constexpr (DT == FF_BF16) fb_wgmma_bf16(d, da, db, scale_d);
-  else fb_wgmma_f16(d, da, db, scale_d);
-}
-#endif
-
-__device__ __forceinline__ void fb_cp16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void fb_cp4(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }

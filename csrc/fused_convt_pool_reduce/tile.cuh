@@ -26,7 +26,7 @@ __device__ __forceinline__ void fb_load_tile(const FBParams& p, unsigned char* t
         const int cp = j % CP, col = j / CP, w = iw_lo + col;
         const bool ok = row_ok && CPL * cp < p.C && w >= 0 && w < p.W;
         const void* src = ok ? xrow + ((long long)w * p.C + CPL * cp) * ES : p.x;
-        fb_cp16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
+        ff_cp_async16(tile_s + cp * p.plane_bytes + row * FB_ROW_BYTES + col * 16, src, ok);
       }
     }
   } else if (p.ncdhw_vec) {   // NCDHW, W % CPL == 0, 16-byte aligned: a thread per (row, plane, CPL-column group)
@@ -89,7 +89,7 @@ __device__ __forceinline__ void fb_load_tile(const FBParams& p, unsigned char* t
       const long long e = ok ? (((n * p.C + ch) * p.D + d) * (long long)p.H + h) * p.W + w : 0;
       const uint32_t dst = tile_s + (ch / CPL) * p.plane_bytes + row * FB_ROW_BYTES + lane * 16 + (ch % CPL) * ES;
       if constexpr (ES == 4) {   // 4-byte asynchronous copies
-        fb_cp4(dst, static_cast<const float*>(p.x) + e, ok);
+        ff_cp_async4(dst, static_cast<const float*>(p.x) + e, ok);
       } else {                   // no 2-byte cp.async: a plain load and store
         const unsigned short v = ok ? __ldg(static_cast<const unsigned short*>(p.x) + e) : (unsigned short)0;
         asm volatile("st.shared.u16 [%0], %1;" :: "r"(dst), "h"(v) : "memory");
@@ -98,7 +98,7 @@ __device__ __forceinline__ void fb_load_tile(const FBParams& p, unsigned char* t
   }
   for (int i = p.tile_bytes / 16 + tid; i < p.tile_alloc / 16; i += NTHR)
     *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0, 0, 0, 0);
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  ff_cp_commit();
 }
 
 // After the copies landed (and a barrier): fp32 rounded to tf32 in place (the 16-byte NCDHW loader rounded already;
