@@ -62,7 +62,8 @@ def sources_digest(header: str) -> str:
 
 def key(variant: Variant, arch: str) -> str:
     major, minor = nvrtc.version()
-    text = "|".join((CACHE_FORMAT, sources_digest(variant.header), f"nvrtc {major}.{minor}", nvrtc.headers_version() or "",
+    text = "|".join((CACHE_FORMAT, sources_digest(variant.header), f"nvrtc {major}.{minor}",
+                     nvrtc.headers_version() or "",
                      nvrtc.options_key(), arch, variant.header, variant.kernel, variant.checks))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

@@ -35,7 +35,8 @@ OFFSETOF = ("#ifndef FF_OFFSETOF\n#define FF_OFFSETOF(T, f) ((unsigned long long
 def layout_asserts(struct: type, cname: str) -> str:
     """static_asserts that C++ struct ``cname`` has the size and field offsets of ctypes Structure ``struct``: a
     Python mirror that drifts from the kernel's parameter struct fails the compile instead of corrupting a launch."""
-    lines = [OFFSETOF, f"static_assert(sizeof({cname}) == {ctypes.sizeof(struct)}, \"{cname}: size differs from the Python "
+    lines = [OFFSETOF, f"static_assert(sizeof({cname}) == {ctypes.sizeof(struct)}, "
+                       f"\"{cname}: size differs from the Python "
              f"mirror\");"]
     for field in struct._fields_:
         name = field[0]

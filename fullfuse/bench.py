@@ -61,7 +61,8 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
     rows = []
     # the fallback's cuDNN plans and chunk schedules are process-wide caches: a row records the entries this call added
     # (a grid of shapes in one process would otherwise repeat every earlier shape's in each row)
-    seen = {"cudnn_frontend_plans": {d[0] for d in cudnn_conv.describe()}, "chunk_schedules": {d[0] for d in pipeline.describe()}}
+    seen = {"cudnn_frontend_plans": {d[0] for d in cudnn_conv.describe()},
+            "chunk_schedules": {d[0] for d in pipeline.describe()}}
     for name in variants:
         fn_model = _variant(name, model, precision, x)
         if fn_model is None:
@@ -82,16 +83,19 @@ def bench_family(family: str, shape, dtype: str, precision: str, channels_last: 
             timing = time_cuda(call, repeats=repeats)
             state = gpu_state()                             # clock / power right after the timed runs
             extra = peak_extra_memory(call)
-        row = {"variant": name, "available": True, **timing, **err, "peak_extra_mb": extra / 2**20, "first_call_s": first_s,
+        row = {"variant": name, "available": True, **timing, **err, "peak_extra_mb": extra / 2**20,
+               "first_call_s": first_s,
                "gpu_after_timing": state}
         if name in ("fallback", "fused"):
             row["plans"] = [str(p) for p in fn_model.plans]
             row["ran"] = [p.last_path for p in fn_model.plans]
             row["reasons"] = [p.last_reason for p in fn_model.plans]
             row["chunk_schedules"] = [str(d) for d in pipeline.describe() if d[0] not in seen["chunk_schedules"]]
-            row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe() if d[0] not in seen["cudnn_frontend_plans"]]
+            row["cudnn_frontend_plans"] = [str(d) for d in cudnn_conv.describe()
+                                           if d[0] not in seen["cudnn_frontend_plans"]]
         rows.append(row)
-        clock = f"  SM {state['sm_clock_mhz']:.0f} MHz {state.get('power_w', 0):.0f} W" if "sm_clock_mhz" in state else ""
+        clock = (f"  SM {state['sm_clock_mhz']:.0f} MHz {state.get('power_w', 0):.0f} W"
+                 if "sm_clock_mhz" in state else "")
         print(f"  {name:22} {timing['median_ms']:8.3f} ms (min {timing['min_ms']:.3f})  relerr {err['relerr']:.2e}  "
               f"extra mem {extra / 2**20:8.1f} MB  host {timing['host_us_median']:.0f} us{clock}", flush=True)
     return {"family": family, "shape": list(shape), "conv": str(model.conv) if family == "A" else None, "dtype": dtype,
@@ -119,7 +123,8 @@ def plot(results: List[Dict], path: Path) -> bool:
         ax.bar_label(bars, fmt="%.2f")
         ax.set_ylabel("median ms (lower is better)")
         conv = f" {res['conv']}" if res.get("conv") else ""
-        ax.set_title(f"{res['family']} {tuple(res['shape'])}{conv} {res['dtype']} {res['mode']} {res['layout']}", fontsize=8)
+        ax.set_title(f"{res['family']} {tuple(res['shape'])}{conv} {res['dtype']} {res['mode']} {res['layout']}",
+                     fontsize=8)
         ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -163,7 +168,8 @@ def main(families=("A", "B"), shape=None, dtype="float32", precision="auto", lay
             fam_conv = conv if family == "A" else None
             print(f"{family} {fam_shape}{' conv ' + str(fam_conv) if fam_conv else ''} {dtype} precision={precision} "
                   f"layout={layout}", flush=True)
-            results.append(bench_family(family, fam_shape, dtype, precision, layout == "channels_last", variants, repeats,
+            results.append(bench_family(family, fam_shape, dtype, precision, layout == "channels_last", variants,
+                                        repeats,
                                         conv=fam_conv))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,5 +186,6 @@ def summary(results: List[Dict]) -> str:
     for res in results:
         by = {r["variant"]: r for r in res["rows"]}
         cells = [f"{by[v]['median_ms']:12.3f}" if by.get(v, {}).get("available") else f"{'-':>12}" for v in VARIANTS]
-        lines.append(f"{res['family']} {res['dtype']} {res['mode']} {res['layout']:13}".ljust(44) + " " + " ".join(cells))
+        head = f"{res['family']} {res['dtype']} {res['mode']} {res['layout']:13}".ljust(44)
+        lines.append(head + " " + " ".join(cells))
     return "\n".join(lines)

@@ -25,10 +25,12 @@ class Case:
     shape: tuple          # input shape (N, C, *spatial)
 
 
-def _a(name, shape, k_out, kernel, stride=1, padding=0, dilation=1, bias=True, act="gelu_erf", pool="mean", keepdim=True):
+def _a(name, shape, k_out, kernel, stride=1, padding=0, dilation=1, bias=True, act="gelu_erf", pool="mean",
+       keepdim=True):
     dims = len(shape) - 2
     t = lambda v: (v,) * dims if isinstance(v, int) else tuple(v)  # noqa: E731
-    spec = ConvActPoolSpec(dims, shape[1], k_out, t(kernel), t(stride), t(padding), t(dilation), bias, act, pool, keepdim)
+    spec = ConvActPoolSpec(dims, shape[1], k_out, t(kernel), t(stride), t(padding), t(dilation), bias, act, pool,
+                           keepdim)
     return Case(name, spec, shape)
 
 
@@ -165,7 +167,8 @@ def main(families=("A", "B"), quick: bool = False, seed: Optional[int] = None) -
         print("fullfuse check: no CUDA GPU here: checking the torch path on the CPU only")
     seed = seed if seed is not None else torch.seed() % (1 << 31)
     failures, rows = 0, 0
-    print(f"{'family':6} {'case':44} {'path':8} {'dtype':8} {'mode':8} {'layout':6} {'relerr':>9} {'maxabs':>9} {'tol':>7}  ok")
+    print(f"{'family':6} {'case':44} {'path':8} {'dtype':8} {'mode':8} {'layout':6} {'relerr':>9} {'maxabs':>9} "
+          f"{'tol':>7}  ok")
     for family in families:
         for case in cases(family, quick):
             for combo in matrix(cuda, quick):

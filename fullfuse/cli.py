@@ -17,16 +17,19 @@ def main(argv=None) -> int:
     p_build.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
     p_build.add_argument("--arch", nargs="*", default=None,
                          help="architectures, e.g. sm_90a sm_80 sm_86 (default: each kernel's own: sm_90a, sm_80)")
-    p_build.add_argument("--family", nargs="*", default=None, choices=["conv_act_pool", "convt_pool_reduce", "fallback"])
+    p_build.add_argument("--family", nargs="*", default=None,
+                         choices=["conv_act_pool", "convt_pool_reduce", "fallback"])
     p_check = sub.add_parser("check", help="every path vs float64 on fresh random inputs")
     p_check.add_argument("--family", choices=["A", "B", "both"], default="both")
     p_check.add_argument("--quick", action="store_true")
     p_check.add_argument("--seed", type=int, default=None)
     p_bench = sub.add_parser("bench", help="eager vs torch.compile vs fallback vs fused at the seed shapes")
     p_bench.add_argument("--family", choices=["A", "B", "both"], default="both")
-    p_bench.add_argument("--shape", type=_shape, default=None, help="input shape, e.g. 128,8,256,256 (family A: a 5-d shape benchmarks its Conv3d form)")
+    p_bench.add_argument("--shape", type=_shape, default=None,
+                         help="input shape, e.g. 128,8,256,256 (family A: a 5-d shape benchmarks its Conv3d form)")
     p_bench.add_argument("--conv", type=_shape, default=None,
-                         help="family A's conv: out_channels,kernel_size[,stride[,padding]] (default the seed's 64,3,1,0)")
+                         help="family A's conv: out_channels,kernel_size[,stride[,padding]] "
+                              "(default the seed's 64,3,1,0)")
     p_bench.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p_bench.add_argument("--precision", choices=["auto", "tf32", "ieee"], default="auto")
     p_bench.add_argument("--layout", choices=["contiguous", "channels_last", "both"], default="contiguous")

@@ -15,12 +15,14 @@ def main() -> int:
 
     print(f"fullfuse {__version__}")
     if torch.cuda.is_available():
-        print(f"GPU            {env['gpu']} (compute capability {env['compute_capability']}, {env['sms']} SMs), driver {env['driver']}")
+        print(f"GPU            {env['gpu']} (compute capability {env['compute_capability']}, {env['sms']} SMs), "
+              f"driver {env['driver']}")
     else:
         print("GPU            none visible to torch: kernels cannot run here; the torch path serves every model")
     print(f"torch          {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']})")
     print(f"compiler       {nvrtc.describe()}")
-    print(f"cuDNN frontend {env['cudnn_frontend'] or 'not installed'} ({'importable' if cudnn_conv.available() else 'not importable'})")
+    state = "importable" if cudnn_conv.available() else "not importable"
+    print(f"cuDNN frontend {env['cudnn_frontend'] or 'not installed (the [cudnn] extra)'} ({state})")
     print(f"commit         {env['commit']}")
     print(f"kernel cache   {cache.cache_dir()}")
     try:

@@ -32,7 +32,8 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
         return {"relerr": float("inf"), "maxabs": float("inf")}
     diff = (out64 - ref64).nan_to_num(0.0)
     norm = ref64.nan_to_num(0.0).norm().item()
-    return {"relerr": diff.norm().item() / (norm if norm > 0 else 1.0), "maxabs": diff.abs().max().item() if diff.numel() else 0.0}
+    return {"relerr": diff.norm().item() / (norm if norm > 0 else 1.0),
+            "maxabs": diff.abs().max().item() if diff.numel() else 0.0}
 
 
 def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flush_l2: bool = True,
@@ -96,7 +97,8 @@ def git_commit() -> str:
         # an installed copy (site-packages): git would answer for whatever repository encloses it, if any
         return "unknown (installed package, not a source checkout; set FULLFUSE_COMMIT)"
     try:
-        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
         return (sha + ("+dirty" if dirty else "")) if sha else "unknown"

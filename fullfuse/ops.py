@@ -7,8 +7,8 @@
 
 Both take ``path`` ("auto" | "fused" | "fallback" | "torch"), ``precision`` ("auto" | "tf32" | "ieee") and
 ``deterministic``.  Under torch.compile the wrappers call the registered ops; in eager mode they call the
-dispatcher directly (same code, less host time per call).  Inputs that need gradients run the torch path (this is an inference library), with a
-one-time warning.
+dispatcher directly (same code, less host time per call).  Inputs that need gradients run the torch path (this is an
+inference library), with a one-time warning.
 """
 from __future__ import annotations
 

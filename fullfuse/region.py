@@ -17,7 +17,8 @@ class FusedRegion(nn.Module):
     def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool):
         super().__init__()
         self.plan = plan
-        self.add_module("conv", conv)   # (None too: forward reads _modules["conv"], which plain assignment of None skips)
+        # (None too: forward reads _modules["conv"], which plain assignment of None skips)
+        self.add_module("conv", conv)
         self.precision = precision
         self.deterministic = deterministic
 

@@ -65,7 +65,8 @@ def device_props(index: int) -> DeviceProps:
     if not optin:
         drv = _driver()
         optin = _check(drv.cuDeviceGetAttribute(
-            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, index), "cuDeviceGetAttribute")
+            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, index),
+            "cuDeviceGetAttribute")
     return DeviceProps(p.major, p.minor, p.multi_processor_count, int(optin))
 
 

@@ -31,7 +31,8 @@ def activate(y: torch.Tensor, activation: str) -> torch.Tensor:
     raise ValueError(f"fullfuse: unknown activation {activation!r}")
 
 
-def conv_act_pool(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def conv_act_pool(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
     padding = spec.padding
     if spec.padding_mode != "zeros":
         pad = [p for p in reversed(spec.padding) for _ in range(2)]
@@ -44,7 +45,8 @@ def conv_act_pool(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, 
     return y.amax(dim=spatial, keepdim=spec.keepdim)
 
 
-def convt_pool_reduce(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def convt_pool_reduce(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
     y = _CONV_T[spec.dims](x, weight, bias, spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation)
     y = activate(y, spec.activation)
     y = _MAX_POOL[spec.dims](y, spec.window, spec.window)

@@ -1,9 +1,9 @@
 """Scratch buffers of the fused kernels (counters, partials, window maxima): a zeroed buffer per call.
 
 A kernel that needs one says how many bytes for a problem (its planner, asked once per call signature).  The buffer
-is allocated and zeroed on the caller's current stream in every call, so it is ordered with the launch that uses it, shared by no other stream or thread, and under CUDA-graph capture both the zeroing and the
-buffer belong to the graph (no buffer kept across calls can sit in a graph's memory pool).  The zeroing is one
-memset of at most ~1 MB.
+is allocated and zeroed on the caller's current stream in every call, so it is ordered with the launch that uses it,
+shared by no other stream or thread, and under CUDA-graph capture both the zeroing and the buffer belong to the
+graph (no buffer kept across calls can sit in a graph's memory pool).  The zeroing is one memset of at most ~1 MB.
 """
 from __future__ import annotations
 
