@@ -75,6 +75,16 @@ def _tdiv(a: int, b: int) -> int:
     return q if (a >= 0) == (b > 0) else -q
 
 
+def _reduce_workspace(pb, N: int, K: int, partials: int):
+    """(counter bytes, total bytes) of the per-image reduction's workspace: none for the atomic mean; max pooling:
+    one counter per image + N x K ordered-uint maxima; the deterministic mean: the counters + ``partials`` blocks of
+    64 float partials, summed in a fixed order by each image's last block."""
+    if not (pb.pool == POOL_MAX or pb.deterministic):
+        return 0, 0
+    counters = (N * 4 + 255) // 256 * 256
+    return counters, counters + (N * K * 4 if pb.pool == POOL_MAX else partials * 64 * 4)
+
+
 def _magic(d: int):
     """(m, s) with n / d == (n * m) >> s for 0 <= n < 2^31: s = 31 + ceil(log2 d), m = ceil(2^s / d) (fdiv)."""
     l = 0
@@ -187,14 +197,7 @@ def make_plan(pb: Problem, C: int, smem_optin: int) -> MmaPlan:
     if N * pl.nksl * pl.nbands * pl.nseg > 0x7fffffff:
         pl.mma_why = _PREFIX + "too many blocks (N too large)"
         return pl
-    need_ws = pb.pool == POOL_MAX or pb.deterministic
-    pl.ws_cnt_bytes = (N * 4 + 255) // 256 * 256 if need_ws else 0
-    if not need_ws:
-        pl.ws_bytes = 0
-    elif pb.pool == POOL_MAX:
-        pl.ws_bytes = pl.ws_cnt_bytes + N * K * 4
-    else:
-        pl.ws_bytes = pl.ws_cnt_bytes + N * pl.nksl * pl.nbands * pl.nseg * 64 * 4
+    pl.ws_cnt_bytes, pl.ws_bytes = _reduce_workspace(pb, N, K, N * pl.nksl * pl.nbands * pl.nseg)
     return pl
 
 
@@ -478,14 +481,7 @@ def wg_plan_lm(pb: Problem, C: int, base: MmaPlan, lm: int, v: Vol, want_r2: boo
     per = (p.L + G - 1) // G
     p.J = (per + p.lines_img - 1) // p.lines_img + 1
     p.inv_pq = _f32(1.0 / (float(v.Dout) * float(p.P) * float(p.Q)))
-    need_ws = pb.pool == POOL_MAX or pb.deterministic
-    w.ws_cnt_bytes = (N * 4 + 255) // 256 * 256 if need_ws else 0
-    if not need_ws:
-        w.ws_bytes = 0
-    elif pb.pool == POOL_MAX:
-        w.ws_bytes = w.ws_cnt_bytes + N * K * 4
-    else:
-        w.ws_bytes = w.ws_cnt_bytes + G * p.J * 64 * 4
+    w.ws_cnt_bytes, w.ws_bytes = _reduce_workspace(pb, N, K, G * p.J)
     w.ws_tmp_off = (w.ws_bytes + 255) // 256 * 256
     if w.nkb > 1:
         w.ws_bytes = w.ws_tmp_off + N * w.nkb * 64 * 4
