@@ -298,3 +298,19 @@ def test_precision_flags_change_only_under_the_lock_and_come_back():
     assert (precision.torch_conv_precision(), torch.backends.cudnn.deterministic) == before
     with precision.cudnn_conv_precision(before[0]):
         assert precision.torch_conv_precision() == before[0]
+
+
+def test_bench_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
+    """matplotlib is the [bench] extra: without it the benchmark still writes its JSON and says what to install."""
+    import builtins
+    from fullfuse import bench
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert bench.plot([], tmp_path / "x.png") is False
+    assert "pip install 'fullfuse[bench]'" in capsys.readouterr().out
+    assert not (tmp_path / "x.png").exists()
