@@ -1,14 +1,14 @@
 // GELU (erf) of two fp32 values in packed half precision, for the fused A kernel's 16-bit epilogue (wg_epi_h2 below,
 // called by fa_wgmma_kernel, csrc/fused_conv_act_pool/wgmma_epilogue.cuh) and the microbenchmark
 // benchmarks/probe_epilogue_a.cu.
-// wg_epi_h2 reduces over a tile's 128 pixels per output channel (the mean pool's sum), so that on the H200 none of its work
-// is on the FP32 FMA pipe, which wgmma chains block (docs/design.md: FFMA / FADD beside a wgmma chain take the sum of the two
-// times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: docs/design.md).  Per pair of accumulators (two pixels of one
-// channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (an operand modifier of the HFMA2s, docs/design.md;
-// a LOP3 before), Phi(-|x|) = 2^P3(|x|) by 3 HFMA2 in nu
-// and ex2.approx.f16x2 (two MUFU.EX2.F16), g = relu(x) + nu Phi by one HFMA2: fast_gelu.md's form relu(x) - |x| 2^P(|x|),
-// with a degree-3 P fitted for fp16 accuracy (max |g error| on [0, 4] ~1e-4 in exact arithmetic; fast_gelu.md's degree 5
-// is for fp32) — 7 cycles per tile fewer than degree 5 with a second F2FP for relu (docs/design.md, probe_epilogue_a.cu).
+// wg_epi_h2 reduces over a tile's 128 pixels per output channel (the mean pool's sum), so that on the H200 none of its
+// work is on the FP32 FMA pipe, which wgmma chains block (docs/design.md: FFMA / FADD beside a wgmma chain take the sum
+// of the two times; HFMA2 runs beside it ~94 % hidden, MUFU ~100 %: docs/design.md).  Per pair of accumulators (two
+// pixels of one channel): x -> f16x2 (F2FP), relu(x) = max(x, 0) (HMNMX2), nu = -|x| (an operand modifier of the
+// HFMA2s, docs/design.md; a LOP3 before), Phi(-|x|) = 2^P3(|x|) by 3 HFMA2 in nu and ex2.approx.f16x2 (two
+// MUFU.EX2.F16), g = relu(x) + nu Phi by one HFMA2: fast_gelu.md's form relu(x) - |x| 2^P(|x|), with a degree-3 P
+// fitted for fp16 accuracy (max |g error| on [0, 4] ~1e-4 in exact arithmetic; fast_gelu.md's degree 5 is for fp32)
+// — 7 cycles per tile fewer than degree 5 with a second F2FP for relu (docs/design.md, probe_epilogue_a.cu).
 // MUFU.EX2.F16 rounds toward zero (measured bit for bit on the H200, benchmarks/diag_gelu_h2.py); P's fp16 coefficients
 // are the fit's moved by a step or two so that this rounding does not bias the pooled mean (tests/test_gelu_h2.py).
 // Accuracy (tests/test_gelu_h2.py emulates every step, every fp16 x and 1.3 M random fp32 x against float64):
@@ -46,8 +46,8 @@ __device__ __forceinline__ uint32_t h2_gelu(float lo, float hi) {
 
 // One 64 x 128 tile (m64n128 accumulator layout: thread holds channels m0, m0 + 8 at pixels 8i + 2tig + {0, 1}), GELU
 // then the sum over its 128 pixels per channel: the g pairs of 16 pixels are an m16n8k16 A fragment as they lie (the
-// m64nN accumulator layout is the m16n8k16 A layout: rows = channels m0, m0 + 8, k = pixels), so one mma.sync against a B
-// of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, already summed over the quad).
+// m64nN accumulator layout is the m16n8k16 A layout: rows = channels m0, m0 + 8, k = pixels), so one mma.sync against a
+// B of ones adds them into the fp32 accumulators dm (dm[0] = channel m0, dm[2] = m0 + 8, already summed over the quad).
 // The fragments of H2_SUM_BLOCKS such 16-pixel blocks are first added in fp16 (HADD2, round to nearest: each of the
 // log2 H2_SUM_BLOCKS levels adds <= 2^-11 of its partial sums, unbiased), so a tile takes 2 mma.sync instead of 8: the
 // legacy tensor-core op waits for the other blocks' wgmmas (ncu: 'math' stalls), and 8 of them were 1/2 of one wgmma's

@@ -27,13 +27,18 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 template <int DT>
-__device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
   if (DT == FF_BF16)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3},{%4,%5,%6,%7},{%8,%9},{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3},{%4,%5,%6,%7},{%8,%9},{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3},{%4,%5,%6,%7},{%8,%9},{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3},{%4,%5,%6,%7},{%8,%9},{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 template <int DT>
 __device__ __forceinline__ void mma_k8h(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
@@ -127,7 +132,8 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
             if (ROUND) {
               v[j] = make_uint4(f2tf32(f[0]), f2tf32(f[1]), f2tf32(f[2]), f2tf32(f[3]));
             } else {
-              v[j] = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+              v[j] = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                                __float_as_uint(f[3]));
             }
           } else {
             uint32_t hv[8];
@@ -145,7 +151,8 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
 #pragma unroll
               for (int e = 0; e < 8; ++e) hv[e] = (c0 + e < p.C) ? load_elem_h<DT>(p.x, gi + e * plane) : 0u;
             }
-            v[j] = make_uint4(hv[0] | (hv[1] << 16), hv[2] | (hv[3] << 16), hv[4] | (hv[5] << 16), hv[6] | (hv[7] << 16));
+            v[j] = make_uint4(hv[0] | (hv[1] << 16), hv[2] | (hv[3] << 16), hv[4] | (hv[5] << 16),
+                              hv[6] | (hv[7] << 16));
           }
         }
       }
@@ -183,7 +190,8 @@ __device__ __forceinline__ void epi_tile(float (&acc)[MT][2][4], float (&red)[MT
 }
 
 template <int POOL, int MT, bool SAT = false>
-__device__ __forceinline__ void epi_dispatch(int act, float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid, int tig) {
+__device__ __forceinline__ void epi_dispatch(int act, float (&acc)[MT][2][4], float (&red)[MT][2], int nvalid,
+                                             int tig) {
   switch (act) {
     case FF_ACT_NONE: epi_tile<FF_ACT_NONE, POOL, MT, SAT>(acc, red, nvalid, tig); break;
     case FF_ACT_RELU: epi_tile<FF_ACT_RELU, POOL, MT, SAT>(acc, red, nvalid, tig); break;

@@ -8,7 +8,8 @@
 // precision ieee, the small part of the ring slot: per 8-channel group two bf16 planes, bf16(x) then bf16(x - x_hi)
 // (x_hi = tf32(x)), both 0 where x_hi is not finite (Inf / NaN then reach the result through x_hi w_hi alone, as in
 // TF32).  Returns the two bf16 pairs (x of channels c, c + 1 in the low / high half) and the two x_lo pairs.
-__device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32_t (&hi)[4], uint32_t (&xb)[2], uint32_t (&xl)[2]) {
+__device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32_t (&hi)[4], uint32_t (&xb)[2],
+                                               uint32_t (&xl)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float a[2], l[2];
@@ -28,7 +29,8 @@ __device__ __forceinline__ void wg_small_pairs(const float (&x)[4], const uint32
 // Running bound of the magnitudes this thread has staged (input, weights, bias).  With every input and weight
 // |v| <= 2^50 (and |bias| <= 2^50) a conv output is a sum of at most 160 products, < 2^108: finite, which is what the
 // clamp-free GELU needs (wg_epi).  Inf / NaN fail the test (NaN sticks in the max).  fp32 values and all weights go
-// through add (one FMNMX each), 16-bit input through add2 on raw bit pairs (fp16 is always bounded, only Inf / NaN fail).
+// through add (one FMNMX each), 16-bit input through add2 on raw bit pairs (fp16 is always bounded, only Inf / NaN
+// fail).
 struct WGInBound {
   float f = 0.0f;       // max |v| of fp32 values
   uint32_t h = 0u;      // per-half max of 16-bit magnitude bits
@@ -38,15 +40,16 @@ struct WGInBound {
   template <int DT>
   __device__ __forceinline__ bool ok() const {
     const uint32_t m = m16();
-    return f <= 0x1p50f && (DT == FF_BF16 ? m <= 0x5880u : DT == FF_F16 ? m < 0x7c00u : true);   // bf16 2^50; fp16 finite
+    // bf16 2^50; fp16 finite
+    return f <= 0x1p50f && (DT == FF_BF16 ? m <= 0x5880u : DT == FF_F16 ? m < 0x7c00u : true);
   }
 };
 
 // A Conv3d's element (channel c, row h, column w) of loader image n: where it lies in x (off) and whether it is inside
 // x (else it reads as zero).  Image n / vDout at output depth n % vDout, channel c / vT at depth tap c % vT, i.e.
-// depth slice z = d vsd - vpd + t vdd, inside when 0 <= z < vD (WGParams vT).  The loaders that serve a Conv3d — ELEM,
-// REG and, for NCDHW, NCHW4 / NCHW8 — call it where their template parameter VOL is set; their Conv2d code is left as
-// it was (the Conv2d kernels' SASS is unchanged).
+// depth slice z = d vsd - vpd + t vdd, inside when 0 <= z < vD (WGParams vT).  The loaders that serve a Conv3d —
+// ELEM, REG and, for NCDHW, NCHW4 / NCHW8 — call it where their template parameter VOL is set; their Conv2d code is
+// left as it was (the Conv2d kernels' SASS is unchanged).
 __device__ __forceinline__ bool wg_x_at_vol(const WGParams& p, long long n, int c, int h, int w, long long& off) {
   const long long ni = n / p.vDout;
   const int d = (int)(n - ni * p.vDout), ci = c / p.vT, t = c - ci * p.vT, z = d * p.vsd - p.vpd + t * p.vdd;
@@ -55,10 +58,11 @@ __device__ __forceinline__ bool wg_x_at_vol(const WGParams& p, long long n, int 
   return z >= 0 && z < p.vD;
 }
 
-// fp32 NCHW loaders: v[e] = 4 columns of channel 4 hp + e -> column i's 4 channels at at(i) (plane hp), rounded to tf32,
-// bounded; ieee also the column's bf16 small part
+// fp32 NCHW loaders: v[e] = 4 columns of channel 4 hp + e -> column i's 4 channels at at(i) (plane hp), rounded to
+// tf32, bounded; ieee also the column's bf16 small part
 template <bool SPLIT, class At>
-__device__ __forceinline__ void wg_store_cols4(const WGParams& p, At&& at, int hp, const uint32_t (&v)[4][4], WGInBound& bound) {
+__device__ __forceinline__ void wg_store_cols4(const WGParams& p, At&& at, int hp, const uint32_t (&v)[4][4],
+                                               WGInBound& bound) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint32_t b[4];
@@ -70,7 +74,8 @@ __device__ __forceinline__ void wg_store_cols4(const WGParams& p, At&& at, int h
       bound.add(x[e]);
     }
     const uint32_t dst = at(i);
-    asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+    asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3])
+                 : "memory");
     if (SPLIT) {   // plane hp = 4 channels = half (hp & 1) of the group's bf16 entries
       uint32_t xb[2], xl[2];
       wg_small_pairs(x, b, xb, xl);
@@ -81,11 +86,12 @@ __device__ __forceinline__ void wg_store_cols4(const WGParams& p, At&& at, int h
   }
 }
 
-// TNCHW post-copy pass of one row: the stage holds [channel group][box][8 ch][tma_bc columns] from column wbase - tma_delta
-// (TMA, wg_tma_row), which goes to slot position WG_PAD - tma_delta (the slack before the row); task =
-// (plane hp, 4-column group j), plane-fastest: the 8 threads of a 16-byte shared-memory phase load 4 groups of each of
-// two planes, which lie 16 tma_bc = 64 bytes apart modulo 128 (tma_bc = 4 mod 8): conflict-free; they store into the
-// slot's planes 32 bytes apart modulo 128 (2-way, as NCHW4).  SW2: each column to its parity's position (wg_pos).
+// TNCHW post-copy pass of one row: the stage holds [channel group][box][8 ch][tma_bc columns] from column
+// wbase - tma_delta (TMA, wg_tma_row), which goes to slot position WG_PAD - tma_delta (the slack before the row);
+// task = (plane hp, 4-column group j), plane-fastest: the 8 threads of a 16-byte shared-memory phase load 4 groups of
+// each of two planes, which lie 16 tma_bc = 64 bytes apart modulo 128 (tma_bc = 4 mod 8): conflict-free; they store
+// into the slot's planes 32 bytes apart modulo 128 (2-way, as NCHW4).  SW2: each column to its parity's position
+// (wg_pos).
 template <bool SPLIT, bool SW2 = false>
 __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, uint32_t stg, WGInBound& bound) {
   const int HP = 2 * p.CG, ng = (p.tma_cols + 3) >> 2;
@@ -94,14 +100,17 @@ __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, u
     if (p.CG == 1) { hp = task & 1; j = task >> 1; }
     else { j = fdiv(task, p.mHP, p.sHP); hp = task - j * HP; }
     const int c0 = 4 * j, b = fdiv(c0, p.mBC, p.sBC);
-    const uint32_t src = stg + (uint32_t)((((hp >> 1) * p.tma_nbox + b) * 8 + (hp & 1) * 4) * p.tma_bc * 4 + (c0 - b * p.tma_bc) * 4);
+    const uint32_t src = stg + (uint32_t)((((hp >> 1) * p.tma_nbox + b) * 8 + (hp & 1) * 4) * p.tma_bc * 4
+                                          + (c0 - b * p.tma_bc) * 4);
     uint32_t v[4][4];
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(src + e * p.tma_bc * 4));
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3])
+                   : "r"(src + e * p.tma_bc * 4));
     if (SW2) {
       const uint32_t pl = slot + (uint32_t)(hp * p.plane_bytes);
-      wg_store_cols4<SPLIT>(p, [&](int i) { return pl + (uint32_t)(wg_pos<true>(p, c0 + i - p.tma_delta) * 16); }, hp, v, bound);
+      wg_store_cols4<SPLIT>(p, [&](int i) { return pl + (uint32_t)(wg_pos<true>(p, c0 + i - p.tma_delta) * 16); },
+                            hp, v, bound);
     } else {
       const uint32_t blk = slot + (uint32_t)(hp * p.plane_bytes + (WG_PAD - p.tma_delta + c0) * 16);
       wg_store_cols4<SPLIT>(p, [&](int i) { return blk + i * 16; }, hp, v, bound);
@@ -118,7 +127,8 @@ __device__ __forceinline__ void wg_tnchw_row(const WGParams& p, uint32_t slot, u
 // the 8 threads of a 16-byte shared-memory phase (consecutive groups, G * 16 bytes apart) then copy into and load
 // from 8 different bank groups (else all 8 in one); the stores of the transposed columns keep their conflicts.
 template <int G, int MODE, bool VOL, class F>
-__device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, F&& transpose) {
+__device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase,
+                                            F&& transpose) {
   const int wq = (wbase >= 0) ? (wbase & ~(G - 1)) : -((G - 1 - wbase) & ~(G - 1));   // floor(wbase / G) * G
   const int delta = wq - wbase;                                                         // -(G - 1) .. 0 positions
   const bool hok = (h >= 0 && h < p.H);
@@ -141,7 +151,8 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
       uint32_t v[G][4];
 #pragma unroll
       for (int e = 0; e < G; ++e)
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + j) & (G - 1)) * 16));
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3])
+                     : "r"(blk + ((e + j) & (G - 1)) * 16));
       transpose(blk, pl, v);
     }
   };
@@ -158,7 +169,8 @@ __device__ __forceinline__ void wg_nchw_row(const WGParams& p, uint32_t slot, lo
 // One input row (relative row j of the current piece) into its ring slot. MODE 0: issue (cp.async or register
 // loads+stores), MODE 1: post-process own chunks after they landed (fp32: round to tf32; ieee: also the small part).
 template <int DT, bool SPLIT, int LM, int MODE, bool VOL = false>
-__device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase, WGInBound& bound) {
+__device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long long n, int h, int wbase,
+                                       WGInBound& bound) {
   const int tid = threadIdx.x;
   const bool hok = (h >= 0 && h < p.H);
   if (LM == WG_LM_VEC || LM == WG_LM_TVEC) {   // TVEC: MODE 1 only (its copies are wg_tma_row's)
@@ -176,7 +188,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
                              f2tf32(__uint_as_float(v.w)));
         bound.add(__uint_as_float(v.x)); bound.add(__uint_as_float(v.y));
         bound.add(__uint_as_float(v.z)); bound.add(__uint_as_float(v.w));
-        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
+        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w)
+                     : "memory");
         if (SPLIT) {   // this thread's 4 channels = half of the group's 16-byte bf16 entries
           const float x[4] = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)};
           const uint32_t hi[4] = {b.x, b.y, b.z, b.w};
@@ -248,7 +261,9 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         uint32_t v[4][4];
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];" : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3]) : "r"(blk + ((e + (j >> 1)) & 3) * 16));
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3},[%4];"
+                       : "=r"(v[e][0]), "=r"(v[e][1]), "=r"(v[e][2]), "=r"(v[e][3])
+                       : "r"(blk + ((e + (j >> 1)) & 3) * 16));
         wg_store_cols4<SPLIT>(p, [&](int i) { return blk + i * 16; }, hp, v, bound);
       }
     }
@@ -259,10 +274,12 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
       for (int i = 0; i < 8; ++i) {   // column i: channels 2k, 2k + 1 from chunks 2k, 2k + 1
         uint32_t b[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) b[k] = __byte_perm(v[2 * k][i >> 1], v[2 * k + 1][i >> 1], (i & 1) ? 0x7632 : 0x5410);
+        for (int k = 0; k < 4; ++k) b[k] = __byte_perm(v[2 * k][i >> 1], v[2 * k + 1][i >> 1],
+                                                       (i & 1) ? 0x7632 : 0x5410);
 #pragma unroll
         for (int k = 0; k < 4; ++k) bound.add2(b[k]);
-        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
+        asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};"
+                     :: "r"(blk + i * 16), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]) : "memory");
       }
     });
   } else if (LM == WG_LM_ELEM) {                       // fp32, any layout: 4-byte cp.async, warp = 4 ch x 8 columns
@@ -278,7 +295,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         long long off = 0;
         const bool ok = hok && w >= 0 && w < p.W && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w, off));
         const float* src = reinterpret_cast<const float*>(p.x);
-        if (ok) src += VOL ? off : p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+        if (ok) src += VOL ? off : p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c
+                                          : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
         ff_cp_async4(dst, src, ok);
       } else {
         float v;
@@ -288,10 +306,13 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         asm volatile("st.shared.u32 [%0],%1;" :: "r"(dst), "r"(b) : "memory");
         if (SPLIT) {   // channel 4 (hp & 1) + e of the group's bf16 entries
           const bool fin = isfinite(__uint_as_float(b));
-          const __nv_bfloat16 xb = __float2bfloat16_rn(fin ? v : 0.0f), xl = __float2bfloat16_rn(fin ? v - __uint_as_float(b) : 0.0f);
+          const __nv_bfloat16 xb = __float2bfloat16_rn(fin ? v : 0.0f),
+                              xl = __float2bfloat16_rn(fin ? v - __uint_as_float(b) : 0.0f);
           const uint32_t ds = dst - (hp & 1) * p.plane_bytes - e * 4 + ((hp & 1) * 4 + e) * 2 + p.small_off;
-          asm volatile("st.shared.u16 [%0],%1;" :: "r"(ds), "h"(*reinterpret_cast<const unsigned short*>(&xb)) : "memory");
-          asm volatile("st.shared.u16 [%0],%1;" :: "r"(ds + p.plane_bytes), "h"(*reinterpret_cast<const unsigned short*>(&xl)) : "memory");
+          asm volatile("st.shared.u16 [%0],%1;" :: "r"(ds), "h"(*reinterpret_cast<const unsigned short*>(&xb))
+                       : "memory");
+          asm volatile("st.shared.u16 [%0],%1;"
+                       :: "r"(ds + p.plane_bytes), "h"(*reinterpret_cast<const unsigned short*>(&xl)) : "memory");
         }
       }
     }
@@ -314,7 +335,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
           hv[e] = 0u;
           long long gi = 0;
           if (ok && c < p.C && (!VOL || wg_x_at_vol(p, n, c, h, w, gi))) {
-            if (!VOL) gi = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
+            if (!VOL) gi = p.nhwc ? ((n * p.H + h) * p.W + w) * p.C + c
+                                  : ((n * p.C + c) * p.H + h) * (long long)p.W + w;
             hv[e] = load_elem_h<DT>(p.x, gi);
           }
         }
@@ -330,7 +352,8 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
         if (i < nit) {
           const int cg = fdiv(i, p.mTWa, p.sTWa), col = i - cg * p.TWa;
           const uint32_t dst = slot + (uint32_t)(cg * p.plane_bytes + (WG_PAD + col) * 16);
-          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};" :: "r"(dst), "r"(v[k][0]), "r"(v[k][1]), "r"(v[k][2]), "r"(v[k][3]) : "memory");
+          asm volatile("st.shared.v4.u32 [%0],{%1,%2,%3,%4};"
+                       :: "r"(dst), "r"(v[k][0]), "r"(v[k][1]), "r"(v[k][2]), "r"(v[k][3]) : "memory");
         }
       }
     }
@@ -341,20 +364,21 @@ __device__ __forceinline__ void wg_row(const WGParams& p, uint32_t slot, long lo
 // from row 0), the ones output row t needs first
 __device__ __forceinline__ int wg_group_hi(const WGParams& p, int t) { return t * p.sh + (p.R - 1) * p.dh; }
 template <int DT, bool SPLIT, int LM, int MODE, bool VOL>
-__device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase, int wbase,
-                                         WGInBound& bound) {
+__device__ __forceinline__ void wg_group(const WGParams& p, uint32_t ring, int t, int np, long long n, int hbase,
+                                         int wbase, WGInBound& bound) {
   if (t >= np) return;
   const int jlo = (t == 0) ? 0 : wg_group_hi(p, t - 1) + 1, jhi = wg_group_hi(p, t);
   for (int j = jlo; j <= jhi; ++j)
-    wg_row<DT, SPLIT, LM, MODE, VOL>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n, hbase + j, wbase, bound);
+    wg_row<DT, SPLIT, LM, MODE, VOL>(p, ring + (uint32_t)((j - p.RB * fdiv(j, p.mRB, p.sRB)) * p.slot_bytes), n,
+                                     hbase + j, wbase, bound);
 }
 
 // TNCHW post-copy pass of one row, 16-bit: the stage holds [channel group][box][8 ch][tma_bc columns] from column
 // wbase - tma_delta; each 8 x 8 block (8 channels x 8 columns) becomes 8 slot entries [column][8 ch] through one
 // ldmatrix.trans and one stmatrix (x4: a warp moves four blocks per instruction pair, block = column group j x channel
-// group cg, cg fastest).  The stage's channel rows lie tma_bc * 2 = 16 bytes modulo 128 apart (tma_bc = 8 mod 64), so the 8
-// rows of a block come from 8 bank groups; a block's 8 entries are 128 contiguous bytes of the slot.  The stage is
-// complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (docs/design.md).
+// group cg, cg fastest).  The stage's channel rows lie tma_bc * 2 = 16 bytes modulo 128 apart (tma_bc = 8 mod 64), so
+// the 8 rows of a block come from 8 bank groups; a block's 8 entries are 128 contiguous bytes of the slot.  The stage
+// is complete before anyone reads it (mbarrier), so lanes may read what other lanes' copies brought (docs/design.md).
 // Block k of a thread's pass (k-th trip of its warp, lane's block clamped to the last): source offset in its stage,
 // destination offset in its slot.
 // (SW2: each column's entry at its parity's position, wg_pos: stmatrix takes one address per lane and row.)
@@ -365,11 +389,13 @@ __device__ __forceinline__ WGTn16Blk wg_tnchw16_blk(const WGParams& p, int b0, i
   const int j = p.CG == 1 ? blk : fdiv(blk, p.mCG, p.sCG), cg = blk - j * p.CG;
   const int c0 = 8 * j, bx = fdiv(c0, p.mBC, p.sBC);
   return {(uint32_t)(((cg * p.tma_nbox + bx) * 8 + r) * p.tma_bc * 2 + (c0 - bx * p.tma_bc) * 2),
-          (uint32_t)(cg * p.plane_bytes + (SW2 ? wg_pos<true>(p, c0 + r - p.tma_delta) : WG_PAD - p.tma_delta + c0 + r) * 16)};
+          (uint32_t)(cg * p.plane_bytes
+                     + (SW2 ? wg_pos<true>(p, c0 + r - p.tma_delta) : WG_PAD - p.tma_delta + c0 + r) * 16)};
 }
 // The pass's offsets are the same for every row: where a warp's blocks take at most WG_TN16_TRIPS trips (nb <= 48: up
-// to ~384 columns of 8 channels) and the offsets fit 16 bits, they are worked out once per block, packed src | dst << 16
-// (the index arithmetic per row cost ~50 instructions per tile at the seed, docs/design.md); otherwise per row.
+// to ~384 columns of 8 channels) and the offsets fit 16 bits, they are worked out once per block, packed
+// src | dst << 16 (the index arithmetic per row cost ~50 instructions per tile at the seed, docs/design.md); otherwise
+// per row.
 constexpr int WG_TN16_TRIPS = 3;
 template <bool SW2 = false>
 struct WGTn16 {
@@ -398,8 +424,8 @@ __device__ __forceinline__ void wg_tnchw16_move(uint32_t src, uint32_t dst, bool
 }
 // bnd: the input bound is wanted (not by the 16-bit GELU mean epilogue, which checks its own range)
 template <bool SW2>
-__device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, bool bnd, WGInBound& bound,
-                                               const WGTn16<SW2>& tn) {
+__device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot, uint32_t stg, bool bnd,
+                                               WGInBound& bound, const WGTn16<SW2>& tn) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nb = p.CG * ((p.tma_cols + 7) >> 3);
   if (tn.pre) {
@@ -407,7 +433,8 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
     for (int k = 0; k < WG_TN16_TRIPS; ++k)
       if (4 * warp + 16 * k < nb) wg_tnchw16_move(stg + (tn.off[k] & 0xffffu), slot + (tn.off[k] >> 16), bnd, bound);
   } else {
-    for (int b0 = 4 * warp; b0 < nb; b0 += 16) {   // warp-uniform; lanes past the end repeat the last block (same bytes)
+    // warp-uniform; lanes past the end repeat the last block (same bytes)
+    for (int b0 = 4 * warp; b0 < nb; b0 += 16) {
       const WGTn16Blk o = wg_tnchw16_blk<SW2>(p, b0, nb, lane >> 3, lane & 7);
       wg_tnchw16_move(stg + o.src, slot + o.dst, bnd, bound);
     }
@@ -415,10 +442,10 @@ __device__ __forceinline__ void wg_tnchw16_row(const WGParams& p, uint32_t slot,
 }
 
 // Where the TMA loaders' rows go: input row j of a piece into stage j % NST and (TNCHW, after its pass) ring slot
-// j % RB.  The rows are taken in order, so every thread keeps the next one's pair in one register (st | rs << 16), reset
-// per piece, instead of two 64-bit multiply-high divisions per row (their chains held ~2 % of the stall samples); the
-// row thread 0 issues inside the row loop is always (D - 1) sh rows past the next one to take, so its stage follows from
-// that pair (docs/design.md: counters of their own for both sequences spilled in the 16-bit TNCHW kernel).
+// j % RB.  The rows are taken in order, so every thread keeps the next one's pair in one register (st | rs << 16),
+// reset per piece, instead of two 64-bit multiply-high divisions per row (their chains held ~2 % of the stall samples);
+// the row thread 0 issues inside the row loop is always (D - 1) sh rows past the next one to take, so its stage follows
+// from that pair (docs/design.md: counters of their own for both sequences spilled in the 16-bit TNCHW kernel).
 __device__ __forceinline__ int wg_stage_of(const WGParams& p, int j) { return j - p.NST * fdiv(j, p.mST, p.sST); }
 __device__ __forceinline__ int wg_stage_next(const WGParams& p, int st) { return st + 1 == p.NST ? 0 : st + 1; }
 struct WGRowSlot {
@@ -441,8 +468,8 @@ struct WGRowSlot {
 // wbase into the plane's first half, the odd ones from wbase + 1 into its second (sw2_sub positions on; TNCHW: as
 // stride 1, its pass sorts the columns).
 template <int DT, int LM, bool VOL = false, bool SW2 = false>
-__device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int st, long long n,
-                                           int h, int wbase) {
+__device__ __forceinline__ void wg_tma_row(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, int st,
+                                           long long n, int h, int wbase) {
   constexpr int ESZ = DT == FF_F32 ? 4 : 2;
   const uint32_t bar = bar0 + 8u * st;
   ff_mbar_expect_tx(bar, (unsigned)p.tma_bytes);
@@ -485,8 +512,9 @@ __device__ __forceinline__ void wg_tma_zero_vol(const WGParams& p, unsigned char
 // slot at.rs() (16-bit TVEC: only when `post`, i.e. the input bound is wanted; the copies land as they are).  SW2:
 // TVEC's pass as stride 1's (in place over every position, even then odd: TWa = both halves), TNCHW's sorts columns.
 template <int DT, bool SPLIT, int LM, bool SW2 = false>
-__device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0, WGRowSlot& at,
-                                            uint32_t& tph, bool post, WGInBound& bound, const WGTn16<SW2>& tn) {
+__device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, uint32_t stage0, uint32_t bar0,
+                                            WGRowSlot& at, uint32_t& tph, bool post, WGInBound& bound,
+                                            const WGTn16<SW2>& tn) {
   const int st = at.st(), rs = at.rs();
   at.step(p);
   ff_mbar_wait(bar0 + 8u * st, (tph >> st) & 1u);
@@ -494,7 +522,9 @@ __device__ __forceinline__ void wg_tma_take(const WGParams& p, uint32_t ring, ui
   if (LM == WG_LM_TVEC) {
     if (DT == FF_F32 || post) wg_row<DT, SPLIT, WG_LM_TVEC, 1>(p, ring + (uint32_t)(st * p.slot_bytes), 0, 0, 0, bound);
   } else {
-    if (DT == FF_F32) wg_tnchw_row<SPLIT, SW2>(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), bound);
-    else wg_tnchw16_row(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes), post, bound, tn);
+    if (DT == FF_F32) wg_tnchw_row<SPLIT, SW2>(p, ring + (uint32_t)(rs * p.slot_bytes),
+                                               stage0 + (uint32_t)(st * p.stage_bytes), bound);
+    else wg_tnchw16_row(p, ring + (uint32_t)(rs * p.slot_bytes), stage0 + (uint32_t)(st * p.stage_bytes),
+                        post, bound, tn);
   }
 }

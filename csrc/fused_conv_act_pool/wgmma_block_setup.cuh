@@ -9,7 +9,8 @@
 // and the weights (+ bias op) as K-major core matrices, op j at j * 2 KB, [k chunk][64 ch][16 B]; every weight and
 // bias value goes through bound.
 template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned char* smem, int tid, int nthr, WGInBound& bound) {
+__device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned char* smem, int tid, int nthr,
+                                                  WGInBound& bound) {
   uint4 o;   // one K-major row of ones: channels 0 and 1 = 1.0, the rest 0
   if (DT == FF_F32) o = make_uint4(0x3f800000u, 0x3f800000u, 0u, 0u);
   else if (DT == FF_BF16) o = make_uint4(0x3f803f80u, 0u, 0u, 0u);
@@ -20,11 +21,11 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
       for (int q = tid * 16; q < p.plane_bytes; q += nthr * 16)
         *reinterpret_cast<uint4*>(smem + p.ring_off + r * p.slot_bytes + p.CG * p.plane_bytes + q) = o;
   }
-  // One 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of every op (4 fp32 /
-  // 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  OB ops' global loads are
-  // issued before any is used (in flight together).  Kept small on purpose: this code runs once per block, so its cost
-  // is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS) took 14-25 us
-  // per block before the first row could start (docs/design.md).
+  // One 16-byte K chunk per thread and op: thread i of 128 owns row m = i % 64 and chunk h = i / 64 of every op (4
+  // fp32 / 8 16-bit values), whose source the host worked out (op_wo, op_wn: no index arithmetic here).  OB ops' global
+  // loads are issued before any is used (in flight together).  Kept small on purpose: this code runs once per block, so
+  // its cost is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS)
+  // took 14-25 us per block before the first row could start (docs/design.md).
   constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
   const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
   const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;

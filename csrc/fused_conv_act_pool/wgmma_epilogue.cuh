@@ -47,7 +47,8 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 // per-column-block mask tests: one straight-line block of 64 values.  SAT: fp16 input (wg_epi_pass), where a conv
 // output past fp16's range is +-inf even from bounded inputs, so it takes the exact form.
 template <int ACT, int POOL, bool SAT = false>
-__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast, bool full) {
+__device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
+                                       bool full) {
   if (ACT == FF_ACT_GELU_ERF && fast && !SAT) {
     if (full) wg_epi_pass<ACT, POOL, !SAT, true>(acc, red, qv, tig);
     else wg_epi_pass<ACT, POOL, !SAT, false>(acc, red, qv, tig);
@@ -59,8 +60,8 @@ __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2
 }
 
 template <int POOL, bool SAT = false>
-__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
-                                                bool full) {
+__device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig,
+                                                bool fast, bool full) {
   switch (act) {
     case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL, SAT>(acc, red, qv, tig, fast, full); break;
     case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL, SAT>(acc, red, qv, tig, fast, full); break;
@@ -70,20 +71,20 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
   }
 }
 
-// The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and
-// any other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out;
-// finite fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf) and with it the quad's row sum
-// in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the
-// tile takes the tile back — dm as before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones
+// The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and any
+// other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out; finite
+// fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf) and with it the quad's row sum in dm,
+// which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504).  So a non-finite dm after the tile
+// takes the tile back — dm as before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones
 // matrix) — and runs it through the exact GELU (ff_gelu_erf) into red instead.  fp16 input: that redo sees the conv
 // outputs through ff_f16_sat, so |x| >= 65520 gives PyTorch's GELU(+-inf) = inf / NaN.  The check costs two compares
 // per tile (it replaced a guard on the staged inputs whose running bound cost a pass over every row, docs/design.md).
-// bf16 input (DT == FF_BF16) is also redone when the tile adds less than T = 2^-8 to either row sum (128 pixels):
-// the fp16 rounding of x and of g keeps an absolute floor of ~2^-25 per value (fp16's subnormal step), where PyTorch's
-// bf16 (fp32's exponent range) keeps ~3 significant digits, so small activations (~1e-7) lost everything.  That floor
-// adds at most ~128 * 2^-24 to a row's sum, 2e-3 of a sum >= 2^-8 (bf16's own rounding is 2^-9); rows below it are
-// exact here.  Normal-range values (|x| >= 2^-14) keep fp16's relative 2^-11 either way.  Only a few tiles of real
-// data fall below T, and a redo costs its whole warpgroup a fp32 epilogue: T is not larger than that bound needs.
+// bf16 input (DT == FF_BF16) is also redone when the tile adds less than T = 2^-8 to either row sum (128 pixels): the
+// fp16 rounding of x and of g keeps an absolute floor of ~2^-25 per value (fp16's subnormal step), where PyTorch's bf16
+// (fp32's exponent range) keeps ~3 significant digits, so small activations (~1e-7) lost everything.  That floor adds
+// at most ~128 * 2^-24 to a row's sum, 2e-3 of a sum >= 2^-8 (bf16's own rounding is 2^-9); rows below it are exact
+// here.  Normal-range values (|x| >= 2^-14) keep fp16's relative 2^-11 either way.  Only a few tiles of real data fall
+// below T, and a redo costs its whole warpgroup a fp32 epilogue: T is not larger than that bound needs.
 // fp16 input keeps the fp16 rounding, which is what PyTorch itself does.
 template <int DT>
 __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float (&red)[2][2], float (&dm)[4], int tig) {
@@ -101,18 +102,18 @@ __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float 
   }
 }
 
-// Mean pooling zeroes a partial tile's padding accumulators (pixels >= qv) first: every activation maps 0 to (+-)0, which
-// adds nothing to a sum, so the epilogue then runs as for a whole tile — one straight-line block of 64 values, where the
-// per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last, docs/design.md).  Where
-// only the last column block is partial (qv > 120: the seed's second half-row has 126 pixels) only its 4 values are
-// tested; the general loop, which ptxas predicates whole (2 compares and 4 selects per column block, issued even where
-// off: 9 % of the 16-bit kernel's issue at the seed, docs/design.md), serves the rest.  Max pooling keeps the masks (0 is
-// not neutral for a max); 16-bit whole tiles skip them too (WGParams fulltile).
+// Mean pooling zeroes a partial tile's padding accumulators (pixels >= qv) first: every activation maps 0 to (+-)0,
+// which adds nothing to a sum, so the epilogue then runs as for a whole tile — one straight-line block of 64 values,
+// where the per-column-block mask tests split it into 16 small blocks (measured: TF32 NCHW / channels_last,
+// docs/design.md).  Where only the last column block is partial (qv > 120: the seed's second half-row has 126 pixels)
+// only its 4 values are tested; the general loop, which ptxas predicates whole (2 compares and 4 selects per column
+// block, issued even where off: 9 % of the 16-bit kernel's issue at the seed, docs/design.md), serves the rest.  Max
+// pooling keeps the masks (0 is not neutral for a max); 16-bit whole tiles skip them too (WGParams fulltile).
 // ieee (SPLIT) keeps the masked pass as well: its 255-register kernel measured 3 % slower NCHW with this one.
 // h2: the half-precision GELU (wg_epi_h2_checked, 16-bit input only) adds into dm[0..3] instead of red.
 template <int DT, bool SPLIT>
-__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
-                                           int tig, bool fast, bool h2) {
+__device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4],
+                                           int qv, int tig, bool fast, bool h2) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   if (p.pool == FF_POOL_MEAN && !SPLIT) {
@@ -147,8 +148,8 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
 // thread's value of the same channel at row t's pixel 2 tig (valid: qv >= 8), a duplicate that leaves the maximum as it
 // is — so that the whole-tile pass (no masks) serves both pools.
 template <int DT>
-__device__ __forceinline__ void wg_epi_r2(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4], int qv,
-                                          bool two, int tig, bool fast, bool h2) {
+__device__ __forceinline__ void wg_epi_r2(const WGParams& p, float (&acc)[64], float (&red)[2][2], float (&dm)[4],
+                                          int qv, bool two, int tig, bool fast, bool h2) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   const bool mean = p.pool == FF_POOL_MEAN;

@@ -5,10 +5,11 @@
 
 // The B descriptor table (low words), entry (rs * 2 + h) * WG_DSTRIDE(NOPS) + j: op j for output-row ring slot rs and
 // half h reads ring slot (rs + op_rd[j]) % RB at column h * 128 (the bias op's ones block: op_mask 0, always the same
-// address).  Straight-line kernels (NOPS > 0) pack it NOPS ops wide, the general one WG_MAXOPS (wg_plan sizes it the same).
-// The column-pair op (col_j >= 0, 16-bit 3x3: WG_COL16_OPS) reads ring slots sl0 = (rs + op_rd) % RB and sl1 = (rs +
-// col_rd2) % RB: its entry starts at the lower of the two with LBO = their distance, and entry NOPS holds the low word of
-// its A descriptor (block col_j, or block na - 1 = the swapped one where sl1 < sl0).
+// address).  Straight-line kernels (NOPS > 0) pack it NOPS ops wide, the general one WG_MAXOPS (wg_plan sizes it the
+// same).
+// The column-pair op (col_j >= 0, 16-bit 3x3: WG_COL16_OPS) reads ring slots sl0 = (rs + op_rd) % RB and
+// sl1 = (rs + col_rd2) % RB: its entry starts at the lower of the two with LBO = their distance, and entry NOPS holds
+// the low word of its A descriptor (block col_j, or block na - 1 = the swapped one where sl1 < sl0).
 #define WG_DSTRIDE(NOPS) ((NOPS) == WG_COL16_OPS ? (NOPS) + 1 : (NOPS) > 0 ? (NOPS) : WG_MAXOPS)
 template <int NOPS>
 __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, uint32_t sbase16) {
@@ -26,7 +27,8 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
         dtab[i] = sbase16 + (uint32_t)(swap ? p.na - 1 : p.col_j) * (2048 >> 4) + ((1024u >> 4) << 16);
       } else {
         const int lo = swap ? sl1 : sl, gap = swap ? sl - sl1 : sl1 - sl;
-        dtab[i] = sbase16 + p.op_d[j] + (uint32_t)(lo * p.slot16 + half * (WG_NT / 2)) + ((uint32_t)(gap * p.slot16) << 16);
+        dtab[i] = sbase16 + p.op_d[j] + (uint32_t)(lo * p.slot16 + half * (WG_NT / 2))
+                  + ((uint32_t)(gap * p.slot16) << 16);
       }
       continue;
     }
@@ -38,12 +40,12 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
 // them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  fp32's bias op is the last
 // op (it has no ieee small terms); 16-bit carries the bias in a spare chunk or in a last op of its own alike.
-// B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared load
-// per op instead of ~10 instructions of ring-slot arithmetic.
+// B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared
+// load per op instead of ~10 instructions of ring-slot arithmetic.
 // H >= 0 (two output rows per tile, WG_NT_R2): m64n64 wgmmas into accumulators 32 H .. 32 H + 31 only (not ieee).
 template <int DT, bool SPLIT, int NOPS, int H = -1>
-__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab, int rs,
-                                         int half) {
+__device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], uint32_t sbase16, const uint32_t* dtab,
+                                         int rs, int half) {
 #ifdef FF_HAVE_WGMMA
   // straight-line kernels read the whole row of descriptor words first, so that the shared-memory latencies overlap
   // (one LDS before each HGMMA made every R2UR wait on its own load: ncu, docs/design.md); not the ieee kernel (SPLIT),
@@ -66,7 +68,8 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
     const uint64_t desc = (uint64_t)(PRE ? dl[j < NL ? j : 0] : drow[j]) | ((uint64_t)p.op_hi[j] << 32);
     const uint64_t da = (COL && j == WG_COL16_J)
                             ? ((uint64_t)dl[NL - 1] | ((uint64_t)(128 >> 4) << 32))
-                            : ((uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32));
+                            : ((uint64_t)(sbase16 + j * (2048 >> 4)) | ((uint64_t)(1024 >> 4) << 16)
+                               | ((uint64_t)(128 >> 4) << 32));
     const bool bias_op = (NOPS > 0) ? (j == NOPS - 1) : (j == p.nops - 1);
     if constexpr (H >= 0) {
       static_assert(!SPLIT && H < 2, "two rows per tile: halves 0 and 1, not ieee");

@@ -7,8 +7,9 @@
 #include "fused_conv_act_pool/wgmma_block_setup.cuh"
 #include "fused_conv_act_pool/wgmma_reduce.cuh"
 
-// Before row t's wgmmas (fa_wgmma_kernel): the barrier after which the rows of output row t are in, and whether they are
-// bounded where the epilogue needs to know (the result only grows: a later row's answer covers the earlier rows too).
+// Before row t's wgmmas (fa_wgmma_kernel): the barrier after which the rows of output row t are in, and whether they
+// are bounded where the epilogue needs to know (the result only grows: a later row's answer covers the earlier rows
+// too).
 template <int DT>
 __device__ __forceinline__ bool wg_row_ready(const WGParams& p, bool h2_cap, const WGInBound& bound) {
   ff_fence_proxy_async();
@@ -25,8 +26,8 @@ __device__ __forceinline__ bool wg_row_ready(const WGParams& p, bool h2_cap, con
 // per tile (WG_NT_R2; the TMA loaders, Conv2d, not ieee)
 template <int DT, bool SPLIT, int LM, int NOPS, int MINB, bool VOL, bool SW2 = false, bool R2 = false>
 __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_constant__ WGParams p) {
-  static_assert(!VOL || LM == WG_LM_ELEM || LM == WG_LM_REG || LM == WG_LM_NCHW4 || LM == WG_LM_NCHW8 || LM == WG_LM_TNCHW,
-                "Conv3d loaders");
+  static_assert(!VOL || LM == WG_LM_ELEM || LM == WG_LM_REG || LM == WG_LM_NCHW4 || LM == WG_LM_NCHW8
+                || LM == WG_LM_TNCHW, "Conv3d loaders");
   static_assert(!SW2 || (!VOL && wg_lm_tma(LM)), "stride-2 columns: the TMA loaders, Conv2d");
   static_assert(!R2 || (!VOL && !SPLIT && wg_lm_tma(LM)), "two rows per tile: the TMA loaders, Conv2d, not ieee");
 #ifdef FF_HAVE_WGMMA
@@ -35,7 +36,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   // TMA destinations must be 128-byte aligned; the dynamic shared memory starts after the static (1040 bytes on sm_90),
   // whatever alignment the declaration asks for, so the TMA kernels move their layout up to the next 128 bytes (wg_plan
   // adds them)
-  unsigned char* const smem = smem_raw + (TMA ? (128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u : 0u);
+  unsigned char* const smem = smem_raw + (TMA ? (128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u
+                                          : 0u);
   const uint32_t sbase16 = (uint32_t)__cvta_generic_to_shared(smem) >> 4;
   __shared__ int last_s;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
@@ -45,8 +47,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
   // GELU (erf) in its clamp-free form while every staged input, weight and bias is bounded (WGInBound, wg_epi)
   const bool gelu_fast = p.gelu_fast && p.act == FF_ACT_GELU_ERF;
   const bool h2_cap = wg_h2_cap<DT>(p);
-  // the post-copy pass of 16-bit channels_last rows (the bound: its only work there) only when the bound is used; 16-bit
-  // TNCHW skips the bound then
+  // the post-copy pass of 16-bit channels_last rows (the bound: its only work there) only when the bound is used;
+  // 16-bit TNCHW skips the bound then
   const bool tpost = DT == FF_F32 || (gelu_fast && !h2_cap);
   WGInBound bound;
   const WGTn16<SW2> tn(p, NOPS > 0);   // (16-bit TNCHW only; dead code elsewhere)
@@ -68,7 +70,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       const WGPiece<VOL, SW2> pc(p, L0, L1);
       pre = min(p.NST, wg_group_hi(p, min(p.D, pc.np) - 1) + 1);
       if (tid == 0)
-        for (int j = 0; j < pre; ++j) wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);   // (pre <= NST)
+        for (int j = 0; j < pre; ++j)   // (pre <= NST)
+          wg_tma_row<DT, LM, VOL, SW2>(p, ring, stage0, bar0, j, pc.nx, pc.hbase + j, pc.wbase);
     }
   } else if (LM != WG_LM_REG && L0 < L1) {
     const WGPiece<VOL, SW2> pc(p, L0, L1);
@@ -77,7 +80,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       ff_cp_commit();
     }
   }
-  if constexpr (VOL && LM == WG_LM_TNCHW) wg_tma_zero_vol<DT>(p, smem + p.stage_off, tid, 128);   // (read after that barrier too)
+  if constexpr (VOL && LM == WG_LM_TNCHW)   // (read after that barrier too)
+    wg_tma_zero_vol<DT>(p, smem + p.stage_off, tid, 128);
   wg_dtab_fill<NOPS>(p, dtab, sbase16);   // read after the first __syncthreads of the line loop
   wg_setup_operands<DT, SPLIT>(p, smem, tid, 128, bound);
   float dm[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // wg_epi_h2's sums (dm[0] channel m0, dm[2] m0 + 8, whole quad)
@@ -168,8 +172,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
     }
     int rs = 0;                                                  // ring slot of input row t*sh
     // R2 (two output rows per tile, WG_NT_R2): rows t, t + 1 (u = 0, 1) each issue an m64n64 chain into one half of the
-    // accumulators, waited for together after both, then one epilogue (the wait after the unrolled pair, not on a branch:
-    // a wait there made ptxas serialise every wgmma, C7518).  Row t + 1's in_ok covers row t's rows too.
+    // accumulators, waited for together after both, then one epilogue (the wait after the unrolled pair, not on a
+    // branch: a wait there made ptxas serialise every wgmma, C7518).  Row t + 1's in_ok covers row t's rows too.
     constexpr int NR = R2 ? 2 : 1;
     bool fast = false;
     for (int t0 = 0; t0 < np; t0 += NR) {
@@ -191,7 +195,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
           }
           if constexpr (TMA) {
             if (half == 0 && tid == 0 && t + p.D < np) {   // group t + D (TVEC: into the ring slots row t - 1 left)
-              // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at most)
+              // its first row is (D - 1) sh rows past the next to take, wg_group_hi(t) + 1 (< NST rows: one wrap at
+              // most)
               int st = tak.st() + (p.D - 1) * p.sh;
               st -= st >= p.NST ? p.NST : 0;
               for (int r = wg_group_hi(p, t + p.D - 1) + 1; r <= wg_group_hi(p, t + p.D); ++r) {
@@ -207,8 +212,8 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
               wg_group<DT, SPLIT, LM, 0, VOL>(p, ring, LM == WG_LM_REG ? t + 1 : t + p.D, np, nx, hbase, wbase, bound);
               if (LM != WG_LM_REG) ff_cp_commit();
             }
-            if (LM != WG_LM_REG && half == pc.nhalf - 1) {   // group t + 1's copies (committed D groups ago) have landed
-              ff_cp_wait_n(p.D - 1);
+            if (LM != WG_LM_REG && half == pc.nhalf - 1) {
+              ff_cp_wait_n(p.D - 1);   // group t + 1's copies (committed D groups ago) have landed
               if (mode1) wg_group<DT, SPLIT, LM, 1, VOL>(p, ring, t + 1, np, nx, hbase, wbase, bound);
             }
           }

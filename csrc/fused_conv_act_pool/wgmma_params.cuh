@@ -6,20 +6,22 @@
 
 // sm_90a path: wgmma SS (A = weights, B = pixels, both from shared memory through descriptors, no swizzle).
 //   GEMM M = 64 output channels, N = 128 consecutive output pixels (half of a 256-pixel row segment, stride 1), K = one
-//   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 over two taps (r, s), (r, s + 1) of
-//   one channel group — the second tap's pixels are the first's shifted by dw columns, so LBO = dw positions — or one
-//   tap whose second 8 columns read the slot's ones plane: zero weights, or the bias — see below). The input rows live in a ring of RB shared-memory slots, one input row
-//   of one 256-pixel segment (+ halo) each, K-major core matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels,
-//   LBO = plane; 16-bit: [cg][col][8 ch] + one ones plane), so the im2col matrix of tap (r, s) is simply the slot of input row
-//   p*sh - ph + r*dh with its start address shifted by s*dw columns: no copies, no im2col.
+//   K-unit = filter tap (r,s) x 8 input channels per wgmma (tf32 k8; 16-bit k16 over two taps (r, s), (r, s + 1) of one
+//   channel group — the second tap's pixels are the first's shifted by dw columns, so LBO = dw positions — or one
+//   tap whose second 8 columns read the slot's ones plane: zero weights, or the bias — see below). The input rows
+//   live in a ring of RB shared-memory slots, one input row of one 256-pixel segment (+ halo) each, K-major core
+//   matrices: [cg][K chunk][col][16 B] (fp32: chunk = 4 channels, LBO = plane; 16-bit: [cg][col][8 ch] + one ones
+//   plane), so the im2col matrix of tap (r, s) is simply the slot of input row p*sh - ph + r*dh with its start address
+//   shifted by s*dw columns: no copies, no im2col.
 //   Bias rides as one more K-unit whose B is a block of ones (SBO = 0), A = (b_hi, b_lo) split; 16-bit: in the second
-//   K chunk of the first op that has one to spare (its B = the slot's ones plane, every entry (1, 1, 0, ...)), no op of its own.
-//   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads);
-//   the copies of a row group and the post-copy pass of the next one (tf32 rounding, NCHW transposes, the input
-//   bound) run while the current row's wgmmas do, so only a barrier stands between rows. The
-//   10 ops (16-bit: 5) of a 3x3 filter over <= 8 channels are issued as straight-line code with descriptors from a
-//   shared-memory table, so the HGMMAs chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one
-//   block's epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
+//   K chunk of the first op that has one to spare (its B = the slot's ones plane, every entry (1, 1, 0, ...)), no op of
+//   its own.
+//   Rows stream through the ring with cp.async D rows ahead (16-bit input without 16-byte copies: register loads); the
+//   copies of a row group and the post-copy pass of the next one (tf32 rounding, NCHW transposes, the input bound) run
+//   while the current row's wgmmas do, so only a barrier stands between rows. The 10 ops (16-bit: 5) of a 3x3 filter
+//   over <= 8 channels are issued as straight-line code with descriptors from a shared-memory table, so the HGMMAs
+//   chain under one fence. Each block (one warpgroup, 64 accumulator registers, 3 blocks per SM so that one block's
+//   epilogue overlaps another's MMAs) owns a contiguous range of (image, segment, row) lines: exact balance, and ring
 //   reuse of the R-1 halo rows between consecutive output rows.
 constexpr int WG_NT = 256;
 // Stride-2 columns (sw == 2; the TMA loaders TVEC / TNCHW, Conv2d; template parameter SW2 of fa_wgmma_kernel): output
@@ -29,9 +31,9 @@ constexpr int WG_NT = 256;
 // Tap s then reads positions (s dw >> 1) .. + 127 of parity (s dw) & 1, consecutive: a stride-1 B operand again.
 // Segments are WG_NT2 output pixels (one half), so that a slot holds ~2 x 128 columns as a stride-1 one holds 256.
 constexpr int WG_NT2 = 128;
-// Two output rows per tile (template parameter R2 of fa_wgmma_kernel; rows of 8 ..  WG_NT_R2 output pixels, one segment;
-// the TMA loaders, Conv2d, not ieee): a 128-pixel tile would hold one such row and leave the rest of its MMAs and
-// epilogue on padding, so rows t and t + 1 each get an m64n64 chain into one half of the 64 accumulators (the first
+// Two output rows per tile (template parameter R2 of fa_wgmma_kernel; rows of 8 ..  WG_NT_R2 output pixels, one
+// segment; the TMA loaders, Conv2d, not ieee): a 128-pixel tile would hold one such row and leave the rest of its MMAs
+// and epilogue on padding, so rows t and t + 1 each get an m64n64 chain into one half of the 64 accumulators (the first
 // 8 column blocks: row t, the last 8: row t + 1), both waited for together, then one epilogue over both.  Row t's chain
 // is still in flight while row t + 1's rows land, so the ring holds sh more slots and the copies run one row group
 // less far ahead (wg_plan).
@@ -39,19 +41,20 @@ constexpr int WG_NT_R2 = 64;
 constexpr int WG_MAXOPS = 64;     // K units (ops) per half-row a plan may have: R*S*ceil(C/8) (+ bias) <= 64
 constexpr int WG_OPS3X3 = 10;     // fp32, 3x3 over <= 8 channels: 9 taps + bias, straight-line issue
 // 16-bit 3x3 with the column pair: ops (r, 0) + (r, 1) for r = 0..2, (2, 2) with the bias in its
-// spare chunk, then (0, 2) + (1, 2) as one op whose two K chunks lie in two ring slots (LBO = the slots' distance; where
-// the second row's slot comes first in the ring, its K chunks are swapped: B starts at that slot and the op reads A block
-// WG_COL16_OPS, the op's weights with the two chunks swapped): 5 ops of K 16 for 72 + bias instead of 6
+// spare chunk, then (0, 2) + (1, 2) as one op whose two K chunks lie in two ring slots (LBO = the slots' distance;
+// where the second row's slot comes first in the ring, its K chunks are swapped: B starts at that slot and the op reads
+// A block WG_COL16_OPS, the op's weights with the two chunks swapped): 5 ops of K 16 for 72 + bias instead of 6
 constexpr int WG_COL16_OPS = 5, WG_COL16_J = 4;
 // input loaders: VEC = channels_last, C % 8 == 0 (16-byte cp.async; fp32: two per 8 channels, 16-bit: one, straight
 // into the [cg][col][8 ch] slot); NCHW4 = fp32 NCHW, W % 4 == 0 (16-byte cp.async of 4 columns of one channel,
 // transposed in place per thread); NCHW8 = 16-bit NCHW, W % 8 == 0 (the same with 8 columns of one channel per copy);
 // ELEM = fp32 otherwise (4-byte cp.async); REG = 16-bit otherwise (register loads)
-// TVEC / TNCHW = channels_last (C % 8 == 0) / NCHW (W % 4 fp32, % 8 16-bit) through the tensor-memory-access engine (TMA,
-// wg_tma_row): one thread issues a row's few bulk copies instead of every thread its 16-byte ones (the copies' issue and
-// index arithmetic were ~70-100 instructions per tile and warp, docs/design.md); TVEC lands in the slot's own layout,
-// TNCHW in a staging buffer that the post-copy pass transposes into the slot.
-enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4, WG_LM_TVEC = 5, WG_LM_TNCHW = 6 };
+// TVEC / TNCHW = channels_last (C % 8 == 0) / NCHW (W % 4 fp32, % 8 16-bit) through the tensor-memory-access engine
+// (TMA, wg_tma_row): one thread issues a row's few bulk copies instead of every thread its 16-byte ones (the copies'
+// issue and index arithmetic were ~70-100 instructions per tile and warp, docs/design.md); TVEC lands in the slot's own
+// layout, TNCHW in a staging buffer that the post-copy pass transposes into the slot.
+enum { WG_LM_VEC = 0, WG_LM_ELEM = 1, WG_LM_REG = 2, WG_LM_NCHW4 = 3, WG_LM_NCHW8 = 4, WG_LM_TVEC = 5,
+       WG_LM_TNCHW = 6 };
 constexpr bool wg_lm_tma(int lm) { return lm == WG_LM_TVEC || lm == WG_LM_TNCHW; }
 // Each channel plane of a ring slot = WG_PAD positions of slack, then TWa positions (16 B each), then slack (the
 // NCHW4 / NCHW8 column groups overhang by up to 3 / 7 positions on either side).
@@ -59,13 +62,15 @@ constexpr int WG_PAD = 8;
 constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 
 struct WGParams {
-  CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 16 bytes of channels, the rest, W, H, N) or 4-d (TNCHW: W, H, C, N) tensor
+  CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 16 bytes of channels, the rest, W, H, N) or 4-d
+                      // (TNCHW: W, H, C, N) tensor
   const void* x; const void* w; const float* bias; float* out;
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
   int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)
   int CG, nops, nseg, TWa, RB, D;
-  int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row, or -1
+  int na, col_j, col_rd2;   // A blocks (ops + the column op's swapped copy); the column-pair op and its second row,
+                            // or -1
   int plane_bytes, nq;                 // bytes per 4-channel plane of a ring slot; NCHW4: 4-column quads per row
   int slot_bytes, small_off, ones_off, ring_off, a_small_off, dtab_off;   // smem: [A ops][ones][ring][B descriptors]
   unsigned long long mCG, mTWa, mHP, mNQ, mRB; int sCG, sTWa, sHP, sNQ, sRB;

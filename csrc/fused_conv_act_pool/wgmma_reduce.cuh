@@ -1,6 +1,6 @@
 // Family A, fused, sm_90a: what leaves the chip — a block's lines (pieces of output rows), the quad reduction of the
-// per-thread partials, and the per-image flush (atomics, or per-block partials summed in a fixed order by the last block
-// of the image: the deterministic mode and max pooling).
+// per-thread partials, and the per-image flush (atomics, or per-block partials summed in a fixed order by the last
+// block of the image: the deterministic mode and max pooling).
 #pragma once
 #include "fused_conv_act_pool/wgmma_epilogue.cuh"
 
@@ -50,7 +50,9 @@ struct WGPiece {
 // wave's blocks of an SM finished ~8 % after the first's — made the kernel slower: docs/design.md.)
 __device__ __forceinline__ long long wg_line0(const WGParams& p, long long b) { return b * p.L / p.G; }
 // the block holding line l: the last b with wg_line0(b) <= l
-__device__ __forceinline__ long long wg_block_of(const WGParams& p, long long l) { return ((l + 1) * p.G + p.L - 1) / p.L - 1; }
+__device__ __forceinline__ long long wg_block_of(const WGParams& p, long long l) {
+  return ((l + 1) * p.G + p.L - 1) / p.L - 1;
+}
 
 // Blocks that hold lines of image n (wg_block_of its first and last line), and the work of the last of them to
 // flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
@@ -64,15 +66,16 @@ __device__ __forceinline__ void wg_image_blocks(const WGParams& p, long long n, 
 // Not inlined: it runs once per image and block at most, and inlined (with its batched loads) it cost the 16-bit
 // kernels' main loop 16-40 bytes of stack.
 template <int POOL = -1>
-__device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, long long blo, long long bhi, int t, int nthr) {
+__device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, long long blo, long long bhi, int t,
+                                             int nthr) {
   __threadfence();
   if (POOL >= 0 ? POOL == FF_POOL_MEAN : p.pool == FF_POOL_MEAN) {
     // summed in a fixed order: NS consecutive threads share channel k, thread `slice` sums the blocks blo + slice,
-    // blo + slice + NS, ... loading 32 at a time so that their L2 latencies overlap (an image held by hundreds of blocks
-    // — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8), then the NS sums are
-    // combined by a fixed butterfly.  Block b's partial of image n sits at its slot n - (b's first image); every block
-    // after blo starts inside image n (its first line lies in (first line of n, last line of n]), so only blo's slot
-    // needs the division.
+    // blo + slice + NS, ... loading 32 at a time so that their L2 latencies overlap (an image held by hundreds of
+    // blocks — small N — made one load after another the kernel's tail: N = 1 took longer than N = 8), then the NS
+    // sums are combined by a fixed butterfly.  Block b's partial of image n sits at its slot n - (b's first image);
+    // every block after blo starts inside image n (its first line lies in (first line of n, last line of n]), so only
+    // blo's slot needs the division.
     constexpr int NS = 4, BATCH = 32;
     const long long jlo = n - wg_line0(p, blo) / p.lines_img;
     const int slice = t % NS;
