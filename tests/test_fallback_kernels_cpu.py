@@ -14,6 +14,7 @@ import itertools
 from ctypes import sizeof
 
 import pytest
+from nvrtc_available import requires_nvrtc
 import torch
 
 from cutlass_ops import fallback as abi
@@ -136,16 +137,7 @@ def test_variant_table():
     assert sizeof(abi.Geo) == 104
 
 
-def _have_nvrtc() -> bool:
-    try:
-        nvrtc.version()
-        nvrtc.header_dirs()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _have_nvrtc(), reason="NVRTC or the CUDA headers are not installed")
+@requires_nvrtc
 @pytest.mark.parametrize("variant", [abi.pool_planes(1, 2, 0), abi.pool_rows(0, 4, 1, True),
                                      abi.pool_rows(2, 3, 0, False), abi.window_reduce(1, 0, 2, True),
                                      abi.window_reduce(0, 1, 1, False)], ids=lambda v: v.label)

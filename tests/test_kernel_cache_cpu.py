@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nvrtc_available import requires_nvrtc
 
 from cutlass_ops import cache, nvrtc
 from cutlass_ops.variants import Variant
@@ -170,16 +171,7 @@ def test_fullfuse_build_error_is_the_cache_one():
     assert fullfuse.BuildError is cache.BuildError
 
 
-def _have_nvrtc() -> bool:
-    try:
-        nvrtc.version()
-        nvrtc.header_dirs()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _have_nvrtc(), reason="NVRTC or the CUDA headers are not installed")
+@requires_nvrtc
 def test_nvrtc_compiles_a_unit_with_the_project_headers(tmp_path):
     """device_std.h and the CUDA fp16 / bf16 headers compile under NVRTC, and a failing unit says where."""
     good = Variant("device_std.h", "ff_probe_kernel<float>", ("sm_80",),

@@ -13,7 +13,7 @@ host (no GPU needed: NVRTC compiles to sm_90a cubins, nvdisasm reads them):
      to cubin and disassembled; the SASS streams are compared by opcode + modifiers and in full text; and real family-A
      kernels built from a copy of csrc whose sm90_ptx.cuh / ldmatrix-stmatrix are routed through CuTe instead.
 
-    python3 benchmarks/cutlass_nvrtc_probe.py [--cccl DIR] [--nvdisasm PATH] [--reps 3] [--no-real] [--keep DIR]
+    python3 benchmarks/probes/cutlass_nvrtc_probe.py [--cccl DIR] [--nvdisasm PATH] [--reps 3] [--no-real] [--keep DIR]
 
 --cccl: the include directory of the nvidia-cuda-cccl wheel (the folder holding cccl/; default: found in site-packages,
 CUDA_HOME, /usr/local/cuda*); --nvdisasm: default found on PATH, in site-packages nvidia/cu13/bin, CUDA_HOME/bin.
