@@ -1,8 +1,9 @@
 // The sm_90a instructions both fused kernels issue (family A's fa_wgmma_kernel, family B's fb_kernel), one wrapper
 // each: wgmma (SS) and its fence / commit / wait through CuTe, the rest (cp.async, mbarriers, TMA tensor loads, the
 // async-proxy fences, ldmatrix / stmatrix) as our own inline PTX.  Shared-memory operands are 32-bit shared-window
-// addresses (__cvta_generic_to_shared).  benchmarks/probes/cutlass_nvrtc_probe.py measured each choice below (NVRTC 13.0,
-// sm_90a): a CuTe / CUTLASS wrapper is taken only where its SASS is byte-identical to ours and its header is cheap.
+// addresses (__cvta_generic_to_shared).  benchmarks/probes/cutlass_nvrtc_probe.py measured each choice below
+// (NVRTC 13.0, sm_90a): a CuTe / CUTLASS wrapper is taken only where its SASS is byte-identical to ours and its
+// header is cheap.
 #pragma once
 #include "device_std.h"   // first: its uintptr_t is CCCL's (unsigned long long), so the two typedefs agree
 #include "codes.h"
