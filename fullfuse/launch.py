@@ -51,6 +51,11 @@ def device_index(device: torch.device) -> int:
 
 def current_stream(device: torch.device) -> int:
     """The cudaStream_t of ``device``'s current stream (host time: torch's own C getter where it has one)."""
+    return stream_of(device_index(device))
+
+
+def stream_of(index: int) -> int:
+    """The cudaStream_t of device ``index``'s current stream."""
     if _raw_stream is not None:
-        return _raw_stream(device_index(device))
-    return torch.cuda.current_stream(device).cuda_stream
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream

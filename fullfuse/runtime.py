@@ -2,9 +2,9 @@
 cuda-python's driver bindings on torch's current stream of the input's device.
 
 Everything here that depends only on a kernel and a device (its module, function, shared-memory limit, occupancy)
-is made once and kept.  A launch is one driver call where the device's primary context (the one torch uses) is
-current on the thread; elsewhere (another device current, or a thread that has not touched the GPU yet) that
-context is made current for the launch and the thread's own restored, so torch's current device never changes.
+is made once and kept.  Every driver call runs with the device's primary context (the one torch uses) current
+(``_in_context``): where another device's, or none (a thread that has not touched the GPU yet), is current, that
+context is made current for the call and the thread's own restored, so torch's current device never changes.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from cutlass_ops import cache as _cache
 from cutlass_ops import nvrtc as _nvrtc
 from cutlass_ops.variants import Variant
 
+from .launch import stream_of
+
 Dim3 = Union[int, Tuple[int, int, int]]
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-    lambda index: torch.cuda.current_stream(index).cuda_stream)   # CUDA builds of torch: one C call
 
 
 class KernelUnavailable(RuntimeError):
@@ -95,41 +95,31 @@ class Kernel:
         code, name = _cache.cubin(variant, arch)
         self.variant, self.device, self.name = variant, device, name
         self._ctx = _primary_context(device)
-        previous = _check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        _check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        try:
-            try:
-                self._module = _check(drv.cuModuleLoadData(code), f"loading {variant.label} ({arch})")
-            except RuntimeError as exc:
-                raise KernelUnavailable(f"{exc}; the kernel cannot run on this GPU") from exc
-            self._fn = _check(drv.cuModuleGetFunction(self._module, name.encode()), "cuModuleGetFunction")
-            attr = drv.CUfunction_attribute
-            static = _check(drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._fn),
-                            "cuFuncGetAttribute")
-            # the device's maximum once, never a call's own size: the attribute is the function's for every thread,
-            # so a smaller value set by one thread would fail another's larger launch (invalid argument)
-            self.max_dynamic_smem = device_props(device).smem_optin - int(static)
-            _check(drv.cuFuncSetAttribute(self._fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                          self.max_dynamic_smem), "cuFuncSetAttribute")
-        finally:
-            drv.cuCtxSetCurrent(previous)
+        _in_context(self._ctx, self._load, drv, code, name, arch)
         self._occupancy: Dict[Tuple[int, int], int] = {}
         self._launch = drv.cuLaunchKernel
-        self._set_current, self._get_current = drv.cuCtxSetCurrent, drv.cuCtxGetCurrent
-        self._ctx_int = int(self._ctx)
+
+    def _load(self, drv, code: bytes, name: str, arch: str) -> None:
+        try:
+            self._module = _check(drv.cuModuleLoadData(code), f"loading {self.variant.label} ({arch})")
+        except RuntimeError as exc:
+            raise KernelUnavailable(f"{exc}; the kernel cannot run on this GPU") from exc
+        self._fn = _check(drv.cuModuleGetFunction(self._module, name.encode()), "cuModuleGetFunction")
+        attr = drv.CUfunction_attribute
+        static = _check(drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._fn),
+                        "cuFuncGetAttribute")
+        # the device's maximum once, never a call's own size: the attribute is the function's for every thread,
+        # so a smaller value set by one thread would fail another's larger launch (invalid argument)
+        self.max_dynamic_smem = device_props(self.device).smem_optin - int(static)
+        _check(drv.cuFuncSetAttribute(self._fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      self.max_dynamic_smem), "cuFuncSetAttribute")
 
     def blocks_per_sm(self, block: int, smem: int) -> int:
         """Resident blocks per SM at ``block`` threads and ``smem`` bytes of dynamic shared memory (>= 1)."""
         got = self._occupancy.get((block, smem))
         if got is None:   # (the query needs the device's context current, as a launch does)
-            drv = _driver()
-            _, current = self._get_current()
-            self._set_current(self._ctx)
-            try:
-                got = max(1, int(_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, block, smem),
-                                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")))
-            finally:
-                self._set_current(current)
+            query = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor
+            got = max(1, int(_check(_in_context(self._ctx, query, self._fn, block, smem), "occupancy query")))
             self._occupancy[(block, smem)] = got
         return got
 
@@ -140,16 +130,8 @@ class Kernel:
         gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
         bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
         if stream is None:
-            stream = _raw_stream(self.device)
-        _, current = self._get_current()
-        if int(current) == self._ctx_int:
-            err, = self._launch(self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
-        else:   # the device's context for the launch only: the thread's current device (torch's) stays as it was
-            self._set_current(self._ctx)
-            try:
-                err, = self._launch(self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
-            finally:
-                self._set_current(current)
+            stream = stream_of(self.device)
+        err, = _in_context(self._ctx, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
 
@@ -167,6 +149,27 @@ class Args:
 _kernels: Dict[Tuple[Variant, int], Kernel] = {}
 _kernels_lock = threading.Lock()
 _contexts: Dict[int, object] = {}
+
+
+def _in_context(ctx, fn, *args):
+    """``fn(*args)`` with context ``ctx`` (a device's primary context, torch's) current on this thread, restoring the
+    thread's own afterwards, so torch's current device never changes; the common case — ``ctx`` current already —
+    costs one driver query."""
+    get, set_ = _ctx_fns()
+    _, current = get()
+    if int(current) == int(ctx):
+        return fn(*args)
+    set_(ctx)
+    try:
+        return fn(*args)
+    finally:
+        set_(current)
+
+
+@lru_cache(maxsize=None)
+def _ctx_fns():
+    drv = _driver()
+    return drv.cuCtxGetCurrent, drv.cuCtxSetCurrent
 
 
 def _primary_context(device: int):
@@ -199,29 +202,14 @@ def kernel(variant: Variant, device: int) -> Kernel:
 def memset_zero(address: int, nbytes: int, device: int) -> None:
     """Zero ``nbytes`` at ``address`` on torch's current stream of ``device`` (cuMemsetD8Async; 32-bit words where
     the size and address allow)."""
-    drv = _memset_fns()
-    stream = _raw_stream(device)
-    ctx = _primary_context(device)
-    _, current = drv[2]()
-    switch = int(current) != int(ctx)
-    if switch:
-        drv[3](ctx)
-    try:
-        if nbytes % 4 == 0 and address % 4 == 0:
-            err, = drv[0](address, 0, nbytes // 4, stream)
-        else:
-            err, = drv[1](address, 0, nbytes, stream)
-    finally:
-        if switch:
-            drv[3](current)
+    drv = _driver()
+    if nbytes % 4 == 0 and address % 4 == 0:
+        fn, count = drv.cuMemsetD32Async, nbytes // 4
+    else:
+        fn, count = drv.cuMemsetD8Async, nbytes
+    err, = _in_context(_primary_context(device), fn, address, 0, count, stream_of(device))
     if int(err) != 0:
         _check((err,), "cuMemsetAsync")
-
-
-@lru_cache(maxsize=None)
-def _memset_fns():
-    drv = _driver()
-    return drv.cuMemsetD32Async, drv.cuMemsetD8Async, drv.cuCtxGetCurrent, drv.cuCtxSetCurrent
 
 
 # ---- TMA descriptors ----
