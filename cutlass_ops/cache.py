@@ -38,25 +38,13 @@ def cache_dir() -> Path:
     return Path(base) / "fullfuse"
 
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
-
-
 @lru_cache(maxsize=None)
 def sources_digest(header: str) -> str:
-    """The CUDA sources a unit compiles: ``header`` and every file it includes with quotes, transitively (resolved
-    against csrc/ and the including file's folder), by relative path and content.  Editing one family's headers
-    leaves the other families' cubins valid."""
-    root = nvrtc.csrc_dir()
-    digest, seen, todo = hashlib.sha256(), set(), [root / header]
-    while todo:
-        path = todo.pop()
-        if path in seen or not path.is_file():
-            continue
-        seen.add(path)
-        text = path.read_bytes()
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + text)
-        for name in _INCLUDE.findall(text.decode("utf-8", "replace")):
-            todo += [root / name, path.parent / name]
+    """The CUDA sources a unit compiles (nvrtc.unit_sources), by relative path and content.  Editing one family's
+    headers leaves the other families' cubins valid."""
+    digest = hashlib.sha256()
+    for name, text in nvrtc.unit_sources(header):
+        digest.update(name.encode() + b"\0" + text)
     return digest.hexdigest()
 
 

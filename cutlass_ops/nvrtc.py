@@ -60,14 +60,14 @@ def supported_archs() -> Tuple[int, ...]:
     return tuple(int(a) for a in archs) if int(err) == 0 else ()
 
 
+def _wheel_include_dirs(*packages: str) -> List[Path]:
+    """The include/ folders of NVIDIA's CUDA wheels on sys.path: nvidia/<package>/include (cu13 / cu12 hold every
+    wheel of that CUDA release; older wheels have a folder each)."""
+    return [base / "nvidia" / sub / "include" for base in map(Path, sys.path) for sub in packages]
+
+
 def _site_include_dirs() -> List[Path]:
-    found = []
-    for base in map(Path, sys.path):
-        for sub in ("cu13", "cu12", "cuda_runtime"):
-            inc = base / "nvidia" / sub / "include"
-            if (inc / "cuda_fp16.h").is_file():
-                found.append(inc)
-    return found
+    return [inc for inc in _wheel_include_dirs("cu13", "cu12", "cuda_runtime") if (inc / "cuda_fp16.h").is_file()]
 
 
 @lru_cache(maxsize=None)
@@ -109,8 +109,7 @@ def cccl_dir() -> Optional[str]:
         cands = [Path(d) for d in header_dirs()[0]]
     except CompileError:
         cands = []
-    cands += [base / "nvidia" / sub / "include" for base in map(Path, sys.path)
-              for sub in ("cu13", "cu12", "cuda_cccl")]
+    cands += _wheel_include_dirs("cu13", "cu12", "cuda_cccl")
     for inc in cands:
         for d in (inc / "cccl", inc):
             if (d / "cuda" / "std" / "version").is_file():
@@ -130,20 +129,25 @@ _CUTE = re.compile(r'^\s*#\s*include\s*<(cute|cutlass)/', re.M)
 
 
 @lru_cache(maxsize=None)
-def needs_cutlass(header: str) -> bool:
-    """Whether ``header`` (csrc-relative) or a file it includes with quotes includes a CUTLASS / CuTe header."""
-    root, seen, todo = csrc_dir(), set(), [csrc_dir() / header]
+def unit_sources(header: str) -> Tuple[Tuple[str, bytes], ...]:
+    """The csrc files a unit compiles, as (relative path, content): ``header`` and every file it includes with
+    quotes, transitively (resolved against csrc/ and the including file's folder)."""
+    root, seen, todo, found = csrc_dir(), set(), [csrc_dir() / header], []
     while todo:
         path = todo.pop()
         if path in seen or not path.is_file():
             continue
         seen.add(path)
-        text = path.read_text("utf-8", "replace")
-        if _CUTE.search(text):
-            return True
-        for name in _QUOTED.findall(text):
+        text = path.read_bytes()
+        found.append((str(path.relative_to(root)), text))
+        for name in _QUOTED.findall(text.decode("utf-8", "replace")):
             todo += [root / name, path.parent / name]
-    return False
+    return tuple(found)
+
+
+def needs_cutlass(header: str) -> bool:
+    """Whether ``header`` (csrc-relative) or a file it includes with quotes includes a CUTLASS / CuTe header."""
+    return any(_CUTE.search(text.decode("utf-8", "replace")) for _, text in unit_sources(header))
 
 
 def cutlass_include_dirs() -> Tuple[str, ...]:

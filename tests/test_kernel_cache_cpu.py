@@ -71,12 +71,16 @@ def test_sources_digest_follows_the_includes(tmp_path, monkeypatch):
     (tmp_path / "sub" / "c.h").write_text("int c;\n")
     (tmp_path / "other.cuh").write_text("int other;\n")
     monkeypatch.setattr(nvrtc, "csrc_dir", lambda: tmp_path)
-    digest = cache.sources_digest.__wrapped__
+
+    def digest(header):   # read afresh: both the file walk and the digest are cached per process
+        nvrtc.unit_sources.cache_clear()
+        return cache.sources_digest.__wrapped__(header)
     before = digest("a.cuh")
     (tmp_path / "other.cuh").write_text("int other2;\n")
     assert digest("a.cuh") == before
     (tmp_path / "sub" / "c.h").write_text("int c2;\n")
     assert digest("a.cuh") != before
+    nvrtc.unit_sources.cache_clear()
 
 
 def test_compiles_once_then_reads(env, monkeypatch):
