@@ -149,23 +149,27 @@ class Launches:
         q.ws_part = ws + self.ws_cnt if self.ws_bytes and mean else None
         q.ws_max = ws + self.ws_cnt if self.ws_bytes and not mean else None
 
+    def fill(self, q, x: int, w: int, bias: int, out: int, ws: int, tmap: Optional[bytes] = None, k0: int = 0,
+             woff: int = 0) -> None:
+        """Set one launch's addresses in its parameters ``q`` (bias 0: none; tmap: the input's tensor map, TMA loaders
+        only; k0 / woff: the launch's first output channel and its weights' byte offset, K > 64)."""
+        if tmap is not None:
+            ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
+        q.x, q.w, q.bias, q.out = x, w + woff, (bias + 4 * k0) if bias else None, out
+        if not self.wgmma:
+            q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
+        self._ws(q, ws)
+
     def params(self, x: int, w: int, bias: int, out: int, ws: int, tmap: Optional[bytes] = None, tmp: int = 0):
-        """The kernel parameters of each launch for these addresses (bias 0: none; tmp: the workspace's tmp block,
-        K > 64 only; tmap: the input's tensor map, TMA loaders only)."""
+        """The kernel parameters of each launch for these addresses (tmp: the workspace's tmp block, K > 64 only)."""
         if not self.wgmma:
             q = abi.FAParams.from_buffer_copy(self.template)
-            q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
-            q.x, q.w, q.bias, q.out = x, w, bias or None, out
-            self._ws(q, ws)
+            self.fill(q, x, w, bias, out, ws)
             return [q]
         out_list = []
         for template, k0, _, woff in self.blocks:
             q = abi.WGParams.from_buffer(bytearray(template))
-            if tmap is not None:
-                ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
-            q.x, q.w, q.bias = x, w + woff, (bias + 4 * k0) if bias else None
-            q.out = out if self.nkb == 1 else tmp + 4 * self.pb.N * k0
-            self._ws(q, ws)
+            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + 4 * self.pb.N * k0, ws, tmap, k0, woff)
             out_list.append(q)
         return out_list
 
@@ -198,15 +202,7 @@ class _Runner:
             mine = getattr(self._local, "args", None)
             if mine is None:
                 mine = self._local.args = runtime.Args(l.params(*ptrs, tmap)[0])
-            q = mine.values[0]
-            if l.wgmma:
-                if tmap is not None:
-                    ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
-                q.x, q.w, q.bias, q.out = ptrs[0], ptrs[1], ptrs[2] or None, ptrs[3]
-            else:
-                q.x, q.w, q.bias, q.out = ptrs[0], ptrs[1], ptrs[2] or None, ptrs[3]
-                q.vec_ok = 1 if l.pb.channels_last and l.pb.C % 8 == 0 and ptrs[0] % 16 == 0 else 0
-            l._ws(q, ptrs[4])
+            l.fill(mine.values[0], *ptrs, tmap)
             self.kernel.launch(self.grid, 128, l.smem, mine)
             return
         # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zeroed first for the atomic mean), then
