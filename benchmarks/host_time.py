@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
 import fullfuse
+from fullfuse.first_call import per_call_ms
 from fullfuse.measure import environment, result_stem
 from fullfuse.seed_models import SEED_SHAPE, seed_model
 
@@ -25,17 +25,8 @@ SHAPES = {"A": [("tiny", (1, 8, 16, 16)), ("small", (4, 8, 64, 64)), ("seed", SE
           "B": [("tiny", (1, 32, 4, 4, 4)), ("small", (2, 32, 8, 8, 8)), ("seed", SEED_SHAPE["B"])]}
 
 
-def per_call_us(fn, calls: int, rounds: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+def per_call_us(fn, calls: int) -> float:
+    return 1e3 * per_call_ms(fn, torch.device("cuda"), rounds=5, calls=calls)
 
 
 def main() -> int:

@@ -22,22 +22,23 @@ KERNEL_MARGIN = 0.95     # the kernel path is kept only where it takes at most t
                          # near-tie (host-bound calls, noise of a few %) PyTorch's own ops are the safer choice
 
 
-def _round_ms(fn: Callable[[], object], device: torch.device) -> float:
+def _round_ms(fn: Callable[[], object], device: torch.device, calls: int) -> float:
     start = time.perf_counter()
-    for _ in range(CALLS_PER_ROUND):
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) * 1e3 / CALLS_PER_ROUND
+    return (time.perf_counter() - start) * 1e3 / calls
 
 
-def per_call_ms(fn: Callable[[], object], device: torch.device, give_up_above: Optional[float] = None) -> float:
-    """Best per-call wall time of ``fn`` in ms over ROUNDS rounds (after one untimed call); stops after a round
-    slower than ``give_up_above``."""
+def per_call_ms(fn: Callable[[], object], device: torch.device, give_up_above: Optional[float] = None,
+                rounds: int = ROUNDS, calls: int = CALLS_PER_ROUND) -> float:
+    """Best per-call wall time of ``fn`` in ms over ``rounds`` rounds of ``calls`` back-to-back calls, each
+    synchronised at its end (after one untimed call); stops after a round slower than ``give_up_above``."""
     fn()
     torch.cuda.synchronize(device)
     best = float("inf")
-    for _ in range(ROUNDS):
-        best = min(best, _round_ms(fn, device))
+    for _ in range(rounds):
+        best = min(best, _round_ms(fn, device, calls))
         if give_up_above is not None and best > give_up_above:
             break
     return best
