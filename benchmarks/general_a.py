@@ -2,24 +2,22 @@
 
 Each row is `fullfuse bench`'s measurement (fullfuse.bench.bench_family: CUDA events, L2 flushed, median, checked
 against float64) for one (input shape, conv, dtype, layout); the fused row records which kernel served it (`.plans`).
-Writes benchmarks/results/general_a_<stamp>.json and prints a markdown table (ms, and fused / fallback).
+Writes benchmarks/results/general_a_<commit>_<GPU>_<torch>_<CUDA>.json and prints a markdown table (ms, and fused /
+fallback).
 
     python3 benchmarks/general_a.py [--out DIR] [--repeats N] [--quick] [--modes float32:auto float32:ieee ...] [--tag T]
 
-FF_FUSED_A_IMPL=1 in the environment puts every fused call on the mma.sync kernel (the library's knob), for a
-side-by-side look at the two kernels (--tag says which run is which).
 """
 from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from fullfuse.bench import bench_family
-from fullfuse.measure import environment
+from fullfuse.measure import environment, result_stem
 
 # (input shape, conv = (out_channels, kernel, stride, padding), what it exercises)
 GRID = [
@@ -74,10 +72,9 @@ def main() -> int:
                                    args.repeats, conv=conv)
                 res["what"], res["conv_args"] = what, list(conv)
                 results.append(res)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"general_a_{stamp}{'_' + args.tag if args.tag else ''}.json"
+    path = out / f"{result_stem('general_a' + ('_' + args.tag if args.tag else ''))}.json"
     path.write_text(json.dumps({"environment": env, "results": results}, indent=1))
     print(table(results))
     print(f"wrote {path}")
