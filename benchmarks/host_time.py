@@ -1,17 +1,23 @@
-"""Host time per call: the same call signature repeated, isolated calls (no other work queued), per path, at a tiny, a
-small and the seed shape of each family, with one eager PyTorch op's cost beside it.
+"""Host time per call: the same call signature repeated, per path, at a tiny, a small and the seed shape of each
+family, with one eager PyTorch op's cost beside it.
 
     python benchmarks/host_time.py [--out benchmarks/results]
 
-Per row: the wall time per call of back-to-back calls, synchronised at the end, best of 5 rounds (µs); at the tiny
-and small shapes the GPU finishes each kernel before the host issues the next, so this is the host time of a call.
+Two figures per path (µs):
+- ``<path>_host_us``: the host time of an isolated call: the call alone is timed, with the GPU idle when it starts
+  (synchronised before, untimed), median of the calls.  Nothing waits for the GPU, so this is what a call costs the
+  host: Python, allocations, the driver's enqueue of each kernel.
+- ``<path>_us``: the wall time per call of back-to-back calls, synchronised at the end, best of 5 rounds: host and GPU
+  time together (whichever is longer sets it; the seed shapes are GPU-bound).
 "auto" is what fused_model() runs by default (its first-call measurement done before timing); "auto ran" says which
-path it kept.  The seed shapes are GPU-bound: their rows show GPU time, for scale.
+path it kept.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +35,19 @@ def per_call_us(fn, calls: int) -> float:
     return 1e3 * per_call_ms(fn, torch.device("cuda"), rounds=5, calls=calls)
 
 
+def host_us(fn, calls: int) -> float:
+    """Median host time of one call started with the GPU idle (the synchronisation before each call is not timed)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/results")
@@ -38,23 +57,25 @@ def main() -> int:
     rows = []
     with torch.inference_mode():
         eager_op = per_call_us(lambda: torch.nn.functional.gelu(one), 500)
+        eager_op_host = host_us(lambda: torch.nn.functional.gelu(one), 500)
         for family, shapes in SHAPES.items():
             model = seed_model(family).cuda().eval()
             for size, shape in shapes:
                 x = torch.randn(shape, device="cuda")
                 calls = 20 if size == "seed" else 300
-                row = {"family": family, "size": size, "shape": list(shape),
+                row = {"family": family, "size": size, "shape": list(shape), "eager_host_us": host_us(lambda: model(x), calls),
                        "eager_us": per_call_us(lambda: model(x), calls)}
                 for path in ("fused", "fallback", "auto"):
                     fused = fullfuse.fused_model(model, path=path)
                     try:
+                        row[f"{path}_host_us"] = host_us(lambda: fused(x), calls)
                         row[f"{path}_us"] = per_call_us(lambda: fused(x), calls)
                     except fullfuse.UnsupportedError as exc:
                         row[f"{path}_us"] = None
                         row[f"{path}_why"] = str(exc)[:120]
                     if path == "auto":
                         row["auto_ran"] = fused.plans[0].last_path
-                row["eager_op_us"] = eager_op
+                row["eager_op_us"], row["eager_op_host_us"] = eager_op, eager_op_host
                 rows.append(row)
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),
                       flush=True)

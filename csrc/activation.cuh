@@ -16,7 +16,9 @@
 //                                  rounds it, for the fused fp16 epilogues.
 //   ff_load<T, V>(p, o)            exact fp32 / bf16 / fp16 -> fp32; V == 1 scalar, else ONE 16-byte load (V*sizeof(T)
 //                                  == 16, p 16-byte aligned); streaming (.cs) cache hint: data is read once.
-//                                  = ff_convert(ff_load_raw(p)); ff_load1(p) is the scalar form.
+//                                  = ff_convert(ff_load_raw(p)); ff_load1(p) is the scalar form.  T = ff_f16_range:
+//                                  float storage, loaded as float.
+//   ff_in_range<T>(x)              ff_f16_sat(x) for T = ff_f16_range, else x, exact.
 #pragma once
 #include "device_std.h"
 #include <cuda_bf16.h>
@@ -116,13 +118,27 @@ struct ff_red {
   }
 };
 
-// ---- loads: T in {float, __nv_bfloat16, __half} -> float ----
+// ---- loads: T in {float, __nv_bfloat16, __half, ff_f16_range} -> float ----
+
+// An fp16 model's conv output stored as float32 (the family-A fallback asks cuDNN for float32 output where the input
+// is fp16: some of its fp16-output engines give finite values where the sum overflows fp16).  Loaded as float;
+// ff_in_range gives conv + bias fp16's overflow, as PyTorch's fp16 conv output has it.
+struct ff_f16_range {
+  float v;
+};
+
+template <typename T>
+__device__ __forceinline__ float ff_in_range(float x) {
+  if constexpr (std::is_same_v<T, ff_f16_range>) return ff_f16_sat(x);
+  else return x;
+}
+
 template <typename T>
 struct ff_vec_width { static constexpr int value = 16 / (int)sizeof(T); };
 
 // Raw bits of one load (V == 1: the element; else 16 bytes), so hot loops can keep U loads in flight in few registers
 template <typename T, int V>
-using ff_raw_t = std::conditional_t<V == 1, std::conditional_t<std::is_same_v<T, float>, float, unsigned short>, uint4>;
+using ff_raw_t = std::conditional_t<V == 1, std::conditional_t<sizeof(T) == 4, float, unsigned short>, uint4>;
 
 template <typename T, int V>
 __device__ __forceinline__ ff_raw_t<T, V> ff_load_raw(const T* p) {
@@ -133,14 +149,14 @@ __device__ __forceinline__ ff_raw_t<T, V> ff_load_raw(const T* p) {
 template <typename T, int V>
 __device__ __forceinline__ void ff_convert(const ff_raw_t<T, V>& r, float (&o)[V]) {
   if constexpr (V == 1) {
-    if constexpr (std::is_same_v<T, float>) o[0] = r;
+    if constexpr (sizeof(T) == 4) o[0] = r;
     else if constexpr (std::is_same_v<T, __nv_bfloat16>) o[0] = __uint_as_float((unsigned)r << 16);
     else o[0] = __half2float(__ushort_as_half(r));
   } else {
     const unsigned w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (sizeof(T) == 4) {
         o[i] = __uint_as_float(w[i]);
       } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         o[2 * i] = __uint_as_float(w[i] << 16);

@@ -4,7 +4,7 @@
 // instantiation) is fullfuse/fallback/epilogue_plan.py, the instantiations cutlass_ops/fallback.py.
 //
 // Contract of both kernels (one launch per call, kThreads threads a block, no dynamic shared memory):
-//  - y: N images x K channels x S positions, T in {float, __nv_bfloat16, __half}, element-aligned;
+//  - y: N images x K channels x S positions, T in {float, __nv_bfloat16, __half, ff_f16_range}, element-aligned;
 //    pool_planes reads layout 0, y[(n*K+k)*S + s] (NCHW / NCDHW contiguous), pool_rows layout 1, y[(n*S+s)*K + k]
 //    (NHWC / NDHWC contiguous).  bias: K floats or NULL.  out: N*K floats, out[n*K+k].  N*K < 2^31.
 //  - MAX: NaN-propagating max; else the sum times `scale` (1/S, the mean).
@@ -23,11 +23,11 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 template <bool MAX>
 __device__ __forceinline__ float finish(float v, float scale) { return MAX ? v : v * scale; }
 
-// act(x + b) folded into one lane's V accumulators.
-template <int ACT, bool MAX, int V>
+// act(x + b) folded into one lane's V accumulators (x + b through ff_in_range: fp16's overflow for ff_f16_range).
+template <typename T, int ACT, bool MAX, int V>
 __device__ __forceinline__ void fold(float (&acc)[V], const float (&x)[V], const float (&b)[V]) {
 #pragma unroll
-  for (int e = 0; e < V; ++e) acc[e] = ff_red<MAX>::op(acc[e], ff_activate<ACT>(x[e] + b[e]));
+  for (int e = 0; e < V; ++e) acc[e] = ff_red<MAX>::op(acc[e], ff_activate<ACT>(ff_in_range<T>(x[e] + b[e])));
 }
 
 template <bool MAX>
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 4) pool_planes(const T* __restrict__
 
   // scalar head up to 16-byte alignment, 16-byte vectors, scalar tail
   const long long head = min((long long)((16 - ((uintptr_t)src & 15)) & 15) / (long long)sizeof(T), n_el);
-  if (lane < head) acc[0] = R::op(acc[0], ff_activate<ACT>(ff_load1(src + lane) + b1));
+  if (lane < head) acc[0] = R::op(acc[0], ff_activate<ACT>(ff_in_range<T>(ff_load1(src + lane) + b1)));
   const T* vsrc = src + head;
   const long long nv = (n_el - head) / V;
   long long i = lane;
@@ -69,15 +69,17 @@ __global__ void __launch_bounds__(kThreads, 4) pool_planes(const T* __restrict__
 #pragma unroll
     for (int u = 0; u < U; ++u) ff_load<T, V>(vsrc + (i + 32 * u) * V, x[u]);
 #pragma unroll
-    for (int u = 0; u < U; ++u) fold<ACT, MAX, V>(acc, x[u], b);
+    for (int u = 0; u < U; ++u) fold<T, ACT, MAX, V>(acc, x[u], b);
   }
   for (; i < nv; i += 32) {
     float x[V];
     ff_load<T, V>(vsrc + i * V, x);
-    fold<ACT, MAX, V>(acc, x, b);
+    fold<T, ACT, MAX, V>(acc, x, b);
   }
   const long long tail = n_el - head - nv * V;
-  if (lane < tail) acc[V - 1] = R::op(acc[V - 1], ff_activate<ACT>(ff_load1(vsrc + nv * V + lane) + b1));
+  if (lane < tail) {
+    acc[V - 1] = R::op(acc[V - 1], ff_activate<ACT>(ff_in_range<T>(ff_load1(vsrc + nv * V + lane) + b1)));
+  }
 
   float v = warp_all<MAX>(R::template all<V>(acc));
   if (C == 1) {
@@ -132,12 +134,12 @@ __global__ void __launch_bounds__(kThreads, 4) pool_rows(const T* __restrict__ y
 #pragma unroll
       for (int u = 0; u < U; ++u) ff_load<T, V>(base + (r + (long long)R * u) * K, x[u]);
 #pragma unroll
-      for (int u = 0; u < U; ++u) fold<ACT, MAX, V>(acc, x[u], bv);
+      for (int u = 0; u < U; ++u) fold<T, ACT, MAX, V>(acc, x[u], bv);
     }
     for (; r < r1; r += R) {
       float x[V];
       ff_load<T, V>(base + r * K, x);
-      fold<ACT, MAX, V>(acc, x, bv);
+      fold<T, ACT, MAX, V>(acc, x, bv);
     }
   }
 #pragma unroll

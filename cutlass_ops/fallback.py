@@ -5,7 +5,8 @@ Template parameters are the integer codes of csrc/codes.h (dtype, activation, po
 - ``ff_act_pool::pool_planes<T, ACT, MAX>`` (NCHW / NCDHW conv output; 16-byte loads after a scalar head);
 - ``ff_act_pool::pool_rows<T, ACT, MAX, V>`` (channels_last), V = 16 / sizeof(T) or 1;
 - ``ff_window_reduce::window_reduce<T, ACT, RED, V>``, V = 16 / sizeof(T) or 1, with ``Geo`` by value.
-3 dtypes x 5 activations: 30 + 60 + 90 units, sm_80 code (portable).
+3 dtypes x 5 activations (family A's epilogues also for an fp16 model's float32 conv output): 40 + 80 + 90 units,
+sm_80 code (portable).
 """
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from .variants import PORTABLE, Variant, layout_asserts
 
 ACT_POOL_HEADER = "fallback_act_pool.cuh"
 WINDOW_REDUCE_HEADER = "fallback_window_reduce.cuh"
-C_TYPES = ("float", "__nv_bfloat16", "__half")   # by dtype code (codes.h: FF_F32, FF_BF16, FF_F16)
-ITEM_BYTES = (4, 2, 2)
+# by dtype code (codes.h: FF_F32, FF_BF16, FF_F16), then F16_RANGE: an fp16 model's conv output stored as float32,
+# given fp16's overflow in the epilogue (activation.cuh: ff_f16_range; family A only)
+C_TYPES = ("float", "__nv_bfloat16", "__half", "ff_f16_range")
+ITEM_BYTES = (4, 2, 2, 4)
+F16_RANGE = 3
 ACTIVATION_CODES = range(5)                      # FF_ACT_NONE .. FF_ACT_SILU
 POOL_CODES = range(2)                            # FF_POOL_MEAN, FF_POOL_MAX
 REDUCTION_CODES = range(3)                       # FF_RED_SUM, FF_RED_MEAN, FF_RED_MAX
@@ -78,6 +82,8 @@ def pool_rows(dtype: int, activation: int, pool: int, vectorized: bool) -> Varia
 def window_reduce(dtype: int, activation: int, reduction: int, vectorized: bool) -> Variant:
     """Family B's epilogue; ``vectorized``: 16-byte loads along channels."""
     _check_codes(dtype, activation)
+    if dtype == F16_RANGE:
+        raise ValueError("fullfuse: family B's epilogue reads the conv output in the model's dtype")
     if reduction not in REDUCTION_CODES:
         raise ValueError(f"fullfuse: unknown reduction code {reduction}")
     v = vector_width(dtype) if vectorized else 1
@@ -92,7 +98,8 @@ def _all() -> List[Variant]:
         for act in ACTIVATION_CODES:
             out += [pool_planes(dtype, act, pool) for pool in POOL_CODES]
             out += [pool_rows(dtype, act, pool, vec) for pool in POOL_CODES for vec in (True, False)]
-            out += [window_reduce(dtype, act, red, vec) for red in REDUCTION_CODES for vec in (True, False)]
+            if dtype != F16_RANGE:
+                out += [window_reduce(dtype, act, red, vec) for red in REDUCTION_CODES for vec in (True, False)]
     return out
 
 

@@ -131,8 +131,12 @@ VARIANT_SET = set(abi.VARIANTS)
 
 
 def test_variant_table():
-    assert len(abi.VARIANTS) == len(VARIANT_SET) == 180
-    assert len({v.label for v in abi.VARIANTS}) == 180
+    # family A: 4 storage types (fp16's float32 conv output included) x 5 activations x 2 pools x 3 kernels;
+    # family B: 3 dtypes x 5 activations x 3 reductions x 2 load widths
+    assert len(abi.VARIANTS) == len(VARIANT_SET) == 4 * 5 * 2 * 3 + 3 * 5 * 3 * 2
+    assert len({v.label for v in abi.VARIANTS}) == len(abi.VARIANTS)
+    with pytest.raises(ValueError):
+        abi.window_reduce(abi.F16_RANGE, 0, 0, True)
     assert all(v.archs == PORTABLE for v in abi.VARIANTS)
     assert sizeof(abi.Geo) == 104
 
@@ -140,7 +144,8 @@ def test_variant_table():
 @requires_nvrtc
 @pytest.mark.parametrize("variant", [abi.pool_planes(1, 2, 0), abi.pool_rows(0, 4, 1, True),
                                      abi.pool_rows(2, 3, 0, False), abi.window_reduce(1, 0, 2, True),
-                                     abi.window_reduce(0, 1, 1, False)], ids=lambda v: v.label)
+                                     abi.window_reduce(0, 1, 1, False), abi.pool_rows(abi.F16_RANGE, 2, 0, True),
+                                     abi.pool_planes(abi.F16_RANGE, 2, 1)], ids=lambda v: v.label)
 @pytest.mark.parametrize("arch", PORTABLE)
 def test_each_kernel_template_compiles_with_nvrtc(variant, arch):
     code, name = nvrtc.compile_variant(variant, arch)

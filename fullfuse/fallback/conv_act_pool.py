@@ -51,9 +51,10 @@ def layout_of(y: torch.Tensor, dims: int):
 class _ActPool:
     """The epilogue of one signature (conv output shape, layout, dtype, alignment, activation, pool, device)."""
 
-    def __init__(self, y: torch.Tensor, channels_last: int, activation: str, pool: str):
+    def __init__(self, y: torch.Tensor, channels_last: int, activation: str, pool: str, f16_range: bool):
         n, k = y.shape[:2]
-        plan = epilogue_plan.act_pool(n, k, math.prod(y.shape[2:]), bool(channels_last), dtype_code(y.dtype),
+        dtype = kernels.F16_RANGE if f16_range else dtype_code(y.dtype)
+        plan = epilogue_plan.act_pool(n, k, math.prod(y.shape[2:]), bool(channels_last), dtype,
                                       ACTIVATIONS[activation], POOLS[pool], y.data_ptr() % 16 == 0)
         args = (POINTER, POINTER, POINTER, *[ty(v) for ty, v in plan.scalars], POINTER, POINTER)
         self.launch = PreparedLaunch(plan.variant, y.get_device(), plan.grid, epilogue_plan.THREADS, 0, args)
@@ -63,15 +64,16 @@ class _ActPool:
 _prepared = epilogue_launch.Prepared()
 
 
-def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor) -> None:
+def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f16_range: bool = False) -> None:
     """out[n, k] = pool over space of act(y[n, k, ...] + bias[k]); y is the bias-free conv output, bias float32
-    (float32_bias) or None, out a float32 (N, K) view with rows of K contiguous floats."""
+    (float32_bias) or None, out a float32 (N, K) view with rows of K contiguous floats.  f16_range: y is the float32
+    conv output of an fp16 model, and y + bias gets fp16's overflow (+-inf past 65504) as PyTorch's fp16 conv."""
     y, channels_last = layout_of(y, spec.dims)
     y_ptr = y.data_ptr()
-    key = (y.shape, channels_last, y.dtype, y.get_device(), y_ptr % 16, spec.activation, spec.pool)
+    key = (y.shape, channels_last, y.dtype, f16_range, y.get_device(), y_ptr % 16, spec.activation, spec.pool)
     op = _prepared.get(key)
     if op is None:
-        op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool))
+        op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool, f16_range))
     ws = workspace.zeroed(y.device, op.workspace_bytes)   # the counters start at zero in every call
     ws_ptr = ws.data_ptr() if ws is not None else 0
     op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), ws_ptr,
@@ -86,17 +88,26 @@ def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode
     bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
     n, k = x.shape[0], spec.out_channels
     out = launch.new_output(n, k, device=x.device)
+    # fp16: cuDNN writes the conv output in float32, and the epilogue gives it fp16's overflow.  Some of cuDNN's
+    # fp16-output engines write finite values where the sum overflows fp16 (PyTorch's own NCHW call gives +-inf).
+    # Without the frontend, PyTorch's call on the input as it is laid out: the original model's own convolution.
+    f16 = x.dtype == torch.float16
 
     def conv(n0, n1):
         xi = x[n0:n1].contiguous(memory_format=memory_format)
-        y = cudnn_conv.conv_forward(spec, xi, w, mode, deterministic)   # cuDNN's fastest plan, timed once
+        y = cudnn_conv.conv_forward(spec, xi, w, mode, deterministic,   # cuDNN's fastest plan, timed once
+                                    torch.float32 if f16 else None)
         if y is None:
+            xi, wi = (x[n0:n1], weight) if f16 else (xi, w)
             with cudnn_settings(mode, deterministic):
-                y = _CONV[spec.dims](xi, w, None, spec.stride, spec.padding, spec.dilation)
+                y = _CONV[spec.dims](xi, wi, None, spec.stride, spec.padding, spec.dilation)
         return y
 
-    per_image = k * math.prod(spec.output_spatial(tuple(x.shape[2:]))) * x.element_size()
+    def finish(y, n0, n1):
+        epilogue(spec, y, bias, out[n0:n1], f16_range=f16 and y.dtype == torch.float32)
+
+    per_image = k * math.prod(spec.output_spatial(tuple(x.shape[2:]))) * (4 if f16 else x.element_size())
     key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
-    pipeline.run(x.device, key, n, per_image, conv, lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
+    pipeline.run(x.device, key, n, per_image, conv, finish)
     out = out.to(x.dtype)
     return out.view(n, k, *([1] * spec.dims)) if spec.keepdim else out

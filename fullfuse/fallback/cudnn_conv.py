@@ -3,8 +3,9 @@ strided ``conv_dgrad`` (= ConvTranspose, family B's conv).
 
 PyTorch's own call picks a slow plan for some problems (40.8 ms for seed B's fp32 ConvTranspose3d on an H200,
 against 1.2 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest is kept
-for the process.  Returns None whenever the frontend is missing or has no plan, and the caller falls back to
-PyTorch's call.  Set FULLFUSE_CUDNN_FRONTEND=0 to skip it.
+for the process.  Returns None whenever the frontend is missing or has no plan, or (forward convs in the input's
+dtype) where PyTorch's own call is within 10 % of the best plan on the GPU, and the caller runs PyTorch's call.  Set
+FULLFUSE_CUDNN_FRONTEND=0 to skip it.
 
 Invariants:
 - A cuDNN handle is used by one thread only (one per (thread, device)): ``set_stream`` then ``execute`` are two
@@ -25,6 +26,7 @@ from typing import Dict, Optional
 import torch
 
 from .. import launch
+from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
@@ -32,6 +34,9 @@ _REPEATS = 3
 _ALIGN = 16              # bytes; the alignment the frontend's tensors declare by default
 _SPREADING_NOTES = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
 _WORKSPACE_FLOOR = 64 << 20   # a plan may take this much workspace, or as much as the conv's output if more
+# PyTorch's own call serves a forward conv where it is this close to cuDNN's best plan on the GPU: it costs far less
+# host time per call than the frontend's execute (~10 us against 100+ us), which decides small problems
+_TORCH_MARGIN = 1.1
 _entries: Dict[tuple, Optional["_Entry"]] = {}
 _local = threading.local()   # .handles: device index -> this thread's cuDNN handle
 _lock = threading.Lock()     # builds (and times) one problem's plans at a time; guards _entries
@@ -133,7 +138,8 @@ def _channels_last(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
 
 
-def _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, deterministic) -> Optional[_Entry]:
+def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilation, mode,
+           deterministic) -> Optional[_Entry]:
     io = data_type(cudnn, x.dtype)
     handle = handle_for(cudnn, x.device)
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -146,8 +152,8 @@ def _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, d
         ty = graph.conv_dgrad(loss=tx, filter=tw, **geometry)
     else:
         ty = graph.conv_fprop(image=tx, weight=tw, **geometry)
-    y = _channels_last(out_shape, x.dtype, x.device)
-    ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(io)
+    y = _channels_last(out_shape, out_dtype, x.device)
+    ty.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(data_type(cudnn, out_dtype))
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -165,7 +171,30 @@ def _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode, d
     # one that runs out of memory: not timed
     cap = max(_WORKSPACE_FLOOR, y.numel() * y.element_size())
     index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device, cap)
+    del y
+    if kind == "fprop" and out_dtype == x.dtype:
+        torch_ms = _torch_fprop_ms(x, weight, padding, stride, dilation, mode, deterministic)
+        if torch_ms <= _TORCH_MARGIN * ms:
+            _debug(f"PyTorch's call {torch_ms:.3f} ms against the best plan's {ms:.3f} ms: PyTorch's call serves")
+            return None
     return _Entry(graph, (tx, tw, ty), index, ws, ms, count)
+
+
+def _torch_fprop_ms(x, weight, padding, stride, dilation, mode: str, deterministic: bool) -> float:
+    """GPU time of PyTorch's own call for the same forward conv, timed as the plans are (best of _REPEATS)."""
+    conv = torch.nn.functional.conv2d if x.dim() == 4 else torch.nn.functional.conv3d
+    stream = torch.cuda.current_stream(x.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    with cudnn_settings(mode, deterministic):
+        conv(x, weight, None, stride, padding, dilation)   # PyTorch's own algorithm choice, out of the timing
+        for _ in range(_REPEATS):
+            start.record(stream)
+            conv(x, weight, None, stride, padding, dilation)
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return min(times)
 
 
 def _debug(message: str) -> None:
@@ -179,15 +208,16 @@ last_error = ""
 
 
 def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
-        deterministic: bool) -> Optional[torch.Tensor]:
-    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), or None (no frontend/plan, or a
-    new problem under CUDA-graph capture)."""
+        deterministic: bool, out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), of dtype ``out_dtype`` (default:
+    the input's), or None (no frontend/plan, or a new problem under CUDA-graph capture)."""
     cudnn = frontend()
     if cudnn is None:
         return None
     x, weight = aligned(x), aligned(weight)
-    key = (kind, tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype, x.device,
-           tuple(out_shape), tuple(padding), tuple(stride), tuple(dilation), mode, deterministic)
+    out_dtype = out_dtype or x.dtype
+    key = (kind, out_dtype, tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype,
+           x.device, tuple(out_shape), tuple(padding), tuple(stride), tuple(dilation), mode, deterministic)
     entry = _entries.get(key, _MISSING)
     if entry is _MISSING:
         if launch.capturing(x.device):
@@ -196,8 +226,8 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
             if key not in _entries:
                 try:
                     with torch.cuda.device(launch.device_index(x.device)):
-                        _entries[key] = _build(cudnn, kind, x, weight, out_shape, padding, stride, dilation, mode,
-                                               deterministic)
+                        _entries[key] = _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride,
+                                               dilation, mode, deterministic)
                 except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
                     _debug(f"{kind} unavailable for {tuple(out_shape)} ({mode}): {type(exc).__name__}: {exc}")
                     _entries[key] = None
@@ -207,7 +237,7 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
     index = launch.device_index(x.device)
     # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
     with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
-        y = _channels_last(out_shape, x.dtype, x.device)          # fresh memory: aligned
+        y = _channels_last(out_shape, out_dtype, x.device)        # fresh memory: aligned
         workspace = torch.empty(max(entry.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
         handle = handle_for(cudnn, x.device)                       # this thread's: nobody re-sets its stream
         cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
@@ -229,13 +259,14 @@ def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Ten
     return run("dgrad", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic)
 
 
-def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
-                 deterministic: bool = True) -> Optional[torch.Tensor]:
-    """The forward conv (no bias), or None."""
+def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, mode: str, deterministic: bool = True,
+                 out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    """The forward conv (no bias) with output dtype ``out_dtype`` (default: the input's), or None."""
     if spec.groups != 1:
         return None
     out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
-    return run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic)
+    return run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic,
+               out_dtype)
 
 
 def describe() -> list:
