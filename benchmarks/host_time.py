@@ -48,6 +48,26 @@ def host_us(fn, calls: int) -> float:
     return 1e6 * statistics.median(times)
 
 
+def untouched_rest(calls: int) -> dict:
+    """What the untouched rest of a model costs once a region is fused: seed A's region followed by a classifier head
+    (flatten, linear, relu, linear) that matches nothing, at the tiny shape.  The head's host time is the whole model's
+    minus the region's alone, in the original (eager) and in the fused model (auto), each as an isolated call."""
+    region = seed_model("A").cuda().eval()
+    model = torch.nn.Sequential(region, torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10)).cuda().eval()
+    x = torch.randn(SHAPES["A"][0][1], device="cuda")
+    fused_model, fused_region = fullfuse.fused_model(model), fullfuse.fused_model(region)
+    row = {"family": "A", "size": "tiny + head", "shape": list(x.shape)}
+    row["eager_host_us"] = host_us(lambda: model(x), calls)
+    row["eager_region_host_us"] = host_us(lambda: region(x), calls)
+    row["auto_host_us"] = host_us(lambda: fused_model(x), calls)
+    row["auto_region_host_us"] = host_us(lambda: fused_region(x), calls)
+    row["head_eager_host_us"] = row["eager_host_us"] - row["eager_region_host_us"]
+    row["head_fused_host_us"] = row["auto_host_us"] - row["auto_region_host_us"]
+    row["auto_ran"] = fused_model.plans[0].last_path
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/results")
@@ -63,8 +83,9 @@ def main() -> int:
             for size, shape in shapes:
                 x = torch.randn(shape, device="cuda")
                 calls = 20 if size == "seed" else 300
-                row = {"family": family, "size": size, "shape": list(shape), "eager_host_us": host_us(lambda: model(x), calls),
-                       "eager_us": per_call_us(lambda: model(x), calls)}
+                row = {"family": family, "size": size, "shape": list(shape)}
+                row["eager_host_us"] = host_us(lambda: model(x), calls)
+                row["eager_us"] = per_call_us(lambda: model(x), calls)
                 for path in ("fused", "fallback", "auto"):
                     fused = fullfuse.fused_model(model, path=path)
                     try:
@@ -79,6 +100,8 @@ def main() -> int:
                 rows.append(row)
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),
                       flush=True)
+        rows.append(untouched_rest(calls=300))
+        print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{result_stem('host_time')}.json"
