@@ -1,5 +1,5 @@
-"""Family A fallback: cuDNN conv (channels_last, precision as selected; cuDNN's fastest plan through the cuDNN
-frontend where available, else PyTorch's call) -> the epilogue kernel of csrc/fallback_act_pool.cuh, which adds
+"""Family A fallback: cuDNN conv (precision as selected; cuDNN's fastest plan through the cuDNN frontend on
+channels_last operands where it beats PyTorch's own call, else PyTorch's call) -> the epilogue kernel of csrc/fallback_act_pool.cuh, which adds
 the bias, applies the activation and pools per (image, channel) in one read of the conv output.  The batch runs
 in chunks so that the epilogue of one chunk overlaps the convolution of the next (pipeline.py).
 
@@ -21,7 +21,7 @@ from ..codes import ACTIVATIONS, DTYPES, POOLS, dtype_code
 from ..errors import UnsupportedError
 from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec
-from ..weights import as_memory_format, float32_bias
+from ..weights import float32_bias
 from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline
 from .epilogue_launch import POINTER, PreparedLaunch
 
@@ -83,24 +83,20 @@ def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f1
 def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
         deterministic: bool = True) -> torch.Tensor:
     require(unavailable())
-    memory_format = CHANNELS_LAST[spec.dims]
-    w = as_memory_format(weight, memory_format)
     bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
     n, k = x.shape[0], spec.out_channels
     out = launch.new_output(n, k, device=x.device)
     # fp16: cuDNN writes the conv output in float32, and the epilogue gives it fp16's overflow.  Some of cuDNN's
     # fp16-output engines write finite values where the sum overflows fp16 (PyTorch's own NCHW call gives +-inf).
-    # Without the frontend, PyTorch's call on the input as it is laid out: the original model's own convolution.
     f16 = x.dtype == torch.float16
 
     def conv(n0, n1):
-        xi = x[n0:n1].contiguous(memory_format=memory_format)
-        y = cudnn_conv.conv_forward(spec, xi, w, mode, deterministic,   # cuDNN's fastest plan, timed once
-                                    torch.float32 if f16 else None)
+        # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the
+        # operands as the caller has them (where it is as fast, or without the frontend)
+        y = cudnn_conv.conv_forward(spec, x[n0:n1], weight, mode, deterministic, torch.float32 if f16 else None)
         if y is None:
-            xi, wi = (x[n0:n1], weight) if f16 else (xi, w)
             with cudnn_settings(mode, deterministic):
-                y = _CONV[spec.dims](xi, wi, None, spec.stride, spec.padding, spec.dilation)
+                y = _CONV[spec.dims](x[n0:n1], weight, None, spec.stride, spec.padding, spec.dilation)
         return y
 
     def finish(y, n0, n1):

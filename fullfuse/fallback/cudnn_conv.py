@@ -133,13 +133,10 @@ def fastest_plan(graph, pack, handle, device, workspace_cap: int = 1 << 62):
     return (*best, count)
 
 
-def _channels_last(shape, dtype, device):
-    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
-    return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-
-
 def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilation, mode,
            deterministic) -> Optional[_Entry]:
+    original = (x, weight)   # PyTorch's call, the alternative, runs on the operands as the caller has them
+    x, weight = _plan_layout(kind, x), _plan_layout(kind, weight)
     io = data_type(cudnn, x.dtype)
     handle = handle_for(cudnn, x.device)
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -173,7 +170,7 @@ def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilati
     index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device, cap)
     del y
     if kind == "fprop" and out_dtype == x.dtype:
-        torch_ms = _torch_fprop_ms(x, weight, padding, stride, dilation, mode, deterministic)
+        torch_ms = _torch_fprop_ms(*original, padding, stride, dilation, mode, deterministic)
         if torch_ms <= _TORCH_MARGIN * ms:
             _debug(f"PyTorch's call {torch_ms:.3f} ms against the best plan's {ms:.3f} ms: PyTorch's call serves")
             return None
@@ -207,17 +204,31 @@ def _debug(message: str) -> None:
 last_error = ""
 
 
+def _channels_last(shape, dtype, device):
+    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
+    return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
+
+
+def _plan_layout(kind: str, t: torch.Tensor) -> torch.Tensor:
+    """A forward conv's operand as the plans take it: channels_last(_3d), 16-byte aligned (made per call, never
+    cached: a parameter's copy sees every change).  Transposed convs take their operands as the caller lays them out."""
+    if kind == "fprop":
+        t = t.contiguous(memory_format=torch.channels_last_3d if t.dim() == 5 else torch.channels_last)
+    return aligned(t)
+
+
 def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
         deterministic: bool, out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
     """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), of dtype ``out_dtype`` (default:
-    the input's), or None (no frontend/plan, or a new problem under CUDA-graph capture)."""
+    the input's), or None: no frontend or plan, a new problem under CUDA-graph capture, or a forward conv that
+    PyTorch's own call on ``x`` and ``weight`` as given serves as fast (the caller then runs that call)."""
     cudnn = frontend()
     if cudnn is None:
         return None
-    x, weight = aligned(x), aligned(weight)
     out_dtype = out_dtype or x.dtype
-    key = (kind, out_dtype, tuple(x.shape), tuple(x.stride()), tuple(weight.shape), tuple(weight.stride()), x.dtype,
-           x.device, tuple(out_shape), tuple(padding), tuple(stride), tuple(dilation), mode, deterministic)
+    key = (kind, out_dtype, tuple(x.shape), tuple(x.stride()), x.data_ptr() % _ALIGN, tuple(weight.shape),
+           tuple(weight.stride()), weight.data_ptr() % _ALIGN, x.dtype, x.device, tuple(out_shape), tuple(padding),
+           tuple(stride), tuple(dilation), mode, deterministic)
     entry = _entries.get(key, _MISSING)
     if entry is _MISSING:
         if launch.capturing(x.device):
@@ -234,6 +245,7 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
             entry = _entries[key]
     if entry is None:
         return None
+    x, weight = _plan_layout(kind, x), _plan_layout(kind, weight)
     index = launch.device_index(x.device)
     # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
     with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):

@@ -22,14 +22,13 @@ fields wrap as the C++ int casts do; the magic-number divisors are bit-identical
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 from cutlass_ops import conv_act_pool as abi
-from cutlass_ops.conv_act_pool import (BF16, F32, PREC_IEEE, WG_COL16_J, WG_COL16_OPS, WG_LM_ELEM, WG_LM_NCHW4,
-                                       WG_LM_NCHW8, WG_LM_REG, WG_LM_TNCHW, WG_LM_TVEC, WG_LM_VEC, WG_MAXOPS, WG_NT,
-                                       WG_NT2, WG_NT_R2, WG_PAD, WG_UNIT_BIAS, WG_UNIT_NONE, plan_straight_ops,
-                                       wg_lm_tma, wg_straight_ops)
+from cutlass_ops.conv_act_pool import (F32, PREC_IEEE, WG_COL16_J, WG_LM_ELEM, WG_LM_NCHW4, WG_LM_NCHW8, WG_LM_REG,
+                                       WG_LM_TNCHW, WG_LM_TVEC, WG_LM_VEC, WG_MAXOPS, WG_NT, WG_NT2, WG_NT_R2, WG_PAD,
+                                       WG_UNIT_BIAS, WG_UNIT_NONE, plan_straight_ops, wg_lm_tma, wg_straight_ops)
 from fullfuse.codes import ACTIVATIONS, POOLS
 
 POOL_MEAN, POOL_MAX = POOLS["mean"], POOLS["max"]
