@@ -1,8 +1,8 @@
 """Family A fallback: cuDNN conv (precision as selected; cuDNN's fastest plan through the cuDNN frontend on
 channels_last operands where it beats PyTorch's own call, else PyTorch's call) -> the epilogue kernel of
 csrc/fallback_act_pool.cuh, which adds the bias, applies the activation and pools per (image, channel) in one read of
-the conv output.  The batch runs
-in chunks so that the epilogue of one chunk overlaps the convolution of the next (pipeline.py).
+the conv output.  The batch runs in chunks so that the epilogue of one chunk overlaps the convolution of the next
+(pipeline.py).
 
 ``unavailable()`` says (once per process and device) whether the epilogue kernels can be had here (cached or
 compiled with NVRTC); the dispatcher steps down to the torch path under "auto", or raises UnsupportedError for
