@@ -158,7 +158,7 @@ def test_non_contiguous_and_empty_batch():
 def test_fused_b_input_off_a_16_byte_boundary(channels_last):
     """An input view one element past a 16-byte boundary: NCDHW takes the kernel's per-element loader (not the 16-byte
     one) and must still match; channels_last_3d cannot be copied in 16-byte groups, so "fused" refuses it with the
-    reason and "auto" serves it through the fallback."""
+    reason and "auto" steps down (fallback, or torch where measured faster)."""
     model = SeedB().cuda().eval()
     x = _seed_input("B", channels_last=channels_last)[:, :, :12, :12, :12].contiguous(
         memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
@@ -174,7 +174,11 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
         if channels_last:
             with pytest.raises(fullfuse.UnsupportedError, match="aligned"):
                 fused(off)
-            assert auto.plans[0].last_path == "fallback" and "aligned" in auto.plans[0].last_reason
+            # the fallback, or torch where auto's first-call measurement found it faster at this small shape; the
+            # reason says why the fused kernel stepped down either way
+            plan = auto.plans[0]
+            assert plan.last_path == "fallback" or "measured" in plan.last_reason, plan.last_reason
+            assert plan.last_path in ("fallback", "torch") and "aligned" in plan.last_reason, plan.last_reason
         else:
             assert errors(fused(off), ref)["relerr"] <= TOLERANCE["tf32"]
             assert auto.plans[0].last_path == "fused"
