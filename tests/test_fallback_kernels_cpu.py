@@ -211,6 +211,25 @@ def test_act_pool_epilogue_passes_the_plan(recording, channels_last):
         assert partials == (counters + plan.partials_offset if counters else 0)
 
 
+def test_fp16_model_float32_conv_output_takes_the_f16_range_epilogue(recording):
+    """An fp16 model's conv output written in float32 (the cuDNN path) is read as float and given fp16's overflow:
+    the ff_f16_range instantiation; an fp16 conv output (PyTorch's call) keeps the __half one; the two are cached
+    apart."""
+    from fullfuse.fallback.conv_act_pool import epilogue
+    from fullfuse.spec import ConvActPoolSpec
+    spec = ConvActPoolSpec(dims=2, in_channels=8, out_channels=64, kernel_size=(3, 3), stride=(1, 1), padding=(0, 0),
+                           dilation=(1, 1), has_bias=True)
+    y32 = torch.zeros(2, 64, 30, 30).contiguous(memory_format=torch.channels_last)
+    y16 = torch.zeros(2, 64, 30, 30, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    bias, out = torch.zeros(64), torch.empty(2, 64)
+    epilogue(spec, y32, bias, out, f16_range=True)
+    epilogue(spec, y16, bias, out)
+    epilogue(spec, y32, bias, out)
+    kernels = [variant.kernel for variant, *_ in recording]
+    assert kernels == ["ff_act_pool::pool_rows<ff_f16_range, 2, false, 4>",
+                       "ff_act_pool::pool_rows<__half, 2, false, 8>", "ff_act_pool::pool_rows<float, 2, false, 4>"]
+
+
 @pytest.mark.parametrize("dims", [2, 3])
 def test_window_reduce_epilogue_passes_the_plan(recording, dims):
     """The family-B epilogue's launches: a 2-D problem as depth 1 with the strides unsqueeze(2) gives."""
