@@ -61,6 +61,7 @@ def test_bench_conv_option_builds_that_conv():
 
 
 def test_bench_plot_titles_name_a_changed_conv(tmp_path):
+    pytest.importorskip("matplotlib")   # the [bench] extra; without it the plot is skipped with a hint (tested below)
     from fullfuse.bench import plot
     rows = [{"variant": "eager", "available": True, "median_ms": 1.0}, {"variant": "fused", "available": True, "median_ms": 0.5}]
     base = {"shape": [2, 8, 32, 32], "dtype": "float32", "mode": "tf32", "layout": "contiguous", "rows": rows}
