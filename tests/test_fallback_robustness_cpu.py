@@ -59,6 +59,59 @@ def test_no_plan_is_built_or_cached_under_graph_capture(monkeypatch):
     assert not built and not cudnn_conv._entries
 
 
+class _Chain:
+    """Stands in for the frontend's graph and tensor objects: every method returns the object itself."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self
+
+
+class _FakeFrontend:
+    data_type = heur_mode = build_plan_policy = numerical_note = _Chain()
+
+    def pygraph(self, **kwargs):
+        return _Chain()
+
+    def set_stream(self, **kwargs):
+        pass
+
+
+@pytest.mark.parametrize("kind, x_dtype, out_dtype, torch_ms, frontend_serves", [
+    ("fprop", torch.float32, None, 1.05, False),          # PyTorch's call within 10 %: it serves (less host time)
+    ("fprop", torch.float32, None, 1.2, True),            # the best plan clearly faster: the frontend serves
+    ("fprop", torch.float16, torch.float32, 0.5, True),   # fp16's float32 output: only the frontend writes it
+    ("dgrad", torch.float32, None, 0.5, True),            # transposed convs: PyTorch's dgrad is not the alternative
+])
+def test_frontend_serves_only_where_its_best_plan_beats_pytorchs_call(monkeypatch, kind, x_dtype, out_dtype, torch_ms,
+                                                                      frontend_serves):
+    """A problem's entry: cuDNN's best plan (1.0 ms here), or None (PyTorch's own call) where that is as fast; decided
+    once per problem, and PyTorch's call is timed on the operands as the caller has them."""
+    monkeypatch.setattr(cudnn_conv, "frontend", lambda: _FakeFrontend())
+    monkeypatch.setattr(cudnn_conv, "data_type", lambda cudnn, dtype: dtype)
+    monkeypatch.setattr(cudnn_conv, "handle_for", lambda cudnn, device: object())
+    monkeypatch.setattr(launch, "capturing", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(launch, "device_index", lambda device: 0)
+    monkeypatch.setattr(cudnn_conv, "_entries", {})
+    monkeypatch.setattr(cudnn_conv, "fastest_plan", lambda *args: (3, 1.0, 0, 7))
+    timed = []
+    monkeypatch.setattr(cudnn_conv, "_torch_fprop_ms", lambda x, w, *args: timed.append((x, w)) or torch_ms)
+    x, w = torch.randn(2, 3, 8, 8, dtype=x_dtype), torch.randn(4, 3, 3, 3, dtype=x_dtype)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    for _ in range(2):
+        got = cudnn_conv.run(kind, x, w, (2, 4, 6, 6), (0, 0), (1, 1), (1, 1), "tf32", True, out_dtype)
+        assert (got is not None) == frontend_serves
+    entry, = cudnn_conv._entries.values()
+    assert (entry is not None) == frontend_serves and (entry is None or entry.index == 3)
+    compared = kind == "fprop" and out_dtype is None
+    assert len(timed) == (1 if compared else 0)                  # timed once per problem, never for the others
+    if compared:
+        assert timed[0][0] is x and timed[0][1] is w             # the caller's own operands (NCHW here)
+    if frontend_serves:
+        assert got.dtype == (out_dtype or x_dtype) and got.is_contiguous(memory_format=torch.channels_last)
+
+
 # --- pipeline --------------------------------------------------------------------------------------------------------
 
 def test_autotune_times_in_memory_order_skips_what_does_not_fit_and_keeps_the_chosen_result(monkeypatch):
