@@ -414,8 +414,8 @@ void run_split(const char* name, int nsm, float* dout, const std::vector<float>*
 
 // ---- pipe: the tf32 fp32 GELU split across tiles, two accumulator sets (NB blocks of one warpgroup per SM).  After tile
 // t's chain: the FMA-pipe work (combine + sum of tile t - 1, then the Horner polynomial of tile t); during tile t + 1's
-// chain: the MUFU.EX2 of tile t's 64 values.  Question (session 6): FP32 FMA-pipe work does not run beside wgmma (run
-// 17) but MUFU does (run 25) — does taking the ex2s out of the FMA phase bring the tile to tensor + FMA (~1170 cycles)
+// chain: the MUFU.EX2 of tile t's 64 values.  Question: FP32 FMA-pipe work does not run beside wgmma but MUFU does
+// (docs/design.md 3.1) — does taking the ex2s out of the FMA phase bring the tile to tensor + FMA (~1170 cycles)
 // from the 1369 of one accumulator set?  PIPE false: the same kernel with the whole GELU after each chain (the 2-block
 // baseline).
 template <int DT, int NB, bool PIPE>
@@ -522,7 +522,7 @@ int main() {
 #define H2V(V)                                                                                   \
   snprintf(nm, sizeof nm, "bf16 MMA + h2 %s", vn[V]); run<1, E_H2VAR + V, true>(nm, nsm, dout, nullptr, &ref16); \
   snprintf(nm, sizeof nm, "h2 %s, alone", vn[V]); run<1, E_H2VAR + V, false>(nm, nsm, dout, nullptr, nullptr);
-  if (getenv("PE_TF32_BIAS")) {   // the tf32 bias as accumulator start values instead of a 10th op (session 6)
+  if (getenv("PE_TF32_BIAS")) {   // the tf32 bias as accumulator start values instead of a 10th op
     run<0, E_NOTHING, true>("tf32 MMA only (10 ops)", nsm, dout, nullptr, nullptr);
     run<2, E_NOTHING, true>("tf32 MMA only (9, bias PRMT)", nsm, dout, nullptr, nullptr);
     run<3, E_NOTHING, true>("tf32 MMA only (9, bias MOV)", nsm, dout, nullptr, nullptr);
@@ -542,7 +542,7 @@ int main() {
     run_pipe<0, 2, true>("tf32 2 blocks, ex2 under chain", nsm, dout, nullptr, &refp);
     return 0;
   }
-  if (getenv("PE_H2_ONLY")) {   // only the kernel's epilogue and the MUFU-free variants (session 5)
+  if (getenv("PE_H2_ONLY")) {   // only the kernel's epilogue and the MUFU-free variants
     H2V(0)
     run<1, E_H2DEFER, true>("bf16 MMA + h2 kernel, sums deferred", nsm, dout, nullptr, &ref16);
     run<1, E_H2DEFER, true, true>("bf16 h2 deferred + row barrier", nsm, dout, nullptr, &ref16);
