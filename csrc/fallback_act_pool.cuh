@@ -11,7 +11,8 @@
 //  - Work is split into items (a plane's chunk of `len` elements, or an image's chunk of `rows` rows); where an
 //    item count C > 1 splits a plane (layout 0) or an image (layout 1), items write partials to `part` and bump
 //    an int counter in `cnt` (one per plane / image); the last item to finish (__threadfence + atomicAdd) sums the
-//    partials in index order.  The counters must be zero at launch (the caller zero-fills the workspace each call).
+//    partials in index order and sets the counter back to zero: the counters are zero at launch and at exit (the
+//    caller keeps one workspace per stream, zeroed once).
 //  - pool_rows<V>: V > 1 reads 16 bytes a load (K % V == 0, y 16-byte aligned); V == 1 one element a load.
 #pragma once
 #include "activation.cuh"
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 4) pool_planes(const T* __restrict__
   }
   if (!__shfl_sync(0xffffffffu, last, 0)) return;
   __threadfence();
+  if (lane == 0) cnt[p] = 0;   // every item of the plane has counted: zero again for the next launch
   v = R::identity();
 #pragma unroll 8
   for (int c = lane; c < C; c += 32) v = R::op(v, __ldcg(part + (long long)p * C + c));
@@ -160,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, 4) pool_rows(const T* __restrict__ y
   __syncthreads();
   if (!last) return;
   __threadfence();
+  if (t == 0) cnt[n] = 0;   // every item of the image has counted: zero again for the next launch
   // finalize image n: channel k's C partials summed in index order, split into Pp contiguous runs when K is small
   const float* pn = part + (long long)n * C * K;
   if (2 * K <= kThreads) {

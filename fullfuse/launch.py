@@ -4,9 +4,7 @@ loaded and launched by ``runtime``.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Optional
 
 import torch
 
@@ -22,18 +20,21 @@ def new_output(*shape, device, dtype: torch.dtype = torch.float32) -> torch.Tens
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
-def _on(device: Optional[torch.device]):
-    """A context that makes ``device`` current unless it is already (no device switch: host time)."""
-    if device is None or device.index is None or device.index == current_device_index():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
-
-
 def capturing(device: torch.device) -> bool:
-    """Whether ``device``'s current stream is being captured into a CUDA graph (no device switch where ``device`` is
-    current already: host time)."""
-    with _on(device):
-        return torch.cuda.is_current_stream_capturing()
+    """Whether ``device``'s current stream is being captured into a CUDA graph."""
+    return capturing_index(device_index(device))
+
+
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)   # CUDA builds: one C call
+
+
+def capturing_index(index: int) -> bool:
+    """Whether device ``index``'s current stream is being captured (no device switch where it is current already:
+    host time)."""
+    if index != current_device_index():
+        with torch.cuda.device(index):
+            return torch.cuda.is_current_stream_capturing()
+    return _is_capturing() if _is_capturing is not None else torch.cuda.is_current_stream_capturing()
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA builds of torch: one C call each

@@ -124,7 +124,7 @@ def test_gpu_packing_equals_pack_weights(c_in, k_out, kernel, stride, dtype, mod
     inf / NaN weights keep their class in the high part and give 0 in the other two parts (ieee)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from fullfuse.fused.convt_pool_reduce import pack_geometry, packed_weights
+    from fullfuse.fused.convt_pool_reduce import packed_weights
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(c_in, k_out, *kernel, generator=gen).to(dtype)
     w.view(-1)[::97] = float("inf")
@@ -138,7 +138,7 @@ def test_gpu_packing_equals_pack_weights(c_in, k_out, kernel, stride, dtype, mod
     bits = torch.int32 if dtype == torch.float32 else torch.int16   # bit for bit: w holds NaNs
     assert torch.equal(wc.cpu().view(bits), w.view(bits))
     spec = _spec(in_channels=c_in, out_channels=k_out, kernel_size=kernel, stride=stride, padding=(0, 0, 0))
-    got = packed_weights(*pack_geometry(spec, wc, mode), wc).cpu()
+    got = packed_weights(spec, wc, mode).cpu()
     assert got.shape == want.shape
     if mode != "ieee":
         assert torch.equal(got, want)

@@ -622,6 +622,141 @@ def test_misaligned_channels_last_input(family, path, dtype):
     assert_close(got, ref64(model, x), MODE_OF[dtype], "misaligned channels_last")
 
 
+# ------------------------------------------------------------------ workspaces kept per stream
+def _kept_zeroed_buffers():
+    from fullfuse import workspace
+    return list(workspace._zeroed.values())
+
+
+class _ConvA(nn.Module):
+    """Conv -> activation -> global pool of any size (K > 64 takes one launch per 64 channels)."""
+
+    def __init__(self, c, k, kernel, pool):
+        super().__init__()
+        self.conv = nn.Conv2d(c, k, kernel)
+        self.pool = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+
+    def forward(self, x):
+        return self.pool(torch.nn.functional.gelu(self.conv(x)))
+
+
+def test_kept_workspaces_stay_zero_across_kernels():
+    """One stream, one kept workspace: calls of every kernel that takes a zeroed workspace (fused A wgmma mean / max,
+    K > 64, the mma.sync kernel, fused B sum / amax with a tail split, the fallback epilogues, NCHW and channels_last)
+    alternate on it, two rounds, each after another kernel used the same bytes.  Every result matches float64 (a
+    counter or maximum left behind by one kernel would corrupt the next), and every kept buffer is zero at the end
+    (the kernels' invariant, csrc/fused_conv_act_pool/wgmma_reduce.cuh, channel_reduce.cuh, fallback_act_pool.cuh)."""
+    from fullfuse import workspace
+    workspace.release()
+    cases = []
+    for pool in ("mean", "max"):
+        torch.manual_seed(SEED + 31)
+        cases.append(("A", _ConvA(8, 64, 3, pool), (4, 8, 64, 64), "fused"))
+        cases.append(("A", _ConvA(8, 96, 3, pool), (2, 8, 40, 72), "fused"))          # K > 64
+        cases.append(("A", _ConvA(8, 64, 3, pool), (3, 8, 20, 30), "fused"))          # narrow rows
+        cases.append(("A", _ConvA(8, 64, 3, pool), (2, 8, 50, 50), "fallback"))
+    for reduction in ("sum", "amax"):
+        torch.manual_seed(SEED + 32)
+        cases.append(("B", ModelB(reduction), (16, 32, 8, 8, 8), "fused"))            # a tail split over parts
+    runs = []
+    for family, model, shape, path in cases:
+        model = model.cuda().eval()
+        fused = fullfuse.fused_model(model, path=path, precision="tf32")
+        for layout in ("nchw", "cl"):
+            x = make_x(family, seed=SEED + len(runs), shape=shape)
+            if layout == "cl":
+                x = x.contiguous(memory_format=torch.channels_last if family == "A" else torch.channels_last_3d)
+            runs.append((fused, model, x, ref64(model, x), f"{family} {shape} {path} {layout}"))
+    with torch.no_grad():
+        for round_ in range(2):
+            for fused, model, x, want, what in runs:
+                got = fused(x)
+                assert fused.plans[0].last_path in ("fused", "fallback"), fused.plans[0].last_reason
+                assert_close(got, want, "tf32", f"round {round_}: {what}")
+    torch.cuda.synchronize()
+    kept = _kept_zeroed_buffers()
+    assert kept, "no workspace was kept"
+    for buf in kept:
+        assert int(torch.count_nonzero(buf)) == 0, "a kernel left its workspace non-zero"
+
+
+def test_scratch_is_per_thread_and_stream():
+    """Family B's packed weights live in a scratch buffer that one launch writes and the next reads, so two threads
+    on ONE stream (their launches interleave) never share one; each stream has its own, and a capture gets a fresh
+    one.  Then 4 threads on the default stream call two family-B models with different weights: each result is its
+    own model's."""
+    from fullfuse import workspace
+    got = {}
+
+    def take(name):
+        got[name] = workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr()
+
+    threads = [threading.Thread(target=take, args=(f"t{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    take("main")
+    assert len({got["t0"], got["t1"], got["main"]}) == 3
+    assert workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr() == got["main"]   # kept for this thread
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr() != got["main"]
+        assert workspace.buffer(0, 4096).data_ptr() != workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr()
+    models = [make_model("B", seed=SEED + 40 + i) for i in range(2)]
+    fused = [fullfuse.fused_model(m, path="fused", precision="tf32") for m in models]
+    x = make_x("B")
+    refs = [ref64(m, x) for m in models]
+    results, failures = [[] for _ in range(4)], []
+
+    def job(t):
+        try:
+            with torch.no_grad():
+                for _ in range(8):
+                    results[t].append(fused[t % 2](x))
+        except Exception:
+            failures.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=job, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not failures, "\n".join(failures)
+    for t in range(4):
+        for i, out in enumerate(results[t]):
+            assert_close(out, refs[t % 2], "tf32", f"thread {t} call {i}")
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_graph_replays_beside_eager_calls(family):
+    """A captured fused call replays on one stream while eager calls of the same model run on another, both queued
+    behind busy kernels so that they overlap: the graph's workspace is its own (old design risk: a kept workspace
+    shared by a replay and an eager call on another stream)."""
+    if not hasattr(torch.cuda, "_sleep"):
+        pytest.skip("torch.cuda._sleep unavailable")
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path="fused", precision="tf32")
+    static_x = make_x(family)
+    graph, static_out = _capture(fused, static_x)
+    xs = [make_x(family, seed=SEED + 50 + i) for i in range(3)]
+    refs = [ref64(model, x) for x in xs]
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for i, x in enumerate(xs):
+        static_x.copy_(x)
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            with torch.cuda.stream(s1):
+                torch.cuda._sleep(SLEEP_CYCLES // 10)
+                graph.replay()
+            with torch.cuda.stream(s2):
+                torch.cuda._sleep(SLEEP_CYCLES // 10)
+                eager = fused(x)
+        torch.cuda.synchronize()
+        assert_close(static_out, refs[i], "tf32", f"replay {i}")
+        assert_close(eager, refs[i], "tf32", f"eager call {i} beside the replay")
+
+
 # ------------------------------------------------------------------ the fallback's first-call memory
 def test_fallback_first_call_peak_memory():
     """The fallback's first call for a problem tunes its chunk schedule; it must not hold the whole conv output (old

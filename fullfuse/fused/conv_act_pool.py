@@ -205,17 +205,16 @@ class _Runner:
             l.fill(mine.values[0], *ptrs, tmap)
             self.kernel.launch(self.grid, 128, l.smem, mine)
             return
-        # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zeroed first for the atomic mean), then
-        # the block into out's columns, all in stream order
+        # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zero, as the whole workspace: the atomic
+        # mean adds into it), the block into out's columns, then the block back to zero (the workspace's invariant),
+        # all in stream order
         n = l.pb.N
         tmp = ws[l.tmp_off:l.tmp_off + n * l.nkb * 64 * 4].view(torch.float32)
-        atomic_mean = l.pb.pool == plan.POOL_MEAN and not l.pb.deterministic
         for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
-            if atomic_mean:
-                block.zero_()
             self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
             out.view(n, -1)[:, k0:k0 + kk].copy_(block)
+            block.zero_()
 
 
 def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
@@ -261,7 +260,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
             out = launch.new_output(*shape, device=device)
         # every tensor the kernel reads is held by a name until the launch is enqueued
         weight, bias = as_memory_format(weight, torch.contiguous_format), float32_bias(bias)
-        ws = workspace.zeroed(device, ws_bytes)
+        ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
         call(x, weight, bias, out, ws)
         return out if dtype == torch.float32 else out.to(dtype)
     return run

@@ -142,23 +142,41 @@ def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) ->
     return g, nbytes
 
 
-def packed_weights(geometry: abi.PackGeometry, nbytes: int, weight: torch.Tensor) -> torch.Tensor:
-    """The packed weights, made on the caller's current stream from the weight as it is now."""
-    out = torch.empty(nbytes, dtype=torch.uint8, device=weight.device)
-    per = geometry.cpad * 64 + (geometry.cpad16 * 64 if geometry.op == abi.PACK_OPS["ieee"] else 0)   # per slice
-    if geometry.nslices == 0 or per == 0:
-        return out
-    pack = runtime.kernel(abi.PACK, launch.device_index(weight.device))
-    args = runtime.Args(ctypes.c_void_p(weight.data_ptr()), ctypes.c_void_p(out.data_ptr()), geometry)
-    pack.launch((-(-per // abi.PACK_THREADS), geometry.nslices, 1), abi.PACK_THREADS, 0, args)
+class Packer:
+    """Family B's weight packing for one weight layout (pack_geometry): ``packer(weight, out)`` launches the packing
+    kernel on the caller's current stream, from the weight as it is now into ``out`` (at least ``nbytes``)."""
+
+    def __init__(self, spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str, index: int):
+        self.geometry, self.nbytes = pack_geometry(spec, weight, mode)
+        g = self.geometry
+        per = g.cpad * 64 + (g.cpad16 * 64 if g.op == abi.PACK_OPS["ieee"] else 0)   # items per slice
+        self.grid = (-(-per // abi.PACK_THREADS), g.nslices, 1) if g.nslices and per else None
+        self.kernel = runtime.kernel(abi.PACK, index)
+        self._local = threading.local()   # .args: this thread's argument list (a launch copies it: free after)
+
+    def __call__(self, weight: torch.Tensor, out: torch.Tensor) -> None:
+        if self.grid is None:
+            return
+        args = getattr(self._local, "args", None)
+        if args is None:
+            args = self._local.args = runtime.Args(ctypes.c_void_p(), ctypes.c_void_p(), self.geometry)
+        args.values[0].value, args.values[1].value = weight.data_ptr(), out.data_ptr()
+        self.kernel.launch(self.grid, abi.PACK_THREADS, 0, args)
+
+
+def packed_weights(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> torch.Tensor:
+    """The packed weights in a new buffer, made on the caller's current stream (tests, probes)."""
+    packer = Packer(spec, weight, mode, launch.device_index(weight.device))
+    out = torch.empty(packer.nbytes, dtype=torch.uint8, device=weight.device)
+    packer(weight, out)
     return out
 
 
 def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device, alignment), everything that depends only on
     those worked out once (the plan, its kernel, grid, shared memory, a template of the kernel's parameters): returns
-    ``run(x, weight, bias) -> out`` (host time per call).  The weights are packed in every call (packed_weights),
-    the geometry of that once per weight layout."""
+    ``run(x, weight, bias) -> out`` (host time per call).  The weights are packed in every call (Packer, into this
+    thread's scratch buffer of the stream), the geometry of that once per weight layout."""
     copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d))
     xs = x.contiguous() if copy else x   # NCDHW / channels_last_3d read natively, else copied
     index = launch.device_index(x.device)
@@ -174,19 +192,20 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
     template = bytes(p.params)   # every field but the pointers and ncdhw_vec
     grid, threads, smem, ws_bytes, ws_cnt = p.blocks, p.threads, p.smem, p.ws_bytes, p.ws_cnt_offset
-    geometries = {}   # weight strides -> (geometry, bytes)
+    packers = {}   # weight strides -> Packer
     local = threading.local()   # .args: this thread's parameter struct (a launch copies it: free again after)
 
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
-        geometry = geometries.get(weight.stride())
-        if geometry is None:
-            geometry = geometries[weight.stride()] = pack_geometry(spec, weight, mode)
-        packed = packed_weights(*geometry, weight)
+        packer = packers.get(weight.stride())
+        if packer is None:
+            packer = packers[weight.stride()] = Packer(spec, weight, mode, index)
+        packed = workspace.buffer(index, packer.nbytes, workspace.SCRATCH)
+        packer(weight, packed)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         bias = float32_bias(bias)
-        ws = workspace.zeroed(device, ws_bytes)
+        ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
         xp = x.data_ptr()
         if channels_last and xp % 16:
             raise RuntimeError("fullfuse: the fused kernel needs a 16-byte aligned channels_last_3d input")

@@ -1,0 +1,80 @@
+"""The fused kernels' kept buffers (fullfuse/workspace.py) without a GPU: the stream, the thread and capture decide
+which buffer a call gets (the stream query, the capture query and the allocation faked)."""
+import threading
+
+import pytest
+import torch
+
+from fullfuse import launch, workspace
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    state = {"stream": 7, "capturing": False, "fresh": []}
+
+    def fresh(index, size, zero):
+        state["fresh"].append((index, size, zero))
+        return torch.zeros(size, dtype=torch.uint8) if zero else torch.empty(size, dtype=torch.uint8)
+
+    monkeypatch.setattr(launch, "stream_of", lambda index: state["stream"] + 100 * index)
+    monkeypatch.setattr(launch, "capturing_index", lambda index: state["capturing"])
+    monkeypatch.setattr(workspace, "_fresh", fresh)
+    monkeypatch.setattr(workspace, "_zeroed", {})
+    monkeypatch.setattr(workspace, "_scratch", threading.local())
+    return state
+
+
+def test_zeroed_buffer_kept_per_device_and_stream(fake_gpu):
+    a = workspace.buffer(0, 1000)
+    assert workspace.buffer(0, 1000) is a and workspace.buffer(0, 500) is a       # kept, reused when large enough
+    assert fake_gpu["fresh"] == [(0, 1000, True)]                                   # zeroed once, when made
+    fake_gpu["stream"] = 8
+    b = workspace.buffer(0, 1000)
+    assert b is not a                                                               # another stream: its own
+    assert workspace.buffer(1, 1000) is not b                                       # another device: its own
+    fake_gpu["stream"] = 7
+    bigger = workspace.buffer(0, 4000)
+    assert bigger is not a and bigger.numel() == 4000 and fake_gpu["fresh"][-1] == (0, 4000, True)
+    assert workspace.buffer(0, 1000) is bigger
+    assert workspace.buffer(0, 0) is None
+
+
+def test_zeroed_buffer_shared_by_threads_of_one_stream(fake_gpu):
+    """Launches of one stream never overlap, and the kernels leave the buffer zero: threads share it."""
+    mine = workspace.buffer(0, 256)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(workspace.buffer(0, 256)))
+    t.start()
+    t.join()
+    assert seen[0] is mine
+
+
+def test_scratch_buffer_per_thread(fake_gpu):
+    """A scratch buffer is written by one launch and read by the next of the same call: threads on one stream
+    interleave their launches, so each has its own; it is never zeroed (contents undefined)."""
+    mine = workspace.buffer(0, 256, workspace.SCRATCH)
+    assert workspace.buffer(0, 256, workspace.SCRATCH) is mine
+    assert fake_gpu["fresh"] == [(0, 256, False)]
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(workspace.buffer(0, 256, workspace.SCRATCH)))
+    t.start()
+    t.join()
+    assert seen[0] is not mine
+    assert workspace.buffer(0, 256) is not mine                                     # purposes never share
+
+
+def test_capture_gets_a_fresh_buffer_every_call(fake_gpu):
+    """Under CUDA-graph capture nothing kept is handed out: the graph owns a fresh buffer, zeroed inside it."""
+    kept = workspace.buffer(0, 512)
+    fake_gpu["capturing"] = True
+    one, two = workspace.buffer(0, 512), workspace.buffer(0, 512, workspace.SCRATCH)
+    assert one is not kept and two is not kept and one is not workspace.buffer(0, 512)
+    assert fake_gpu["fresh"][1:] == [(0, 512, True), (0, 512, False), (0, 512, True)]
+    fake_gpu["capturing"] = False
+    assert workspace.buffer(0, 512) is kept                                         # capture changed nothing kept
+
+
+def test_release_drops_kept_buffers(fake_gpu):
+    a = workspace.buffer(0, 64)
+    workspace.release()
+    assert workspace.buffer(0, 64) is not a
