@@ -184,4 +184,11 @@ __device__ __forceinline__ float ff_load1(const T* p) {
   return o[0];
 }
 
+// Element i of a tensor of dtype code DT (codes.h: FF_F32, FF_BF16, FF_F16) as float (exact).
+template <int DT> __device__ __forceinline__ float ff_elem_f(const void* x, long long i) {
+  if (DT == FF_F32) return __ldg(reinterpret_cast<const float*>(x) + i);
+  if (DT == FF_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(x)[i]);
+  return __half2float(reinterpret_cast<const __half*>(x)[i]);
+}
+
 __host__ __device__ inline long long ff_ceil_div(long long a, long long b) { return (a + b - 1) / b; }

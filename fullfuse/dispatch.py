@@ -57,8 +57,9 @@ def _input_unsupported(spec, x: torch.Tensor, weight: torch.Tensor, bias) -> Opt
         return f"input of rank {x.dim()} (kernels take batched rank-{spec.dims + 2} input)"
     if x.dtype not in KERNEL_DTYPES:
         return f"dtype {x.dtype}"
-    if weight.device != x.device or weight.dtype != x.dtype or (bias is not None and bias.device != x.device):
-        return "input, weight and bias differ in device or dtype"
+    if weight.device != x.device or weight.dtype != x.dtype or (
+            bias is not None and (bias.device != x.device or bias.dtype != x.dtype)):
+        return "input, weight and bias differ in device or dtype"   # (torch raises its own error)
     if x.shape[1] != spec.in_channels or x.shape[0] == 0 or x.numel() == 0:
         return f"input shape {tuple(x.shape)}"
     if isinstance(spec, ConvActPoolSpec):

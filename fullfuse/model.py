@@ -67,4 +67,25 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()
+    _bind_called_submodules(gm)
     return FusedModel(gm, plans, model)
+
+
+def _bind_called_submodules(gm: nn.Module) -> None:
+    """Host time per call: fx's generated forward fetches every called submodule by attribute, through
+    nn.Module.__getattr__ (~1 us per path step, paid in every call; the original model's own forward often fetches
+    them faster, e.g. nn.Sequential's loop).  The GraphModule and the plain nn.Module containers fx made for nested
+    paths are fullfuse's own: each called module is also put in its holder's instance dict there, where attribute
+    lookup finds it first.  The user's modules are never touched.  nn.Module.__setattr__ drops such an entry when a
+    submodule is re-assigned, so the two never disagree."""
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        holder = gm
+        for name in node.target.split("."):
+            child = holder._modules.get(name)
+            if child is None:
+                break
+            if holder is gm or type(holder) is nn.Module:
+                holder.__dict__[name] = child
+            holder = child

@@ -18,6 +18,13 @@ def as_memory_format(tensor: torch.Tensor, memory_format: torch.memory_format) -
     return tensor.contiguous(memory_format=memory_format)
 
 
+def contiguous_bias(bias):
+    """The bias as the fused kernels read it: in its own dtype (the input's, dispatch checks), contiguous."""
+    if bias is None or bias.is_contiguous():
+        return bias
+    return bias.contiguous()
+
+
 def float32_bias(bias):
     if bias is None or bias.dtype == torch.float32 and bias.is_contiguous():
         return bias

@@ -315,3 +315,36 @@ def test_bench_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, ca
     assert bench.plot([], tmp_path / "x.png") is False
     assert "pip install 'fullfuse[bench]'" in capsys.readouterr().out
     assert not (tmp_path / "x.png").exists()
+
+
+def test_called_submodules_bound_for_the_generated_forward():
+    """fx's generated forward fetches called submodules by attribute: fused_model binds them in the instance dicts of
+    the modules it owns (the GraphModule, fx's plain containers) so no call pays nn.Module.__getattr__, leaves the
+    user's modules' dicts alone, and a re-assigned submodule is the one that runs."""
+    import copy
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(8, 64, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1))
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    model = Net().eval()
+    user_dicts = {id(m): set(vars(m)) for m in model.modules()}
+    fused = fullfuse.fused_model(model)
+    gm = fused.graph_module
+    assert "fullfuse_region_0" in vars(gm) and "head" in vars(gm)
+    assert type(gm.head) is nn.Module and "1" in vars(gm.head)      # fx's container for head.0 / head.1
+    assert vars(gm.head)["1"] is model.head[1]
+    assert {id(m): set(vars(m)) for m in model.modules()} == user_dicts
+    x = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x))
+        twin = copy.deepcopy(fused)   # (fx rebuilds a copied GraphModule from its graph: no binding, none stale)
+        tgm = twin.graph_module
+        assert vars(tgm).get("fullfuse_region_0", tgm._modules["fullfuse_region_0"]) is tgm._modules["fullfuse_region_0"]
+        gm.head.__setattr__("1", nn.Linear(64, 3))                    # re-assigned: the new one runs
+        assert fused(x).shape == (2, 3) and twin(x).shape == (2, 10)

@@ -1,10 +1,11 @@
-// Family A, fused: device helpers both kernels use — fp32 -> tf32 rounding, element loads, the ordered-uint max
-// encoding (atomicMax on floats, NaN-propagating), exact division by magic numbers, 16-bit pair packing.
+// Family A, fused: device helpers both kernels use — fp32 -> tf32 rounding, 16-bit element loads, the ordered-uint
+// max encoding (atomicMax on floats, NaN-propagating), exact division by magic numbers, 16-bit pair packing.
 #pragma once
 #include "device_std.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include "codes.h"
+#include "activation.cuh"
 
 // fp32 -> tf32 (low 13 bits 0), round to nearest: sm_90 has it as one instruction (F2FP.TF32, ties to even); sm_80's
 // cvt.rna (ties away) compiles to 3-4 instructions.  Inf / NaN stay Inf / NaN.
@@ -18,11 +19,6 @@ __device__ __forceinline__ uint32_t f2tf32(float f) {
   return r;
 }
 
-template <int DT> __device__ __forceinline__ float load_elem_f(const void* x, long long i) {
-  if (DT == FF_F32) return __ldg(reinterpret_cast<const float*>(x) + i);
-  if (DT == FF_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(x)[i]);
-  return __half2float(reinterpret_cast<const __half*>(x)[i]);
-}
 template <int DT> __device__ __forceinline__ uint16_t load_elem_h(const void* x, long long i) {
   return __ldg(reinterpret_cast<const unsigned short*>(x) + i);
 }

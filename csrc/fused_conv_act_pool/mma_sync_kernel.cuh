@@ -8,7 +8,7 @@
 #include "fused_conv_act_pool/device_common.cuh"
 
 struct FAParams {
-  const void* x; const void* w; const float* bias; float* out;
+  const void* x; const void* w; const void* bias; float* out;   // bias: DT, as x and w
   long long N; int C, H, W, K, R, S, sh, sw, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, vec_ok;
   int CG, nu;                          // channel groups of 8, K-dim units = R*S*CG (<= 9)
@@ -54,7 +54,7 @@ __device__ __forceinline__ void mma_k8h(float (&d)[4], uint32_t a0, uint32_t a1,
 template <int DT> __device__ __forceinline__ float wget(const FAParams& p, int k, int c, int r, int s) {
   if (k >= p.K || c >= p.C) return 0.0f;
   long long i = (((long long)k * p.C + c) * p.R + r) * p.S + s;
-  return load_elem_f<DT>(p.w, i);
+  return ff_elem_f<DT>(p.w, i);
 }
 template <int DT> __device__ __forceinline__ uint32_t wget_h2(const FAParams& p, int k, int c, int r, int s) {
   uint32_t lo = 0, hi = 0;
@@ -121,13 +121,13 @@ __device__ __forceinline__ void stage_tile(const FAParams& p, unsigned char* til
                 f[0] = t.x; f[1] = t.y; f[2] = t.z; f[3] = t.w;
               } else {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) f[e] = (c0 + e < p.C) ? load_elem_f<DT>(p.x, gi + e) : 0.0f;
+                for (int e = 0; e < 4; ++e) f[e] = (c0 + e < p.C) ? ff_elem_f<DT>(p.x, gi + e) : 0.0f;
               }
             } else {
               long long plane = (long long)p.H * p.W;
               long long gi = (n * p.C + c0) * plane + (long long)h * p.W + w;
 #pragma unroll
-              for (int e = 0; e < 4; ++e) f[e] = (c0 + e < p.C) ? load_elem_f<DT>(p.x, gi + e * plane) : 0.0f;
+              for (int e = 0; e < 4; ++e) f[e] = (c0 + e < p.C) ? ff_elem_f<DT>(p.x, gi + e * plane) : 0.0f;
             }
             if (ROUND) {
               v[j] = make_uint4(f2tf32(f[0]), f2tf32(f[1]), f2tf32(f[2]), f2tf32(f[3]));
@@ -287,7 +287,7 @@ fused_conv_act_pool_kernel(const FAParams p) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int k = kbase + mt * 16 + g + 8 * h;
-      bias_r[mt][h] = (p.bias != nullptr && k < p.K) ? __ldg(p.bias + k) : 0.0f;
+      bias_r[mt][h] = (p.bias != nullptr && k < p.K) ? ff_elem_f<DT>(p.bias, k) : 0.0f;
     }
   }
 

@@ -38,10 +38,10 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
       const int cnt = (j0 + o * (nthr >> 7) < p.na && m < p.K) ? p.op_wn[h][j] : 0;
       const long long base = mrow + p.op_wo[h][j];
 #pragma unroll
-      for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? load_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
+      for (int e = 0; e < KC; ++e) v[o][e] = e < cnt ? ff_elem_f<DT>(p.w, base + (long long)e * cs) : 0.0f;
       if (cnt < 0 && p.bias != nullptr) {   // the bias pair: b_hi rounded to the operand type, b_lo = the rest
         // (0 where b_hi is not finite: b = +-inf would give Inf - Inf = NaN, and conv + inf must be inf)
-        const float b = __ldg(p.bias + m);
+        const float b = ff_elem_f<DT>(p.bias, m);
         float bh;
         if (DT == FF_F32) bh = __uint_as_float(f2tf32(b));
         else if (DT == FF_BF16) bh = __bfloat162float(__float2bfloat16_rn(b));

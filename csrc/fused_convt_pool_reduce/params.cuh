@@ -35,7 +35,7 @@ constexpr int FB_TILE_SLACK = (FB_ROWS * FB_COLS) * 16 + 512;   // a 3-row tile 
 template <int V> using fb_int = std::integral_constant<int, V>;
 
 struct FBParams {
-  const void* x; const void* wp; const float* bias; void* out;   // x, wp, out: fp32, or bf16 / fp16 (DT)
+  const void* x; const void* wp; const void* bias; void* out;   // x, wp, bias, out: fp32, or bf16 / fp16 (DT)
   int N, C, D, H, W, K, channels_last, ncdhw_vec;   // ncdhw_vec: NCDHW with 16-byte column groups
   int T[3], s[3], p[3], win[3], P[3];
   int act, red, ncls;

@@ -13,7 +13,7 @@ from cutlass_ops import conv_act_pool as abi
 from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, POOLS, PRECISIONS, dtype_code
 from ..spec import ConvActPoolSpec
-from ..weights import as_memory_format, float32_bias
+from ..weights import as_memory_format, contiguous_bias
 from . import conv_act_pool_plan as plan
 
 
@@ -108,6 +108,7 @@ class Launches:
         if choice.why:
             raise launch_error(choice.why)
         self.variant = _variant(pb, choice)
+        self.esize = 4 if pb.dtype == abi.F32 else 2   # bytes of an input, weight or bias element
         self.wgmma = choice.wp.ok
         self.tma = plan.uses_tma(choice)
         self.geometry = plan.tensor_map_geometry(pb, choice.wp.lm, choice.wp.prm) if self.tma else None
@@ -127,8 +128,9 @@ class Launches:
         self.grid, self.smem = q.G, wp.smem
         self.ws_cnt, self.ws_bytes = wp.ws_cnt_bytes, wp.ws_bytes
         # K > 64: one launch per 64 channels, launch kb's (N, K_kb) block of the workspace's tmp copied into out's
-        # columns; offsets in bytes of the weights (one output channel's: C x R x S elements), in floats of the bias
-        wrow = q.C * pb.R * pb.S * (4 if pb.dtype == abi.F32 else 2)
+        # columns; offsets in bytes of the weights (one output channel's: C x R x S elements) and of the bias (both
+        # in the input's dtype)
+        wrow = q.C * pb.R * pb.S * self.esize
         self.nkb, self.tmp_off = wp.nkb, wp.ws_tmp_off
         self.blocks: List[Tuple[bytes, int, int, int]] = []   # (template, first channel, channels, weight offset)
         for kb in range(wp.nkb):
@@ -155,7 +157,7 @@ class Launches:
         only; k0 / woff: the launch's first output channel and its weights' byte offset, K > 64)."""
         if tmap is not None:
             ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
-        q.x, q.w, q.bias, q.out = x, w + woff, (bias + 4 * k0) if bias else None, out
+        q.x, q.w, q.bias, q.out = x, w + woff, (bias + self.esize * k0) if bias else None, out
         if not self.wgmma:
             q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
         self._ws(q, ws)
@@ -259,7 +261,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
         else:
             out = launch.new_output(*shape, device=device)
         # every tensor the kernel reads is held by a name until the launch is enqueued
-        weight, bias = as_memory_format(weight, torch.contiguous_format), float32_bias(bias)
+        weight, bias = as_memory_format(weight, torch.contiguous_format), contiguous_bias(bias)
         ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
         call(x, weight, bias, out, ws)
         return out if dtype == torch.float32 else out.to(dtype)

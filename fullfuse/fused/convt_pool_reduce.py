@@ -16,7 +16,7 @@ from cutlass_ops import convt_pool_reduce as abi
 from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, PRECISIONS, REDUCTIONS, dtype_code
 from ..spec import ConvTPoolReduceSpec
-from ..weights import float32_bias
+from ..weights import contiguous_bias
 from . import convt_pool_reduce_plan as planner
 
 
@@ -204,7 +204,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         packed = workspace.buffer(index, packer.nbytes, workspace.SCRATCH)
         packer(weight, packed)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
-        bias = float32_bias(bias)
+        bias = contiguous_bias(bias)
         ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
         xp = x.data_ptr()
         if channels_last and xp % 16:
