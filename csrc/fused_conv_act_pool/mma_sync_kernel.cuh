@@ -8,7 +8,7 @@
 #include "fused_conv_act_pool/device_common.cuh"
 
 struct FAParams {
-  const void* x; const void* w; const void* bias; float* out;   // bias: DT, as x and w
+  const void* x; const void* w; const void* bias; float* out;   // bias: DT; out: DT, float32 for atomics
   long long N; int C, H, W, K, R, S, sh, sw, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, vec_ok;
   int CG, nu;                          // channel groups of 8, K-dim units = R*S*CG (<= 9)
@@ -448,10 +448,10 @@ fused_conv_act_pool_kernel(const FAParams p) {
       const float* src = p.ws_part + ((n * p.nksl + ks) * nitems) * 64 + kl;
       float s = 0.0f;
       for (int i = 0; i < nitems; ++i) s += __ldcg(src + (size_t)i * 64);
-      p.out[n * p.K + k] = s * p.inv_pq;
+      store_out<DT>(p.out, n * p.K + k, s * p.inv_pq);
     } else {
       unsigned* a = p.ws_max + n * p.K + k;
-      p.out[n * p.K + k] = dec_max(__ldcg(a));
+      store_out<DT>(p.out, n * p.K + k, dec_max(__ldcg(a)));
       *a = 0u;
     }
   }

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(128, MINB) fa_wgmma_kernel(const __grid_consta
       last_s = (old == (int)(bhi - blo));
     }
     __syncthreads();
-    if (last_s) wg_finish_image(p, n, blo, bhi, tid, 128);
+    if (last_s) wg_finish_image<DT>(p, n, blo, bhi, tid, 128);
     __syncthreads();
   };
 

@@ -64,7 +64,7 @@ constexpr int WG_UNIT_NONE = -1, WG_UNIT_BIAS = -2;
 struct WGParams {
   CUtensorMap tmap;   // TMA loaders: the input as a 5-d (TVEC: 16 bytes of channels, the rest, W, H, N) or 4-d
                       // (TNCHW: W, H, C, N) tensor
-  const void* x; const void* w; const void* bias; float* out;   // bias: DT, as x and w
+  const void* x; const void* w; const void* bias; float* out;   // bias: DT; out: DT, float32 for atomics
   int N, C, H, W, K, R, S, sh, ph, pw, dh, dw;
   int P, Q, act, pool, det, nhwc, gelu_fast, fulltile;
   int h2;     // 16-bit GELU mean: the half-precision epilogue allowed (wg_epi_h2_checked)

@@ -109,6 +109,8 @@ class Launches:
             raise launch_error(choice.why)
         self.variant = _variant(pb, choice)
         self.esize = 4 if pb.dtype == abi.F32 else 2   # bytes of an input, weight or bias element
+        # bytes of an output element: the input's dtype, float32 where the non-deterministic mean adds atomically
+        self.osize = 4 if pb.pool == plan.POOL_MEAN and not pb.deterministic else self.esize
         self.wgmma = choice.wp.ok
         self.tma = plan.uses_tma(choice)
         self.geometry = plan.tensor_map_geometry(pb, choice.wp.lm, choice.wp.prm) if self.tma else None
@@ -171,7 +173,7 @@ class Launches:
         out_list = []
         for template, k0, _, woff in self.blocks:
             q = abi.WGParams.from_buffer(bytearray(template))
-            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + 4 * self.pb.N * k0, ws, tmap, k0, woff)
+            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + self.osize * self.pb.N * k0, ws, tmap, k0, woff)
             out_list.append(q)
         return out_list
 
@@ -211,7 +213,7 @@ class _Runner:
         # mean adds into it), the block into out's columns, then the block back to zero (the workspace's invariant),
         # all in stream order
         n = l.pb.N
-        tmp = ws[l.tmp_off:l.tmp_off + n * l.nkb * 64 * 4].view(torch.float32)
+        tmp = ws[l.tmp_off:l.tmp_off + n * l.nkb * 64 * l.osize].view(out.dtype)
         for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
             self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
@@ -255,14 +257,15 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
-        # out in the shape the call returns (the kernel writes its N x K floats contiguously)
+        # out in the shape and dtype the call returns (the kernel writes its N x K values contiguously); the atomic
+        # mean adds into a zeroed float32 out, converted after
         if atomic:
             out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
-            out = launch.new_output(*shape, device=device)
+            out = launch.new_output(*shape, device=device, dtype=dtype)
         # every tensor the kernel reads is held by a name until the launch is enqueued
         weight, bias = as_memory_format(weight, torch.contiguous_format), contiguous_bias(bias)
         ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
         call(x, weight, bias, out, ws)
-        return out if dtype == torch.float32 else out.to(dtype)
+        return out if out.dtype == dtype else out.to(dtype)
     return run
