@@ -99,8 +99,9 @@ def _(x, weight, bias, stride, padding, output_padding, dilation, window, activa
 _warned_grad = False
 
 
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _needs_grad(x, weight, bias) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                        (bias is not None and bias.requires_grad))
 
 
 def _warn_grad_once():
@@ -111,25 +112,26 @@ def _warn_grad_once():
                       "(fullfuse's kernels are inference-only)", stacklevel=3)
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
-
+# whether torch.compile is tracing the call (torch.compiler.is_compiling; never on torch builds without it)
+compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _cuda_autocast_on() -> bool:
+    try:
+        return torch.is_autocast_enabled("cuda")
+    except TypeError:                                     # torch < 2.4's spelling
+        return torch.is_autocast_enabled()
 
 
 def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
     """The dtype autocast would run this region's convolution in (None: autocast is off or leaves x as it is).
     Convolutions are on autocast's lower-precision list: float tensors on an autocast-enabled device are cast."""
-    if x.dtype not in _AUTOCAST_INPUTS or x.device.type != "cuda":
+    if not x.is_cuda or x.dtype not in _AUTOCAST_INPUTS or not _cuda_autocast_on():
         return None
-    try:
-        if not torch.is_autocast_enabled("cuda"):
-            return None
-        return torch.get_autocast_dtype("cuda")
-    except TypeError:                                     # torch < 2.4's spelling
-        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    get = getattr(torch, "get_autocast_dtype", None)
+    return get("cuda") if get is not None else torch.get_autocast_gpu_dtype()
 
 
 def _autocast_float32(spec) -> bool:
@@ -157,7 +159,7 @@ def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic
         return out.float() if _autocast_float32(spec) else out
     if x.dim() == spec.dims + 1:                         # unbatched input, as torch convs accept it
         return run_spec(spec, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
-    if not _compiling() or spec.groups != 1 or getattr(spec, "padding_mode", "zeros") != "zeros":
+    if not compiling() or spec.groups != 1 or getattr(spec, "padding_mode", "zeros") != "zeros":
         # eager: straight to the dispatcher (the registered op's wrapper costs host time the kernels don't need)
         return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
     if isinstance(spec, ConvActPoolSpec):

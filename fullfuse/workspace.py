@@ -1,31 +1,35 @@
-"""Scratch buffers of the fused kernels (counters, partials, window maxima, family B's packed weights): one buffer
-per (device, stream) and purpose, kept across calls.
+"""Scratch buffers of the fused kernels and the fallback epilogue, kept across calls: one zeroed buffer per (device,
+stream), and scratch buffers per (thread, device, stream, purpose).
 
 Invariants that make the reuse safe:
-- A kernel that takes a zeroed workspace leaves it zero: the last block of each image (A) or part (B) re-zeroes the
-  counters and maxima it used; partials are written before they are read (csrc/fused_conv_act_pool/wgmma_reduce.cuh,
-  mma_sync_kernel.cuh, csrc/fused_convt_pool_reduce/channel_reduce.cuh).  A fresh buffer is zeroed once.
+- ZEROED holds only what a kernel sets back to zero before it exits: counters and window maxima (the last block of each
+  image (A) or part (B) re-zeroes those it used: csrc/fused_conv_act_pool/wgmma_reduce.cuh, mma_sync_kernel.cuh,
+  csrc/fused_convt_pool_reduce/channel_reduce.cuh, csrc/fallback_act_pool.cuh), and family A's K > 64 output block,
+  which the call zeroes after copying it out.  Never partials: different problems place their counters at different
+  offsets, so any byte one kernel leaves non-zero would be another's counter.  A fresh buffer is zeroed once.
 - Launches on one stream run in order, so two calls sharing a stream's zeroed buffer never overlap; two streams never
-  share one.  A scratch buffer is written by one launch of a call and read by the next, so it is also per thread:
-  two threads' calls on one stream interleave their launches.  A buffer replaced by a larger one (or dropped with its
-  thread) is freed to torch's caching allocator on the stream it was made on, which reuses it only in that stream's
-  order.
-- Under CUDA-graph capture a call gets a fresh buffer, zeroed inside the graph: a graph's replays must not share a
-  buffer with eager calls, and nothing a graph reads may be freed while the graph lives.
+  share one.
+- A scratch buffer (PARTIALS: per-block sums a launch writes before it reads them; PACKED: family B's packed weights,
+  written by one launch and read by the next) has undefined contents.  It is per thread as well: two threads' calls on
+  one stream interleave their launches.
+- A buffer replaced by a larger one (or dropped with its thread) is freed to torch's caching allocator on the stream
+  it was made on, which reuses it only in that stream's order.
+- Under CUDA-graph capture a call gets a fresh buffer, zeroed inside the graph where ZEROED: a graph's replays must not
+  share a buffer with eager calls, and nothing a graph reads may be freed while the graph lives.
 """
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from . import launch, runtime
 
-ZEROED, SCRATCH = "zeroed", "scratch"   # purposes: a workspace the kernels keep zero; bytes each call overwrites
+ZEROED, PARTIALS, PACKED = "zeroed", "partials", "packed"   # purposes (see above)
 
 _zeroed: Dict[Tuple[int, int], torch.Tensor] = {}   # (device, stream) -> buffer
-_scratch = threading.local()                         # .buffers: (device, stream) -> buffer, this thread's
+_scratch = threading.local()                         # .buffers: (purpose, device, stream) -> buffer, this thread's
 
 
 def _fresh(index: int, size: int, zero: bool) -> torch.Tensor:
@@ -37,24 +41,33 @@ def _fresh(index: int, size: int, zero: bool) -> torch.Tensor:
 
 def buffer(index: int, size: int, purpose: str = ZEROED) -> Optional[torch.Tensor]:
     """At least ``size`` bytes on device ``index`` for the launches of its current stream (None when ``size`` is 0):
-    zero at the call's start for ZEROED (the caller's kernel must leave it zero), contents undefined for SCRATCH."""
-    if not size:
-        return None
+    zero at the call's start for ZEROED (the caller's kernels must leave it zero), contents undefined otherwise."""
+    return buffers(index, ((size, purpose),))[0]
+
+
+def buffers(index: int, wanted) -> List[Optional[torch.Tensor]]:
+    """``buffer`` for each (size, purpose) of ``wanted``, the stream and capture state queried once (host time)."""
     if index < 0:   # a CPU tensor's device (the launch arithmetic, tested without a GPU)
-        return torch.zeros(size, dtype=torch.uint8)
+        return [torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted]
     if launch.capturing_index(index):
-        return _fresh(index, size, purpose == ZEROED)
-    key = (index, launch.stream_of(index))
-    if purpose == ZEROED:
-        kept = _zeroed
-    else:
-        kept = getattr(_scratch, "buffers", None)
-        if kept is None:
-            kept = _scratch.buffers = {}
-    buf = kept.get(key)
-    if buf is None or buf.numel() < size:
-        buf = kept[key] = _fresh(index, size, purpose == ZEROED)   # (torch allocates on that stream)
-    return buf
+        return [_fresh(index, size, purpose == ZEROED) if size else None for size, purpose in wanted]
+    stream = launch.stream_of(index)
+    got = []
+    for size, purpose in wanted:
+        if not size:
+            got.append(None)
+            continue
+        if purpose == ZEROED:
+            kept, key = _zeroed, (index, stream)
+        else:
+            kept, key = getattr(_scratch, "buffers", None), (purpose, index, stream)
+            if kept is None:
+                kept = _scratch.buffers = {}
+        buf = kept.get(key)
+        if buf is None or buf.numel() < size:
+            buf = kept[key] = _fresh(index, size, purpose == ZEROED)   # (torch allocates on that stream)
+        got.append(buf)
+    return got
 
 
 def release() -> None:

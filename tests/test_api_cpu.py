@@ -345,6 +345,7 @@ def test_called_submodules_bound_for_the_generated_forward():
         torch.testing.assert_close(fused(x), model(x))
         twin = copy.deepcopy(fused)   # (fx rebuilds a copied GraphModule from its graph: no binding, none stale)
         tgm = twin.graph_module
-        assert vars(tgm).get("fullfuse_region_0", tgm._modules["fullfuse_region_0"]) is tgm._modules["fullfuse_region_0"]
+        region = tgm._modules["fullfuse_region_0"]
+        assert vars(tgm).get("fullfuse_region_0", region) is region
         gm.head.__setattr__("1", nn.Linear(64, 3))                    # re-assigned: the new one runs
         assert fused(x).shape == (2, 3) and twin(x).shape == (2, 10)

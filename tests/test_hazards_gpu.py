@@ -688,8 +688,8 @@ def test_scratch_is_per_thread_and_stream():
     from fullfuse import workspace
     got = {}
 
-    def take(name):
-        got[name] = workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr()
+    def take(name):   # (the tensor itself: held here, its memory cannot pass to the next thread)
+        got[name] = workspace.buffer(0, 4096, workspace.PACKED)
 
     threads = [threading.Thread(target=take, args=(f"t{i}",)) for i in range(2)]
     for t in threads:
@@ -697,11 +697,11 @@ def test_scratch_is_per_thread_and_stream():
     for t in threads:
         t.join()
     take("main")
-    assert len({got["t0"], got["t1"], got["main"]}) == 3
-    assert workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr() == got["main"]   # kept for this thread
+    assert len({got["t0"].data_ptr(), got["t1"].data_ptr(), got["main"].data_ptr()}) == 3
+    assert workspace.buffer(0, 4096, workspace.PACKED) is got["main"]   # kept for this thread
     with torch.cuda.stream(torch.cuda.Stream()):
-        assert workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr() != got["main"]
-        assert workspace.buffer(0, 4096).data_ptr() != workspace.buffer(0, 4096, workspace.SCRATCH).data_ptr()
+        assert workspace.buffer(0, 4096, workspace.PACKED).data_ptr() != got["main"].data_ptr()
+        assert workspace.buffer(0, 4096).data_ptr() != workspace.buffer(0, 4096, workspace.PACKED).data_ptr()
     models = [make_model("B", seed=SEED + 40 + i) for i in range(2)]
     fused = [fullfuse.fused_model(m, path="fused", precision="tf32") for m in models]
     x = make_x("B")

@@ -52,22 +52,23 @@ def test_zeroed_buffer_shared_by_threads_of_one_stream(fake_gpu):
 def test_scratch_buffer_per_thread(fake_gpu):
     """A scratch buffer is written by one launch and read by the next of the same call: threads on one stream
     interleave their launches, so each has its own; it is never zeroed (contents undefined)."""
-    mine = workspace.buffer(0, 256, workspace.SCRATCH)
-    assert workspace.buffer(0, 256, workspace.SCRATCH) is mine
+    mine = workspace.buffer(0, 256, workspace.PACKED)
+    assert workspace.buffer(0, 256, workspace.PACKED) is mine
     assert fake_gpu["fresh"] == [(0, 256, False)]
     seen = []
-    t = threading.Thread(target=lambda: seen.append(workspace.buffer(0, 256, workspace.SCRATCH)))
+    t = threading.Thread(target=lambda: seen.append(workspace.buffer(0, 256, workspace.PACKED)))
     t.start()
     t.join()
     assert seen[0] is not mine
     assert workspace.buffer(0, 256) is not mine                                     # purposes never share
+    assert workspace.buffer(0, 256, workspace.PARTIALS) is not mine
 
 
 def test_capture_gets_a_fresh_buffer_every_call(fake_gpu):
     """Under CUDA-graph capture nothing kept is handed out: the graph owns a fresh buffer, zeroed inside it."""
     kept = workspace.buffer(0, 512)
     fake_gpu["capturing"] = True
-    one, two = workspace.buffer(0, 512), workspace.buffer(0, 512, workspace.SCRATCH)
+    one, two = workspace.buffer(0, 512), workspace.buffer(0, 512, workspace.PACKED)
     assert one is not kept and two is not kept and one is not workspace.buffer(0, 512)
     assert fake_gpu["fresh"][1:] == [(0, 512, True), (0, 512, False), (0, 512, True)]
     fake_gpu["capturing"] = False

@@ -59,7 +59,8 @@ class _ActPool:
                                       ACTIVATIONS[activation], POOLS[pool], y.data_ptr() % 16 == 0)
         args = (POINTER, POINTER, POINTER, *[ty(v) for ty, v in plan.scalars], POINTER, POINTER)
         self.launch = PreparedLaunch(plan.variant, y.get_device(), plan.grid, epilogue_plan.THREADS, 0, args)
-        self.workspace_bytes, self.partials_offset = plan.workspace_bytes, plan.partials_offset
+        self.buffers = ((plan.partials_offset, workspace.ZEROED),
+                        (plan.workspace_bytes - plan.partials_offset, workspace.PARTIALS))
 
 
 _prepared = epilogue_launch.Prepared()
@@ -75,10 +76,10 @@ def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f1
     op = _prepared.get(key)
     if op is None:
         op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool, f16_range))
-    ws = workspace.buffer(y.get_device(), op.workspace_bytes)   # counters zero; the kernel leaves them zero
-    ws_ptr = ws.data_ptr() if ws is not None else 0
-    op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), ws_ptr,
-              ws_ptr + op.partials_offset if ws_ptr else 0)
+    # the counters in the zeroed buffer (the kernel leaves them zero), the partials in a scratch buffer (workspace.py)
+    ws, parts = workspace.buffers(y.get_device(), op.buffers)
+    op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), 0 if ws is None else ws.data_ptr(),
+              0 if parts is None else parts.data_ptr())
 
 
 def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,

@@ -147,33 +147,38 @@ class Launches:
         self.nkb = 1
         self.template = bytes(plan.mma_params(self.pb, pl, aligned=True))
 
-    def _ws(self, q, ws: int):
+    def _ws(self, q, ws: int, parts: int):
+        """The workspace's counters and maxima in the zeroed buffer ``ws`` (kept zero by the kernel), its partials
+        in the scratch buffer ``parts`` (workspace.py)."""
         mean = self.pb.pool == plan.POOL_MEAN
         q.ws_cnt = ws if self.ws_bytes else None
-        q.ws_part = ws + self.ws_cnt if self.ws_bytes and mean else None
+        q.ws_part = parts if self.ws_bytes and mean else None
         q.ws_max = ws + self.ws_cnt if self.ws_bytes and not mean else None
 
-    def fill(self, q, x: int, w: int, bias: int, out: int, ws: int, tmap: Optional[bytes] = None, k0: int = 0,
-             woff: int = 0) -> None:
-        """Set one launch's addresses in its parameters ``q`` (bias 0: none; tmap: the input's tensor map, TMA loaders
-        only; k0 / woff: the launch's first output channel and its weights' byte offset, K > 64)."""
+    def fill(self, q, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
+             k0: int = 0, woff: int = 0) -> None:
+        """Set one launch's addresses in its parameters ``q`` (bias 0: none; ws / parts: the zeroed and the partials
+        buffer; tmap: the input's tensor map, TMA loaders only; k0 / woff: the launch's first output channel and its
+        weights' byte offset, K > 64)."""
         if tmap is not None:
             ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
         q.x, q.w, q.bias, q.out = x, w + woff, (bias + self.esize * k0) if bias else None, out
         if not self.wgmma:
             q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
-        self._ws(q, ws)
+        self._ws(q, ws, parts)
 
-    def params(self, x: int, w: int, bias: int, out: int, ws: int, tmap: Optional[bytes] = None, tmp: int = 0):
+    def params(self, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
+               tmp: int = 0):
         """The kernel parameters of each launch for these addresses (tmp: the workspace's tmp block, K > 64 only)."""
         if not self.wgmma:
             q = abi.FAParams.from_buffer_copy(self.template)
-            self.fill(q, x, w, bias, out, ws)
+            self.fill(q, x, w, bias, out, ws, parts)
             return [q]
         out_list = []
         for template, k0, _, woff in self.blocks:
             q = abi.WGParams.from_buffer(bytearray(template))
-            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + self.osize * self.pb.N * k0, ws, tmap, k0, woff)
+            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + self.osize * self.pb.N * k0, ws, parts, tmap, k0,
+                      woff)
             out_list.append(q)
         return out_list
 
@@ -196,10 +201,10 @@ class _Runner:
             self.grid = min(launches.grid_blocks, occ * launches.props.sm_count)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                 ws: Optional[torch.Tensor], tmap: Optional[bytes] = None):
+                 ws: Optional[torch.Tensor], parts: Optional[torch.Tensor], tmap: Optional[bytes] = None):
         l = self.l
         ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                0 if ws is None else ws.data_ptr())
+                0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
         if l.nkb == 1:
             # one launch: this thread's own parameter struct, made once from the template, gets the call's pointers
             # (a launch copies the parameters, so the struct is free again when launch() returns)
@@ -231,13 +236,13 @@ def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
     dtype, dims, strides, box, element_strides = primary.l.geometry
     fallback: List[_Runner] = []
 
-    def run(x, weight, bias, out, ws):
+    def run(x, weight, bias, out, ws, parts):
         tmap = runtime.tensor_map(dtype, x.data_ptr(), dims, strides, box, element_strides)
         if tmap is not None:
-            return primary(x, weight, bias, out, ws, tmap)
+            return primary(x, weight, bias, out, ws, parts, tmap)
         if not fallback:   # (a race prepares it twice: harmless)
             fallback.append(_Runner(Launches(pb, props, plan.fallback_choice(pb, props, choice)), device))
-        return fallback[0](x, weight, bias, out, ws)
+        return fallback[0](x, weight, bias, out, ws, parts)
     return run
 
 
@@ -249,9 +254,11 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     index = launch.device_index(device)
     props = runtime.device_props(index)
     # the atomic mean accumulates into out; every other mode writes each element once
-    atomic = spec.pool == "mean" and not deterministic
+    mean = spec.pool == "mean"
+    atomic = mean and not deterministic
     shape = (n, k, *([1] * spec.dims)) if spec.keepdim else (n, k)
     ws_bytes = plan.workspace_bytes(pb, props)
+    wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
     call = _runner(pb, props, index, _aligned(x, copy))
 
     def run(x, weight, bias):
@@ -265,7 +272,8 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
             out = launch.new_output(*shape, device=device, dtype=dtype)
         # every tensor the kernel reads is held by a name until the launch is enqueued
         weight, bias = as_memory_format(weight, torch.contiguous_format), contiguous_bias(bias)
-        ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
-        call(x, weight, bias, out, ws)
+        # counters and maxima (zero; the kernel leaves them zero), the mean's partials (ws_bytes: an upper bound)
+        ws, parts = workspace.buffers(index, wanted)
+        call(x, weight, bias, out, ws, parts)
         return out if out.dtype == dtype else out.to(dtype)
     return run

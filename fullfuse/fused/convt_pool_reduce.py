@@ -201,11 +201,11 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         packer = packers.get(weight.stride())
         if packer is None:
             packer = packers[weight.stride()] = Packer(spec, weight, mode, index)
-        packed = workspace.buffer(index, packer.nbytes, workspace.SCRATCH)
+        # window maxima and counters (zero; the kernel leaves them zero), this thread's packed weights
+        ws, packed = workspace.buffers(index, ((ws_bytes, workspace.ZEROED), (packer.nbytes, workspace.PACKED)))
         packer(weight, packed)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         bias = contiguous_bias(bias)
-        ws = workspace.buffer(index, ws_bytes)   # zero; the kernel leaves it zero
         xp = x.data_ptr()
         if channels_last and xp % 16:
             raise RuntimeError("fullfuse: the fused kernel needs a 16-byte aligned channels_last_3d input")
@@ -213,7 +213,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if args is None:
             args = local.args = runtime.Args(abi.FBParams.from_buffer_copy(template))
         prm = args.values[0]
-        prm.x, prm.wp, prm.out = xp, packed.data_ptr(), out.data_ptr()
+        prm.x, prm.wp, prm.out = xp, None if packed is None else packed.data_ptr(), out.data_ptr()
         prm.bias = None if bias is None else bias.data_ptr()
         if ws is not None:
             prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
