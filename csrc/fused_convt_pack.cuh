@@ -6,7 +6,7 @@
 // "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit];
 // a weight whose w_hi is not finite has 0 in the other two parts.
 // fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which it is tested,
-// and launches it: grid (ceil(items per slice / 256), slices), 256 threads; Geometry is mirrored by
+// and launches it: grid (ceil(items per slice / 1024), slices), 256 threads; Geometry is mirrored by
 // cutlass_ops/convt_pool_reduce.py PackGeometry.
 #pragma once
 #include <cuda_bf16.h>
@@ -54,10 +54,16 @@ __device__ __forceinline__ long long source(const Geometry& g, const int (&t)[3]
 
 // one slice per blockIdx.y (its tap worked out once per thread), its items over blockIdx.x and the threads
 __global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, const Geometry g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // the fused kernel that reads `out` may start now (launched with a programmatic dependency on this grid, it waits
+  // for this grid's completion before its first read: griddepcontrol.wait)
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   const int j = blockIdx.y;
   const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);   // items per slice
   int t[3];
   slice_tap(g, j, t);
+#pragma unroll 4
   for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < per; e += gridDim.x * blockDim.x) {
     const long long i = (long long)j * per + e;
     if (g.op == COPY16) {

@@ -126,6 +126,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const bool has = st < nseq;
     fb_load_step<KS, DT>(p.wp, wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES, has ? entry(st) : int4{}, has);
   };
+  // the packed weights come from the packing kernel just before this one, launched with a programmatic dependency
+  // (fused/convt_pool_reduce.py): everything above (the input tile in flight, the step list) overlaps its tail; nothing
+  // above reads p.wp
+  ff_grid_dependency_wait();
 #pragma unroll
   for (int i = 0; i < PF; ++i) load_step(i);
 

@@ -150,7 +150,9 @@ class Packer:
         self.geometry, self.nbytes = pack_geometry(spec, weight, mode)
         g = self.geometry
         per = g.cpad * 64 + (g.cpad16 * 64 if g.op == abi.PACK_OPS["ieee"] else 0)   # items per slice
-        self.grid = (-(-per // abi.PACK_THREADS), g.nslices, 1) if g.nslices and per else None
+        # ~4 items per thread: few blocks, so the fused kernel launched after it (launch_dependent) finds room on
+        # every SM for its first blocks while the packing runs
+        self.grid = (-(-per // (4 * abi.PACK_THREADS)), g.nslices, 1) if g.nslices and per else None
         self.kernel = runtime.kernel(abi.PACK, index)
         self._local = threading.local()   # .args: this thread's argument list (a launch copies it: free after)
 
@@ -218,6 +220,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if ws is not None:
             prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
-        fused.launch(grid, threads, smem, args)
+        # a programmatic dependency on the packing kernel: its input tile and step list overlap the packing
+        fused.launch_dependent(grid, threads, smem, args)
         return out
     return run
