@@ -186,6 +186,7 @@ __device__ __forceinline__ float ff_load1(const T* p) {
 
 // Element i of a tensor of dtype code DT (codes.h: FF_F32, FF_BF16, FF_F16) as float (exact).
 template <int DT> __device__ __forceinline__ float ff_elem_f(const void* x, long long i) {
+  static_assert(DT == FF_F32 || DT == FF_BF16 || DT == FF_F16, "an input dtype code (codes.h), not a kernel variant");
   if (DT == FF_F32) return __ldg(reinterpret_cast<const float*>(x) + i);
   if (DT == FF_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(x)[i]);
   return __half2float(reinterpret_cast<const __half*>(x)[i]);

@@ -246,6 +246,35 @@ def memset_zero(address: int, nbytes: int, device: int) -> None:
         _check((err,), "cuMemsetAsync")
 
 
+class DeviceBuffer:
+    """``size`` bytes of device memory from the driver's stream-ordered allocator (cuMemAllocAsync on ``stream`` of
+    device ``device``), freed on that stream when dropped.  Outside torch's caching allocator on purpose: memory kept
+    across calls must not be taken from a CUDA-graph pool that torch routes allocations to (torch.compile's cudagraph
+    warm-up runs eagerly with its pool active, and a live allocation it does not own fails its checks)."""
+
+    def __init__(self, device: int, size: int, stream: int):
+        drv = _driver()
+        self.device, self.size, self.stream = device, size, stream
+        self._ctx = _primary_context(device)
+        self.ptr = int(_check(_in_context(self._ctx, drv.cuMemAllocAsync, size, stream), "cuMemAllocAsync"))
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def numel(self) -> int:
+        return self.size
+
+    @property
+    def __cuda_array_interface__(self):   # torch.as_tensor(buffer, device=...) views its bytes (tests)
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr, False), "version": 3, "stream": None}
+
+    def __del__(self):
+        try:   # (at interpreter exit the driver may be gone; a destroyed stream: the memory stays with the process)
+            _in_context(self._ctx, _driver().cuMemFreeAsync, self.ptr, self.stream)
+        except Exception:
+            pass
+
+
 # ---- TMA descriptors ----
 _TMAP_CACHE_SIZE = 256
 _tmaps: Dict[tuple, bytes] = {}

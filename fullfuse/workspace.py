@@ -4,23 +4,24 @@ stream), and scratch buffers per (thread, device, stream, purpose).
 Invariants that make the reuse safe:
 - ZEROED holds only what a kernel sets back to zero before it exits: counters and window maxima (the last block of each
   image (A) or part (B) re-zeroes those it used: csrc/fused_conv_act_pool/wgmma_reduce.cuh, mma_sync_kernel.cuh,
-  csrc/fused_convt_pool_reduce/channel_reduce.cuh, csrc/fallback_act_pool.cuh), and family A's K > 64 output block,
-  which the call zeroes after copying it out.  Never partials: different problems place their counters at different
-  offsets, so any byte one kernel leaves non-zero would be another's counter.  A fresh buffer is zeroed once.
+  csrc/fused_convt_pool_reduce/channel_reduce.cuh, csrc/fallback_act_pool.cuh).  Never partials or outputs: different
+  problems place their counters at different offsets, so any byte one kernel leaves non-zero would be another's
+  counter.  A fresh buffer is zeroed once.
 - Launches on one stream run in order, so two calls sharing a stream's zeroed buffer never overlap; two streams never
   share one.
 - A scratch buffer (PARTIALS: per-block sums a launch writes before it reads them; PACKED: family B's packed weights,
   written by one launch and read by the next) has undefined contents.  It is per thread as well: two threads' calls on
   one stream interleave their launches.
-- A buffer replaced by a larger one (or dropped with its thread) is freed to torch's caching allocator on the stream
-  it was made on, which reuses it only in that stream's order.
+- Kept buffers come from the driver's stream-ordered allocator, not torch's (runtime.DeviceBuffer): made and freed on
+  their stream, so a buffer replaced by a larger one (or dropped with its thread) is reused only in that stream's
+  order, and none is ever taken from a CUDA-graph pool that torch routes allocations to.
 - Under CUDA-graph capture a call gets a fresh buffer, zeroed inside the graph where ZEROED: a graph's replays must not
   share a buffer with eager calls, and nothing a graph reads may be freed while the graph lives.
 """
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 
@@ -33,20 +34,30 @@ _scratch = threading.local()                         # .buffers: (purpose, devic
 
 
 def _fresh(index: int, size: int, zero: bool) -> torch.Tensor:
+    """A buffer for one call under capture: torch's, so it belongs to the graph's memory pool."""
     buf = torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", index))
     if zero:
         runtime.memset_zero(buf.data_ptr(), size, index)
     return buf
 
 
-def buffer(index: int, size: int, purpose: str = ZEROED) -> Optional[torch.Tensor]:
+def _kept(index: int, size: int, zero: bool, stream: int) -> runtime.DeviceBuffer:
+    """A buffer kept across calls: the driver's, never torch's (runtime.DeviceBuffer says why)."""
+    buf = runtime.DeviceBuffer(index, size, stream)
+    if zero:
+        runtime.memset_zero(buf.data_ptr(), size, index)
+    return buf
+
+
+def buffer(index: int, size: int, purpose: str = ZEROED):
     """At least ``size`` bytes on device ``index`` for the launches of its current stream (None when ``size`` is 0):
     zero at the call's start for ZEROED (the caller's kernels must leave it zero), contents undefined otherwise."""
     return buffers(index, ((size, purpose),))[0]
 
 
-def buffers(index: int, wanted) -> List[Optional[torch.Tensor]]:
-    """``buffer`` for each (size, purpose) of ``wanted``, the stream and capture state queried once (host time)."""
+def buffers(index: int, wanted) -> list:
+    """``buffer`` for each (size, purpose) of ``wanted``, the stream and capture state queried once (host time).  Each
+    is a torch tensor or a runtime.DeviceBuffer (``data_ptr()`` and ``numel()`` in bytes), or None for size 0."""
     if index < 0:   # a CPU tensor's device (the launch arithmetic, tested without a GPU)
         return [torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted]
     if launch.capturing_index(index):
@@ -65,7 +76,7 @@ def buffers(index: int, wanted) -> List[Optional[torch.Tensor]]:
                 kept = _scratch.buffers = {}
         buf = kept.get(key)
         if buf is None or buf.numel() < size:
-            buf = kept[key] = _fresh(index, size, purpose == ZEROED)   # (torch allocates on that stream)
+            buf = kept[key] = _kept(index, size, purpose == ZEROED, stream)
         got.append(buf)
     return got
 

@@ -10,15 +10,21 @@ from fullfuse import launch, workspace
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    state = {"stream": 7, "capturing": False, "fresh": []}
+    state = {"stream": 7, "capturing": False, "fresh": [], "kept": []}
 
     def fresh(index, size, zero):
         state["fresh"].append((index, size, zero))
         return torch.zeros(size, dtype=torch.uint8) if zero else torch.empty(size, dtype=torch.uint8)
 
+    def kept(index, size, zero, stream):
+        assert stream == state["stream"] + 100 * index   # made (and later freed) on the stream it serves
+        state["kept"].append((index, size, zero))
+        return torch.zeros(size, dtype=torch.uint8) if zero else torch.empty(size, dtype=torch.uint8)
+
     monkeypatch.setattr(launch, "stream_of", lambda index: state["stream"] + 100 * index)
     monkeypatch.setattr(launch, "capturing_index", lambda index: state["capturing"])
-    monkeypatch.setattr(workspace, "_fresh", fresh)
+    monkeypatch.setattr(workspace, "_fresh", fresh)   # per call, under capture: torch's (the graph's pool)
+    monkeypatch.setattr(workspace, "_kept", kept)     # kept across calls: the driver's, never a graph pool's
     monkeypatch.setattr(workspace, "_zeroed", {})
     monkeypatch.setattr(workspace, "_scratch", threading.local())
     return state
@@ -27,14 +33,14 @@ def fake_gpu(monkeypatch):
 def test_zeroed_buffer_kept_per_device_and_stream(fake_gpu):
     a = workspace.buffer(0, 1000)
     assert workspace.buffer(0, 1000) is a and workspace.buffer(0, 500) is a       # kept, reused when large enough
-    assert fake_gpu["fresh"] == [(0, 1000, True)]                                   # zeroed once, when made
+    assert fake_gpu["kept"] == [(0, 1000, True)] and not fake_gpu["fresh"]         # zeroed once, when made
     fake_gpu["stream"] = 8
     b = workspace.buffer(0, 1000)
     assert b is not a                                                               # another stream: its own
     assert workspace.buffer(1, 1000) is not b                                       # another device: its own
     fake_gpu["stream"] = 7
     bigger = workspace.buffer(0, 4000)
-    assert bigger is not a and bigger.numel() == 4000 and fake_gpu["fresh"][-1] == (0, 4000, True)
+    assert bigger is not a and bigger.numel() == 4000 and fake_gpu["kept"][-1] == (0, 4000, True)
     assert workspace.buffer(0, 1000) is bigger
     assert workspace.buffer(0, 0) is None
 
@@ -54,7 +60,7 @@ def test_scratch_buffer_per_thread(fake_gpu):
     interleave their launches, so each has its own; it is never zeroed (contents undefined)."""
     mine = workspace.buffer(0, 256, workspace.PACKED)
     assert workspace.buffer(0, 256, workspace.PACKED) is mine
-    assert fake_gpu["fresh"] == [(0, 256, False)]
+    assert fake_gpu["kept"] == [(0, 256, False)]
     seen = []
     t = threading.Thread(target=lambda: seen.append(workspace.buffer(0, 256, workspace.PACKED)))
     t.start()
@@ -70,7 +76,7 @@ def test_capture_gets_a_fresh_buffer_every_call(fake_gpu):
     fake_gpu["capturing"] = True
     one, two = workspace.buffer(0, 512), workspace.buffer(0, 512, workspace.PACKED)
     assert one is not kept and two is not kept and one is not workspace.buffer(0, 512)
-    assert fake_gpu["fresh"][1:] == [(0, 512, True), (0, 512, False), (0, 512, True)]
+    assert fake_gpu["fresh"] == [(0, 512, True), (0, 512, False), (0, 512, True)] and len(fake_gpu["kept"]) == 1
     fake_gpu["capturing"] = False
     assert workspace.buffer(0, 512) is kept                                         # capture changed nothing kept
 

@@ -57,7 +57,7 @@ __device__ __forceinline__ void fb_channel_reduce(const FBParams& p, unsigned* w
       if (k < p.K) {
         const unsigned enc = gm_part ? __ldcg(wm + k) : wm[k];
         v = enc ? fb_dec(enc) : -__int_as_float(0x7f800000);   // 0: no computed position (tapless only)
-        const float bk = p.bias ? ff_elem_f<DT>(p.bias, k) : 0.0f;
+        const float bk = p.bias ? ff_elem_f<fb_input_dt(DT)>(p.bias, k) : 0.0f;
         if (tapless) v = ff_max_nan(v, HAS_ACT ? fb_act(p.act, bk) : 0.0f);
         if (!HAS_ACT) v += bk;
         // fp16: PyTorch's conv output (bias included) rounded to fp16 is +-inf past 65504; the max commutes with

@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   for (int i = 0; i < PF; ++i) load_step(i);
 
   const int m0 = 16 * (warp & 3) + g8;   // this thread's output channels: m0, m0 + 8
-  const float b0 = (p.bias && m0 < p.K) ? ff_elem_f<DT>(p.bias, m0) : 0.0f;
-  const float b1 = (p.bias && m0 + 8 < p.K) ? ff_elem_f<DT>(p.bias, m0 + 8) : 0.0f;
+  const float b0 = (p.bias && m0 < p.K) ? ff_elem_f<fb_input_dt(DT)>(p.bias, m0) : 0.0f;
+  const float b1 = (p.bias && m0 + 8 < p.K) ? ff_elem_f<fb_input_dt(DT)>(p.bias, m0 + 8) : 0.0f;
   const uint32_t plane16 = (uint32_t)p.plane_bytes >> 4;
   const uint32_t zero_desc = (tile_s + (uint32_t)p.tile_bytes) >> 4;   // the zero slack, LBO 0 (fb_step_mmas)
   const uint32_t lo16 = (uint32_t)(p.tile_bytes + FB_TILE_SLACK) >> 4;   // FB_X3: the x_lo tile

@@ -18,6 +18,7 @@ constexpr int FB_X3 = 3;        // kernel variant (not an input dtype code): fp3
 // and descriptor setup serve twice the HGMMAs), 1 for fp32 (two warpgroups' buffers of 2 x 8 KB taps do not fit
 // beside the 160 KB tile).
 // dt below: the kernel variant, FF_F32 / FF_BF16 / FF_F16 or FB_X3.
+constexpr int fb_input_dt(int dt) { return dt == FB_X3 ? FF_F32 : dt; }   // the input's (and bias's) dtype code
 constexpr int fb_tps(int dt) { return dt == FF_F32 || dt == FB_X3 ? 1 : 2; }
 constexpr int fb_nbuf(int dt) { return dt == FF_F32 ? FB_NBUF32 : dt == FB_X3 ? FB_NBUFX3 : FB_NBUF16; }
 constexpr int fb_nwg(int dt) { return dt == FB_X3 ? 1 : 2; }   // warpgroups per block

@@ -129,11 +129,11 @@ class Launches:
         q.h2 = 1 if pb.dtype != abi.F32 and pb.activation == plan.ACT_GELU_ERF and pb.pool == plan.POOL_MEAN else 0
         self.grid, self.smem = q.G, wp.smem
         self.ws_cnt, self.ws_bytes = wp.ws_cnt_bytes, wp.ws_bytes
-        # K > 64: one launch per 64 channels, launch kb's (N, K_kb) block of the workspace's tmp copied into out's
-        # columns; offsets in bytes of the weights (one output channel's: C x R x S elements) and of the bias (both
-        # in the input's dtype)
+        # K > 64: one launch per 64 channels, launch kb's (N, K_kb) block of a tmp buffer copied into out's columns;
+        # offsets in bytes of the weights (one output channel's: C x R x S elements) and of the bias (both in the
+        # input's dtype)
         wrow = q.C * pb.R * pb.S * self.esize
-        self.nkb, self.tmp_off = wp.nkb, wp.ws_tmp_off
+        self.nkb = wp.nkb
         self.blocks: List[Tuple[bytes, int, int, int]] = []   # (template, first channel, channels, weight offset)
         for kb in range(wp.nkb):
             k0 = 64 * kb
@@ -214,16 +214,15 @@ class _Runner:
             l.fill(mine.values[0], *ptrs, tmap)
             self.kernel.launch(self.grid, 128, l.smem, mine)
             return
-        # K > 64: launch kb into its (N, K_kb) block of the workspace's tmp (zero, as the whole workspace: the atomic
-        # mean adds into it), the block into out's columns, then the block back to zero (the workspace's invariant),
-        # all in stream order
+        # K > 64: launch kb into its (N, K_kb) block of a tmp buffer of this call (zeroed for the atomic mean, which
+        # adds into it), then the block into out's columns, all in stream order
         n = l.pb.N
-        tmp = ws[l.tmp_off:l.tmp_off + n * l.nkb * 64 * l.osize].view(out.dtype)
+        atomic = l.pb.pool == plan.POOL_MEAN and not l.pb.deterministic
+        tmp = (torch.zeros if atomic else torch.empty)(n * l.nkb * 64, dtype=out.dtype, device=out.device)
         for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
             self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
             out.view(n, -1)[:, k0:k0 + kk].copy_(block)
-            block.zero_()
 
 
 def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:

@@ -266,7 +266,6 @@ class WGPlan:
     prm: abi.WGParams = field(default_factory=abi.WGParams)   # (prm.K: the first launch's channels, min(K, 64))
     smem: int = 0
     ws_cnt_bytes: int = 0
-    ws_tmp_off: int = 0
     ws_bytes: int = 0
 
 
@@ -481,9 +480,6 @@ def wg_plan_lm(pb: Problem, C: int, base: MmaPlan, lm: int, v: Vol, want_r2: boo
     p.J = (per + p.lines_img - 1) // p.lines_img + 1
     p.inv_pq = _f32(1.0 / (float(v.Dout) * float(p.P) * float(p.Q)))
     w.ws_cnt_bytes, w.ws_bytes = _reduce_workspace(pb, N, K, G * p.J)
-    w.ws_tmp_off = (w.ws_bytes + 255) // 256 * 256
-    if w.nkb > 1:
-        w.ws_bytes = w.ws_tmp_off + N * w.nkb * 64 * 4
     w.ok = True
     return w
 
