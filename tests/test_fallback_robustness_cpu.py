@@ -146,3 +146,12 @@ def test_peak_bytes_of_a_schedule():
     assert pipeline.peak_bytes([(0, 3), (3, 6)], True, 10) == 60
     assert pipeline.peak_bytes([(0, 3), (3, 5)], False, 10) == 30
     assert pipeline.peak_bytes([(0, 6)], True, 10) == 60
+
+
+def test_chunk_rows_are_the_tensor_itself_for_the_whole_batch():
+    """One chunk (small batches): the conv and the epilogue get the caller's tensors, not views (host time);
+    a chunk of a larger batch is the slice."""
+    t = torch.arange(12.0).view(4, 3)
+    assert pipeline.rows(t, 0, 4) is t
+    part = pipeline.rows(t, 1, 3)
+    assert part is not t and torch.equal(part, t[1:3]) and part.data_ptr() == t[1:].data_ptr()

@@ -95,14 +95,15 @@ def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode
     def conv(n0, n1):
         # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the
         # operands as the caller has them (where it is as fast, or without the frontend)
-        y = cudnn_conv.conv_forward(spec, x[n0:n1], weight, mode, deterministic, torch.float32 if f16 else None)
+        xs = pipeline.rows(x, n0, n1)
+        y = cudnn_conv.conv_forward(spec, xs, weight, mode, deterministic, torch.float32 if f16 else None)
         if y is None:
             with cudnn_settings(mode, deterministic):
-                y = _CONV[spec.dims](x[n0:n1], weight, None, spec.stride, spec.padding, spec.dilation)
+                y = _CONV[spec.dims](xs, weight, None, spec.stride, spec.padding, spec.dilation)
         return y
 
     def finish(y, n0, n1):
-        epilogue(spec, y, bias, out[n0:n1], f16_range=f16 and y.dtype == torch.float32)
+        epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16_range=f16 and y.dtype == torch.float32)
 
     per_image = k * math.prod(spec.output_spatial(tuple(x.shape[2:]))) * (4 if f16 else x.element_size())
     key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)

@@ -101,7 +101,7 @@ def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, 
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
     key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
     pipeline.run(x.device, key, n, per_image,
-                 lambda n0, n1: transposed_conv(spec, x[n0:n1], weight, mode, deterministic),
-                 lambda y, n0, n1: epilogue(spec, y, bias, out[n0:n1]))
+                 lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic),
+                 lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
     out = out.to(x.dtype)
     return out.unsqueeze(1) if spec.keepdim else out

@@ -49,6 +49,11 @@ def chunks(n: int, bytes_per_image: int, chunk_bytes: Optional[int] = None) -> L
     return [(bounds[i], bounds[i + 1]) for i in range(count) if bounds[i + 1] > bounds[i]]
 
 
+def rows(t: torch.Tensor, n0: int, n1: int) -> torch.Tensor:
+    """Images [n0, n1) of ``t``: ``t`` itself for the whole batch (the one-chunk case: no view op, host time)."""
+    return t if n0 == 0 and n1 == t.shape[0] else t[n0:n1]
+
+
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     streams = getattr(_local, "side_streams", None)
     if streams is None:
