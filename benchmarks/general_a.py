@@ -5,7 +5,8 @@ against float64) for one (input shape, conv, dtype, layout); the fused row recor
 Writes benchmarks/results/general_a_<commit>_<GPU>_<torch>_<CUDA>.json and prints a markdown table (ms, and fused /
 fallback).
 
-    python3 benchmarks/general_a.py [--out DIR] [--repeats N] [--quick] [--modes float32:auto float32:ieee ...] [--tag T]
+    python3 benchmarks/general_a.py [--out DIR] [--repeats N] [--quick]
+        [--modes float32:auto float32:ieee ...] [--tag T]
 
 """
 from __future__ import annotations
@@ -92,7 +93,8 @@ def table(results) -> str:
         cells, kernels = {v: [] for v in ("eager", "fallback", "fused", "ratio")}, []
         for layout in ("contiguous", "channels_last"):
             rows = {row["variant"]: row for row in by_layout[layout]["rows"]} if layout in by_layout else {}
-            ms = {v: rows[v]["median_ms"] if rows.get(v, {}).get("available") else None for v in ("eager", "fallback", "fused")}
+            ms = {v: rows[v]["median_ms"] if rows.get(v, {}).get("available") else None
+                  for v in ("eager", "fallback", "fused")}
             for v in ("eager", "fallback", "fused"):
                 cells[v].append(f"{ms[v]:.3f}" if ms[v] is not None else "-")
             ran = rows.get("fused", {}).get("ran", [None])[0] if rows.get("fused", {}).get("available") else None

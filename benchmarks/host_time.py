@@ -50,8 +50,9 @@ def host_us(fn, calls: int) -> float:
 
 def untouched_rest(calls: int) -> dict:
     """What the untouched rest of a model costs once a region is fused: seed A's region followed by a classifier head
-    (linear, relu, linear on its (64,) output) that matches nothing, at the tiny shape.  The head's host time is the whole model's
-    minus the region's alone, in the original (eager) and in the fused model (auto), each as an isolated call."""
+    (linear, relu, linear on its (64,) output) that matches nothing, at the tiny shape.  The head's host time is the
+    whole model's minus the region's alone, in the original (eager) and in the fused model (auto), each as an isolated
+    call."""
     region = seed_model("A").cuda().eval()
     model = torch.nn.Sequential(region, torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).cuda().eval()
     x = torch.randn(SHAPES["A"][0][1], device="cuda")

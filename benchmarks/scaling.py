@@ -13,7 +13,8 @@ from fullfuse.seed_models import seed_model
 
 FAMILY = sys.argv[1] if len(sys.argv) > 1 else "A"
 if FAMILY == "A":
-    SHAPES = [(n, 8, hw, hw) for n, hw in ((8, 256), (16, 256), (32, 256), (64, 256), (128, 256), (256, 256), (128, 362))]
+    SHAPES = [(n, 8, hw, hw)
+              for n, hw in ((8, 256), (16, 256), (32, 256), (64, 256), (128, 256), (256, 256), (128, 362))]
     SEED = (128, 8, 256, 256)
     work = lambda s: s[0] * (s[2] - 2) * (s[3] - 2)            # conv output positions per channel
 else:
@@ -35,8 +36,9 @@ for shape in SHAPES:
 x = torch.randn(SEED, device="cuda")
 m = paths["fused"]
 with torch.no_grad():
-    for layout, xin in (("contiguous", x), ("channels_last", x.contiguous(memory_format=torch.channels_last if FAMILY == "A"
-                                                                          else torch.channels_last_3d))):
+    for layout, xin in (("contiguous", x),
+                        ("channels_last", x.contiguous(memory_format=torch.channels_last if FAMILY == "A"
+                                                       else torch.channels_last_3d))):
         eager = time_cuda(lambda: m(xin), repeats=20)["median_ms"]
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

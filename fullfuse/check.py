@@ -54,9 +54,10 @@ def cases(family: str, quick: bool = False) -> List[Case]:
             _a("no activation, tiny image", (4, 2, 3, 3), 7, 3),
             _a("padding (1,2), W % 4 == 0", (2, 8, 20, 44), 32, 3, 1, (1, 2)),
             _a("C3 padding 3, W % 4 == 0", (1, 3, 10, 16), 8, 3, 1, 3),
-            # Conv3d: on sm_90 the fused kernel runs it as the Conv2d over (channel, depth tap) pairs — C 4 x depth 3 =
-            # two channel groups (the general op chain), C 2 x 3 one (the straight-line 3x3 kernel); depth stride,
-            # padding and dilation; C 8 x 3 = three groups, whose ring does not fit two blocks per SM (fallback)
+            # Conv3d: on sm_90 the fused kernel runs it as the Conv2d over (channel, depth tap) pairs —
+            # C 4 x depth 3 = two channel groups (the general op chain), C 2 x 3 one (the straight-line 3x3 kernel);
+            # depth stride, padding and dilation; C 8 x 3 = three groups, whose ring does not fit two blocks per SM
+            # (fallback)
             _a("conv3d", (2, 4, 9, 10, 11), 16, 3, 1, 1),
             _a("conv3d C2 k3 p1, depth stride 2 dilation 2, max", (2, 2, 11, 9, 13), 24, 3, (2, 1, 1), (2, 1, 1),
                (2, 1, 1), pool="max"),

@@ -52,7 +52,8 @@ def test_bench_conv_option_builds_that_conv():
     from fullfuse.cli import _shape
     from fullfuse.seed_models import seed_model
     conv = seed_model("A", 3, 2, _shape("128,7,2,3")).conv
-    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding) == (3, 128, (7, 7), (2, 2), (3, 3))
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding) == (
+        3, 128, (7, 7), (2, 2), (3, 3))
     conv = seed_model("A", 8, 2, (32, 1)).conv
     assert (conv.out_channels, conv.kernel_size, conv.stride, conv.padding) == (32, (1, 1), (1, 1), (0, 0))
     assert seed_model("A").conv.kernel_size == (3, 3) and seed_model("A").conv.out_channels == 64
@@ -63,7 +64,8 @@ def test_bench_conv_option_builds_that_conv():
 def test_bench_plot_titles_name_a_changed_conv(tmp_path):
     pytest.importorskip("matplotlib")   # the [bench] extra; without it the plot is skipped with a hint (tested below)
     from fullfuse.bench import plot
-    rows = [{"variant": "eager", "available": True, "median_ms": 1.0}, {"variant": "fused", "available": True, "median_ms": 0.5}]
+    rows = [{"variant": "eager", "available": True, "median_ms": 1.0},
+            {"variant": "fused", "available": True, "median_ms": 0.5}]
     base = {"shape": [2, 8, 32, 32], "dtype": "float32", "mode": "tf32", "layout": "contiguous", "rows": rows}
     plot([dict(base, family="A", conv="Conv2d(8, 128, kernel_size=(3, 3))"), dict(base, family="B", conv=None)],
          tmp_path / "bench.png")
@@ -157,7 +159,8 @@ def test_fused_path_raises_where_no_fused_kernel():
 
 
 def test_conv3d_plans_the_fused_kernel():
-    """A Conv3d region plans the fused kernel (checked again per input: it needs the sm_90 kernel and a ring that fits)."""
+    """A Conv3d region plans the fused kernel (checked again per input: it needs the sm_90 kernel and a ring that
+    fits)."""
     conv3d = nn.Sequential(nn.Conv3d(2, 4, 3), nn.GELU(), nn.AdaptiveAvgPool3d(1))
     plan = fullfuse.fused_model(conv3d, path="fused").plans[0]
     assert (plan.family, plan.path, plan.spec.dims) == ("A", "fused", 3)
@@ -171,7 +174,8 @@ def test_explicit_kernel_path_on_cpu_input_is_a_clear_error():
             fused(torch.randn(SMALL_SHAPE["A"]))
 
 
-@pytest.mark.parametrize("kwargs,reason", [({"groups": 2}, "groups"), ({"padding_mode": "reflect", "padding": 1}, "padding_mode")])
+@pytest.mark.parametrize("kwargs,reason", [({"groups": 2}, "groups"),
+                                           ({"padding_mode": "reflect", "padding": 1}, "padding_mode")])
 def test_unsupported_conv_parameters_run_torch_with_reason(kwargs, reason):
     torch.manual_seed(3)
     model = nn.Sequential(nn.Conv2d(4, 6, 3, **kwargs), nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval()

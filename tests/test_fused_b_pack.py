@@ -62,9 +62,11 @@ def _spec(**kw):
 
 @pytest.mark.parametrize("change,expect", [({}, None), ({"in_channels": 4}, None), ({"in_channels": 6}, "C_in % 4"),
                                            ({"in_channels": 68}, "C_in > 64"), ({"out_channels": 65}, "C_out > 64"),
-                                           ({"dilation": (1, 2, 1)}, "dilation"), ({"groups": 2, "out_channels": 64}, "groups"),
+                                           ({"dilation": (1, 2, 1)}, "dilation"),
+                                           ({"groups": 2, "out_channels": 64}, "groups"),
                                            ({"dims": 2, "kernel_size": (5, 5), "stride": (2, 2), "padding": (2, 2),
-                                             "output_padding": (0, 0), "dilation": (1, 1), "window": (6, 6)}, "ConvTranspose2d")])
+                                             "output_padding": (0, 0), "dilation": (1, 1), "window": (6, 6)},
+                                            "ConvTranspose2d")])
 def test_fused_b_static_reasons(change, expect):
     """Shapes the fused family-B kernel can never serve are refused up front with the reason (the fallback runs)."""
     from fullfuse.fused.convt_pool_reduce import static_unsupported

@@ -3,7 +3,8 @@ csrc/gelu_h2.cuh), emulated operation by operation in fp16 arithmetic on the CPU
 and 1.3 M random fp32 inputs against a float64 GELU.  MUFU.EX2.F16 is modelled as the exact power rounded toward zero,
 which is what the H200 returns (its results equal this emulation bit for bit on every fp16 input in [-20, 20],
 benchmarks/diag_gelu_h2.py), and, for the bound, also as rounded to nearest, each with and without a +-2^-9.9 relative
-error (PTX's documented bound).  The GPU tests run the kernel itself (test_gpu.py::test_fused_a_16bit_gelu_dense_sweep)."""
+error (PTX's documented bound).  The GPU tests run the kernel itself
+(test_gpu.py::test_fused_a_16bit_gelu_dense_sweep)."""
 import math
 import re
 from pathlib import Path

@@ -18,7 +18,8 @@ from fullfuse.precision import TOLERANCE, cudnn_conv_precision
 from fullfuse.seed_models import SeedA, SeedB
 
 pytestmark = pytest.mark.gpu
-SEED = int.from_bytes(os.urandom(4), "little") if "FULLFUSE_TEST_SEED" not in os.environ else int(os.environ["FULLFUSE_TEST_SEED"])
+SEED = (int.from_bytes(os.urandom(4), "little") if "FULLFUSE_TEST_SEED" not in os.environ
+        else int(os.environ["FULLFUSE_TEST_SEED"]))
 ALL_CASES = cases("A") + cases("B")
 
 
@@ -190,7 +191,8 @@ def test_fused_b_input_off_a_16_byte_boundary(channels_last):
     ((8, 64, 3), 132, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA, 10 ops per tile (straight-line)"),   # rows of 130
     ((8, 128, 3), 64, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA"),   # two launches of 64 channels
     ((8, 64, 3), 32, "tf32", "mma.sync kernel, TF32"),                   # rows of 30 pixels
-    ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48, W % 4 != 0: no TMA, one row per tile
+    ((8, 64, 3), 50, "tf32", "mma.sync kernel, TF32"),                   # rows of 48, W % 4 != 0: no TMA, one row
+                                                                         # per tile
     ((8, 64, 3), 66, "ieee", "mma.sync kernel, 3xTF32"),                 # ieee: rows of 64
     ((8, 64, 3), 68, "ieee", "sm_90 wgmma kernel, NCHW rows by"),       # ieee: rows of 66
     ((8, 64, 3, 2, 1), 256, "tf32", "sm_90 wgmma kernel, NCHW rows by TMA split into even / odd columns (stride 2)"),
@@ -220,7 +222,8 @@ def test_fused_a_small_channels_last_input_is_copied():
         want = copy.deepcopy(model).double()(x.double())
         fused = fullfuse.fused_model(model, path="fused", precision="ieee")
         got = fused(x.contiguous(memory_format=torch.channels_last))
-    assert fused.plans[0].last_path == "fused" and "contiguous copy" in fused.plans[0].last_reason, fused.plans[0].last_reason
+    assert (fused.plans[0].last_path == "fused"
+            and "contiguous copy" in fused.plans[0].last_reason), fused.plans[0].last_reason
     assert errors(got, want)["relerr"] <= TOLERANCE["ieee"]
 
 
@@ -280,7 +283,8 @@ def test_fast_gelu_dense_sweep_and_specials():
         ref = 0.5 * x64 * (1 + torch.erf(x64 / math.sqrt(2)))
         worst = max(worst, ((got - ref).abs() / x64.abs().clamp(min=1)).max().item())
     assert worst <= 1e-6, worst
-    specials = torch.tensor([float("-inf"), float("inf"), float("nan"), 3e38, -3e38, 1e-30], device="cuda").view(-1, 1, 1, 1)
+    specials = torch.tensor([float("-inf"), float("inf"), float("nan"), 3e38, -3e38, 1e-30],
+                            device="cuda").view(-1, 1, 1, 1)
     with torch.no_grad():
         got, want = fused(specials).view(-1), F.gelu(specials).view(-1)
     assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
@@ -295,9 +299,9 @@ def _tf32(t):   # drop the low 13 mantissa bits: exact in a TF32 MMA
 @pytest.mark.parametrize("pool", ["mean", "max"])
 def test_fused_a_gelu_dense_sweep(pool):
     """The fused A kernel's own GELU (the clamp-free form it takes while inputs and weights are bounded, wg_epi in
-    csrc/fused_conv_act_pool/wgmma_epilogue.cuh): a 1x1 conv of weight 1 over TF32-exact inputs is the identity, one value per image,
-    |err| <= 1e-6 * max(1, |x|) against float64 over a dense sweep plus large finite values up to the bound.  (One
-    channel per image is the same memory in either layout; test_fused_a_gelu_specials covers layouts.)"""
+    csrc/fused_conv_act_pool/wgmma_epilogue.cuh): a 1x1 conv of weight 1 over TF32-exact inputs is the identity, one
+    value per image, |err| <= 1e-6 * max(1, |x|) against float64 over a dense sweep plus large finite values up to the
+    bound.  (One channel per image is the same memory in either layout; test_fused_a_gelu_specials covers layouts.)"""
     conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
     with torch.no_grad():
         conv.weight.fill_(1.0)
@@ -308,7 +312,8 @@ def test_fused_a_gelu_dense_sweep(pool):
     x = _tf32(x).view(-1, 1, 1, 1)
     # rows of 128 columns (rows of <= 56 take the mma.sync kernel): max over 128 copies of the value, or the mean of
     # the value and 127 of -1e4 (GELU -0 in the kernel too), times 128 — exact, so the sweep sees each GELU value
-    wide = x.expand(-1, 1, 1, 128) if pool == "max" else torch.cat([x, torch.full_like(x, -1e4).expand(-1, 1, 1, 127)], 3)
+    wide = (x.expand(-1, 1, 1, 128) if pool == "max"
+            else torch.cat([x, torch.full_like(x, -1e4).expand(-1, 1, 1, 127)], 3))
     with torch.no_grad():
         got = fused(wide.contiguous()).view(-1).double() * (1 if pool == "max" else 128)
     x64 = x.view(-1).double()
@@ -485,7 +490,8 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
     slots of 128 + halo columns, docs/design.md)."""
     xs, k_out, kernel, stride, padding, dilation = shape
     if mode == "ieee" and xs in _CONV3D_IEEE_REFUSED:
-        model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), nn.AdaptiveAvgPool3d(1))
+        model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(),
+                              nn.AdaptiveAvgPool3d(1))
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM|shared memory"):
             fullfuse.fused_model(model.cuda().eval(), path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
         return
@@ -539,8 +545,10 @@ def test_fused_a_more_than_64_output_channels(shape, mode, channels_last, pool, 
                              deterministic, kernel="sm_90 wgmma kernel")
 
 
-_STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation, modes): stride-2 columns, rows of > 64 output pixels
-    ((2, 8, 12, 264), 40, 3, 2, 1, 1, "all"),           # two segments of 128 output pixels (the second of 4), row stride 2
+_STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation, modes): stride-2 columns, rows of > 64
+    # output pixels
+    ((2, 8, 12, 264), 40, 3, 2, 1, 1, "all"),           # two segments of 128 output pixels (the second of 4), row
+                                                        # stride 2
     ((2, 8, 9, 136), 16, 3, (1, 2), 1, 1, "all"),       # row stride 1
     ((1, 8, 10, 240), 24, 3, 2, 2, (1, 2), "all"),      # column dilation 2: every tap in the even columns
     # 5 channels (channels_last: read through an NCHW copy), an even filter width, two launches of 64 channels; ieee's
@@ -558,7 +566,8 @@ def test_fused_a_stride_2_columns(shape, mode, channels_last, pool, deterministi
     reason)."""
     xs, k_out, kernel, stride, padding, dilation, modes = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
-    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(),
+                          pool_layer).cuda().eval()
     if mode == "ieee" and modes == "no ieee":
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM|K units"):
             fullfuse.fused_model(model, path="fused", precision="ieee")(torch.randn(xs, device="cuda"))
@@ -598,12 +607,13 @@ def _issue(line_layouts, channels_last):
     return "straight-line" if ("CL" if channels_last else "NCHW") in line_layouts else "general chain"
 
 
-_GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops per tile, layouts whose kernel issues them
-    # straight-line): 16-bit, > 8 input channels.  10 ops through TMA rows or NCHW's 16-byte copies (NCHW: W % 8 == 0;
-    # channels_last: C % 8 == 0), one row per tile, stride-1 columns: a straight-line kernel (wg_ops_c16); everything else
-    # the general chain
+_GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops per tile, layouts whose kernel
+    # issues them straight-line): 16-bit, > 8 input channels.  10 ops through TMA rows or NCHW's 16-byte copies (NCHW:
+    # W % 8 == 0; channels_last: C % 8 == 0), one row per tile, stride-1 columns: a straight-line kernel (wg_ops_c16);
+    # everything else the general chain
     ((2, 16, 10, 70), 64, 3, 1, 1, 1, 10, ("CL",)),     # 2 groups: 9 paired ops + the bias op
-    ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18, ()),           # 3: a pair and a lone group per tap, the bias in a lone op's spare chunk
+    ((2, 24, 9, 66), 48, 3, 1, 0, 1, 18, ()),           # 3: a pair and a lone group per tap, the bias in a lone
+                                                        # op's spare chunk
     ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18, ()),          # 128-pixel rows (channels_last: 3 blocks per SM)
     ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10, ()),           # 12 channels: the second group half empty (rows per element)
     ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6, ()),  # a 1x5 row filter: 5 paired ops + the bias op
@@ -621,7 +631,8 @@ _GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("mode", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", _GROUP_PAIRS, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}-k{s[2]}-s{s[3]}-d{s[5]}")
+@pytest.mark.parametrize("shape", _GROUP_PAIRS,
+                         ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}-k{s[2]}-s{s[3]}-d{s[5]}")
 def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, deterministic, pool):
     """16-bit input over more than 8 channels: each k16 op takes two channel groups of one tap (its second K chunk the
     next group's plane), so a 3x3 over 16 channels is 10 ops, not 18 (wg_plan_lm in csrc/fused_conv_act_pool.cu),
@@ -629,7 +640,8 @@ def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, determini
     general chain) named in `.plans`."""
     xs, k_out, kernel, stride, padding, dilation, nops, line = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
-    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(), pool_layer).cuda().eval()
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(),
+                          pool_layer).cuda().eval()
     if stride == 2 and not channels_last:   # TNCHW's staging + the ring: one block per SM (tests/test_plan_cpu.py)
         dtype = getattr(torch, mode)
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM"):
@@ -654,9 +666,9 @@ _TF32_C16 = [   # (input shape, C_out, kernel, padding, layouts whose kernel iss
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("shape", _TF32_C16, ids=lambda s: f"{'x'.join(map(str, s[0]))}-K{s[1]}")
 def test_fused_a_tf32_3x3_over_16_channels(shape, channels_last, deterministic, pool):
-    """TF32, 3x3 over 9..16 input channels: 19 ops per tile, straight-line through TMA rows or NCHW's 16-byte copies, the
-    general chain otherwise (rows per element), against float64 in both layouts, pools and reduction modes, with the
-    issue named in `.plans`."""
+    """TF32, 3x3 over 9..16 input channels: 19 ops per tile, straight-line through TMA rows or NCHW's 16-byte copies,
+    the general chain otherwise (rows per element), against float64 in both layouts, pools and reduction modes, with
+    the issue named in `.plans`."""
     xs, k_out, kernel, padding, line = shape
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, padding=padding), nn.GELU(), pool_layer).cuda().eval()

@@ -43,8 +43,8 @@ CASES = [
      "channels_last rows by TMA, 18 ops per tile (general chain), 3 blocks per SM", None),
     ("bf16 3x3 C24 NCHW", (32, 24, 128, 128), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
      "18 ops per tile (general chain), 2 blocks per SM", None),
-    # 32 channels: ring slots of 256 + halo columns leave one block per SM (docs/design.md); rows of <= 128 output pixels
-    # size them for 128 + halo (docs/design.md): two
+    # 32 channels: ring slots of 256 + halo columns leave one block per SM (docs/design.md); rows of <= 128 output
+    # pixels size them for 128 + halo (docs/design.md): two
     ("bf16 3x3 C32 at 128-pixel rows", (32, 32, 128, 128), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",
      "NCHW rows by 16-byte copies, 19 ops per tile (general chain), 2 blocks per SM", None),
     ("bf16 3x3 C32 at 256-pixel rows: fallback", (32, 32, 256, 256), "bfloat16", False, (64, 3, 1, 1, 1, 1), "auto",

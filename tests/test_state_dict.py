@@ -14,7 +14,8 @@ from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
 
 
 class Wrapper(nn.Module):
-    """Layers with parameters and buffers around a family-A region (the README's model.head = fused_model(model.head))."""
+    """Layers with parameters and buffers around a family-A region (the README's model.head =
+    fused_model(model.head))."""
 
     def __init__(self):
         super().__init__()
@@ -116,9 +117,11 @@ def test_missing_and_unexpected_keys_use_original_names():
 def test_internal_names_still_load():
     """a state dict with the fused model's internal names (as fullfuse wrote them before) loads as well"""
     fused = _fused(SeedA().eval())
-    internal = {"graph_module.fullfuse_region_0.conv." + k: torch.randn_like(v) for k, v in SeedA().conv.state_dict().items()}
+    internal = {"graph_module.fullfuse_region_0.conv." + k: torch.randn_like(v)
+                for k, v in SeedA().conv.state_dict().items()}
     fused.load_state_dict(internal)
-    assert torch.equal(fused.graph_module.fullfuse_region_0.conv.bias, internal["graph_module.fullfuse_region_0.conv.bias"])
+    assert torch.equal(fused.graph_module.fullfuse_region_0.conv.bias,
+                       internal["graph_module.fullfuse_region_0.conv.bias"])
 
 
 def test_names_survive_pickle_and_deepcopy():
