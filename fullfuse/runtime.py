@@ -250,13 +250,19 @@ class DeviceBuffer:
     """``size`` bytes of device memory from the driver's stream-ordered allocator (cuMemAllocAsync on ``stream`` of
     device ``device``), freed on that stream when dropped.  Outside torch's caching allocator on purpose: memory kept
     across calls must not be taken from a CUDA-graph pool that torch routes allocations to (torch.compile's cudagraph
-    warm-up runs eagerly with its pool active, and a live allocation it does not own fails its checks)."""
+    warm-up runs eagerly with its pool active, and a live allocation it does not own fails its checks).  Where the
+    device has no memory pools (some virtualised GPUs) it is cuMemAlloc's, and cuMemFree waits for the device's work
+    before it frees."""
 
     def __init__(self, device: int, size: int, stream: int):
         drv = _driver()
         self.device, self.size, self.stream = device, size, stream
         self._ctx = _primary_context(device)
-        self.ptr = int(_check(_in_context(self._ctx, drv.cuMemAllocAsync, size, stream), "cuMemAllocAsync"))
+        err, ptr = _in_context(self._ctx, drv.cuMemAllocAsync, size, stream)
+        self._ordered = int(err) == 0
+        if not self._ordered:
+            ptr = _check(_in_context(self._ctx, drv.cuMemAlloc, size), "cuMemAlloc")
+        self.ptr = int(ptr)
 
     def data_ptr(self) -> int:
         return self.ptr
@@ -270,7 +276,10 @@ class DeviceBuffer:
 
     def __del__(self):
         try:   # (at interpreter exit the driver may be gone; a destroyed stream: the memory stays with the process)
-            _in_context(self._ctx, _driver().cuMemFreeAsync, self.ptr, self.stream)
+            if self._ordered:
+                _in_context(self._ctx, _driver().cuMemFreeAsync, self.ptr, self.stream)
+            else:
+                _in_context(self._ctx, _driver().cuMemFree, self.ptr)
         except Exception:
             pass
 

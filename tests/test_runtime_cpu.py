@@ -1,6 +1,6 @@
-"""fullfuse.runtime's context handling on CPU (the driver calls faked): a driver call runs with the device's primary
-context current and leaves the thread's own current afterwards — torch's current device never changes, a thread
-with no context gets none left behind, and an error restores it too."""
+"""fullfuse.runtime's context handling and device buffers on CPU (the driver calls faked): a driver call runs with the
+device's primary context current and leaves the thread's own current afterwards — torch's current device never
+changes, a thread with no context gets none left behind, and an error restores it too."""
 import pytest
 
 from fullfuse import runtime
@@ -49,3 +49,43 @@ def test_error_restores_the_thread_s_context(contexts):
     with pytest.raises(RuntimeError, match="driver error"):
         runtime._in_context(7, fail)
     assert fake.current == 3
+
+
+class _FakeDriver:
+    """cuMemAlloc(Async) / cuMemFree(Async) recorded; pools=False: the device has no memory pools."""
+
+    def __init__(self, pools: bool):
+        self.pools, self.calls = pools, []
+
+    def cuMemAllocAsync(self, size, stream):
+        self.calls.append(("alloc_async", size, stream))
+        return (0, 0x1000) if self.pools else (801, None)
+
+    def cuMemAlloc(self, size):
+        self.calls.append(("alloc", size))
+        return 0, 0x2000
+
+    def cuMemFreeAsync(self, ptr, stream):
+        self.calls.append(("free_async", ptr, stream))
+        return (0,)
+
+    def cuMemFree(self, ptr):
+        self.calls.append(("free", ptr))
+        return (0,)
+
+
+@pytest.mark.parametrize("pools", [True, False], ids=["memory-pools", "no-pools"])
+def test_device_buffer_stream_ordered_where_the_device_has_pools(monkeypatch, pools):
+    """Kept workspaces come from cuMemAllocAsync on their stream and go back on it; a device without memory pools
+    (some virtualised GPUs: CUDA_ERROR_NOT_SUPPORTED) gets cuMemAlloc / cuMemFree instead, never an error."""
+    fake = _FakeDriver(pools)
+    monkeypatch.setattr(runtime, "_driver", lambda: fake)
+    monkeypatch.setattr(runtime, "_primary_context", lambda device: "ctx")
+    monkeypatch.setattr(runtime, "_in_context", lambda ctx, fn, *args: fn(*args))
+    buf = runtime.DeviceBuffer(0, 4096, 77)
+    assert buf.numel() == 4096 and buf.data_ptr() == (0x1000 if pools else 0x2000)
+    del buf
+    if pools:
+        assert fake.calls == [("alloc_async", 4096, 77), ("free_async", 0x1000, 77)]
+    else:
+        assert fake.calls == [("alloc_async", 4096, 77), ("alloc", 4096), ("free", 0x2000)]
