@@ -1,0 +1,131 @@
+"""Where a fused call's host time goes, and the kernels one seed call runs (docs/design.md 3.6).
+
+Part 1, host time of each piece of the fused per-call path at seed A's tiny shape, isolated (the GPU idle before each
+call, median of 300) and back to back (best of 5 rounds of 2000): the whole fused model, the region, the dispatcher,
+the prepared runner (with its launch, and with the launch replaced by nothing), the kept-buffer lookup, torch.empty,
+the capture and stream queries, Kernel.launch and cuLaunchKernel itself, one eager op and the eager model.
+
+Part 2, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
+the span of one call from its first kernel's start to its last kernel's end.
+
+Usage: python3 benchmarks/probes/host_pieces.py   (a CUDA GPU)
+"""
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import fullfuse
+from fullfuse import dispatch, launch, runtime, workspace
+from fullfuse.seed_models import SEED_SHAPE, SeedA, SeedB, seed_model
+
+
+def isolated_us(fn, calls=300):
+    fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
+def back_to_back_us(fn, calls=2000):
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def host_pieces() -> None:
+    x = torch.randn(1, 8, 16, 16, device="cuda")
+    model = SeedA().cuda().eval()
+    fused = fullfuse.fused_model(model, path="fused")
+    region = fused.graph_module._modules["fullfuse_region_0"]
+    weight, bias, spec = model.conv.weight, model.conv.bias, region.plan.spec
+    pieces = {
+        "fused_model(x)": lambda: fused(x),
+        "region(x)": lambda: region(x),
+        "dispatch.run": lambda: dispatch.run(spec, x, weight, bias, "fused", "auto", True),
+        "torch.empty(1, 64, 1, 1)": lambda: torch.empty(1, 64, 1, 1, device="cuda"),
+        "workspace.buffer": lambda: workspace.buffer(0, 4096),
+        "launch.capturing_index": lambda: launch.capturing_index(0),
+        "launch.stream_of": lambda: launch.stream_of(0),
+        "eager F.gelu (64 floats)": lambda: torch.nn.functional.gelu(x),
+        "eager model": lambda: model(x),
+    }
+    with torch.no_grad():
+        fused(x)
+        runner = dispatch._calls[dispatch._signature(spec, "fused", "auto", "tf32", True, x, weight, bias)][2]
+        pieces["runner"] = lambda: runner(x, weight, bias)
+        seen = {}
+        launch_fn = runtime.Kernel.launch
+
+        def spy(kernel, grid, block, smem, args, stream=None):
+            seen.update(kernel=kernel, grid=grid, smem=smem, args=args)
+            return launch_fn(kernel, grid, block, smem, args, stream)
+
+        runtime.Kernel.launch = spy
+        try:
+            runner(x, weight, bias)
+        finally:
+            runtime.Kernel.launch = launch_fn
+        kernel, args, smem = seen["kernel"], seen["args"], seen["smem"]
+        grid = seen["grid"] if isinstance(seen["grid"], tuple) else (seen["grid"], 1, 1)
+        stream = launch.stream_of(0)
+        pieces["Kernel.launch"] = lambda: kernel.launch(seen["grid"], 128, smem, args)
+        pieces["cuLaunchKernel"] = lambda: kernel._launch(kernel._fn, *grid, 128, 1, 1, smem, stream, args.address, 0)
+        rows = {name: (isolated_us(fn), back_to_back_us(fn)) for name, fn in pieces.items()}
+        runtime.Kernel.launch = lambda *a, **k: None
+        try:
+            rows["runner, launch replaced by nothing"] = (isolated_us(pieces["runner"]),
+                                                          back_to_back_us(pieces["runner"]))
+        finally:
+            runtime.Kernel.launch = launch_fn
+        xb = torch.randn(1, 32, 4, 4, 4, device="cuda")
+        fused_b = fullfuse.fused_model(SeedB().cuda().eval(), path="fused")
+        rows["B fused_model(x), (1, 32, 4, 4, 4)"] = (isolated_us(lambda: fused_b(xb)),
+                                                      back_to_back_us(lambda: fused_b(xb)))
+    print(f"{'piece (µs)':40s} {'isolated':>9s} {'back to back':>13s}")
+    for name, (iso, b2b) in rows.items():
+        print(f"{name:40s} {iso:9.2f} {b2b:13.2f}", flush=True)
+
+
+def seed_kernels() -> None:
+    for family in ("A", "B"):
+        for dtype in (torch.float32, torch.bfloat16):
+            model = seed_model(family).cuda().eval().to(dtype)
+            x = torch.randn(SEED_SHAPE[family], device="cuda", dtype=dtype)
+            fused = fullfuse.fused_model(model, path="fused")
+            with torch.no_grad():
+                for _ in range(3):
+                    fused(x)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        fused(x)
+                    torch.cuda.synchronize()
+            events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            per_call = len(events) // 5
+            print(f"{family} {dtype}: {per_call} kernel(s) per call")
+            by_name = {}
+            for e in events:
+                by_name.setdefault(e.name[:60], []).append(e.device_time_total)
+            for name, times in by_name.items():
+                print(f"  {name:60s} median {statistics.median(times):8.1f} µs")
+            last = sorted((e.time_range.start, e.time_range.end) for e in events)[-per_call:]
+            print(f"  one call: first kernel start -> last kernel end {last[-1][1] - last[0][0]:.1f} µs")
+
+
+if __name__ == "__main__":
+    host_pieces()
+    seed_kernels()
