@@ -24,7 +24,7 @@ import torch
 
 import fullfuse
 from fullfuse.first_call import per_call_ms
-from fullfuse.measure import environment, result_stem
+from fullfuse.measure import environment, isolated_host_us, result_stem
 from fullfuse.seed_models import SEED_SHAPE, seed_model
 
 SHAPES = {"A": [("tiny", (1, 8, 16, 16)), ("small", (4, 8, 64, 64)), ("seed", SEED_SHAPE["A"])],
@@ -33,19 +33,6 @@ SHAPES = {"A": [("tiny", (1, 8, 16, 16)), ("small", (4, 8, 64, 64)), ("seed", SE
 
 def per_call_us(fn, calls: int) -> float:
     return 1e3 * per_call_ms(fn, torch.device("cuda"), rounds=5, calls=calls)
-
-
-def host_us(fn, calls: int) -> float:
-    """Median host time of one call started with the GPU idle (the synchronisation before each call is not timed)."""
-    fn()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return 1e6 * statistics.median(times)
 
 
 def untouched_rest(calls: int) -> dict:
@@ -59,8 +46,8 @@ def untouched_rest(calls: int) -> dict:
     x = torch.randn(SHAPES["A"][0][1], device="cuda")
     fused_model = fullfuse.fused_model(model)
     row = {"family": "A", "size": "tiny + head", "shape": list(x.shape)}
-    row["eager_host_us"] = host_us(lambda: model(x), calls)
-    row["auto_host_us"] = host_us(lambda: fused_model(x), calls)
+    row["eager_host_us"] = isolated_host_us(lambda: model(x), calls)
+    row["auto_host_us"] = isolated_host_us(lambda: fused_model(x), calls)
     row["auto_ran"] = fused_model.plans[0].last_path
     pooled = region.pool(region.act(region.conv(x)))
     region.forward = lambda _x: pooled.squeeze()
@@ -88,19 +75,19 @@ def main() -> int:
     rows = []
     with torch.inference_mode():
         eager_op = per_call_us(lambda: torch.nn.functional.gelu(one), 500)
-        eager_op_host = host_us(lambda: torch.nn.functional.gelu(one), 500)
+        eager_op_host = isolated_host_us(lambda: torch.nn.functional.gelu(one), 500)
         for family, shapes in SHAPES.items():
             model = seed_model(family).cuda().eval()
             for size, shape in shapes:
                 x = torch.randn(shape, device="cuda")
                 calls = 20 if size == "seed" else 300
                 row = {"family": family, "size": size, "shape": list(shape)}
-                row["eager_host_us"] = host_us(lambda: model(x), calls)
+                row["eager_host_us"] = isolated_host_us(lambda: model(x), calls)
                 row["eager_us"] = per_call_us(lambda: model(x), calls)
                 for path in ("fused", "fallback", "auto"):
                     fused = fullfuse.fused_model(model, path=path)
                     try:
-                        row[f"{path}_host_us"] = host_us(lambda: fused(x), calls)
+                        row[f"{path}_host_us"] = isolated_host_us(lambda: fused(x), calls)
                         row[f"{path}_us"] = per_call_us(lambda: fused(x), calls)
                     except fullfuse.UnsupportedError as exc:
                         row[f"{path}_us"] = None

@@ -78,6 +78,20 @@ def time_cuda(fn: Callable[[], object], repeats: int = 30, warmup: int = 3, flus
     return result
 
 
+def isolated_host_us(fn: Callable[[], object], calls: int) -> float:
+    """Median host time in µs of one call of ``fn`` started with the GPU idle (the synchronisation before each call
+    is not timed): what a call costs the host — Python, allocations, the driver's enqueue of each kernel."""
+    fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
 def peak_extra_memory(fn: Callable[[], object]) -> int:
     """Bytes allocated by one call of ``fn`` above what was allocated before it (output included)."""
     torch.cuda.synchronize()

@@ -18,19 +18,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import fullfuse
 from fullfuse import dispatch, launch, runtime, workspace
+from fullfuse.measure import isolated_host_us
 from fullfuse.seed_models import SEED_SHAPE, SeedA, SeedB, seed_model
-
-
-def isolated_us(fn, calls=300):
-    fn()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return 1e6 * statistics.median(times)
 
 
 def back_to_back_us(fn, calls=2000):
@@ -84,16 +73,16 @@ def host_pieces() -> None:
         stream = launch.stream_of(0)
         pieces["Kernel.launch"] = lambda: kernel.launch(seen["grid"], 128, smem, args)
         pieces["cuLaunchKernel"] = lambda: kernel._launch(kernel._fn, *grid, 128, 1, 1, smem, stream, args.address, 0)
-        rows = {name: (isolated_us(fn), back_to_back_us(fn)) for name, fn in pieces.items()}
+        rows = {name: (isolated_host_us(fn, 300), back_to_back_us(fn)) for name, fn in pieces.items()}
         runtime.Kernel.launch = lambda *a, **k: None
         try:
-            rows["runner, launch replaced by nothing"] = (isolated_us(pieces["runner"]),
+            rows["runner, launch replaced by nothing"] = (isolated_host_us(pieces["runner"], 300),
                                                           back_to_back_us(pieces["runner"]))
         finally:
             runtime.Kernel.launch = launch_fn
         xb = torch.randn(1, 32, 4, 4, 4, device="cuda")
         fused_b = fullfuse.fused_model(SeedB().cuda().eval(), path="fused")
-        rows["B fused_model(x), (1, 32, 4, 4, 4)"] = (isolated_us(lambda: fused_b(xb)),
+        rows["B fused_model(x), (1, 32, 4, 4, 4)"] = (isolated_host_us(lambda: fused_b(xb), 300),
                                                       back_to_back_us(lambda: fused_b(xb)))
     print(f"{'piece (µs)':40s} {'isolated':>9s} {'back to back':>13s}")
     for name, (iso, b2b) in rows.items():
