@@ -9,7 +9,8 @@ from . import ops
 from .errors import BuildError, FullfuseError, TraceError, UnsupportedError
 from .model import FusedModel, fused_model
 from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+from .workspace import release as empty_cache
 
 __version__ = "0.1.0"
-__all__ = ["fused_model", "FusedModel", "ops", "ConvActPoolSpec", "ConvTPoolReduceSpec", "FullfuseError",
-           "UnsupportedError", "TraceError", "BuildError", "__version__"]
+__all__ = ["fused_model", "FusedModel", "ops", "empty_cache", "ConvActPoolSpec", "ConvTPoolReduceSpec",
+           "FullfuseError", "UnsupportedError", "TraceError", "BuildError", "__version__"]

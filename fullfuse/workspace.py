@@ -82,6 +82,9 @@ def buffers(index: int, wanted) -> list:
 
 
 def release() -> None:
-    """Drop the kept buffers (this thread's scratch, every stream's zeroed ones): memory back to torch's allocator."""
+    """Free the buffers kept across calls: every stream's zeroed buffer and this thread's scratch buffers (other
+    threads' go with them).  Public as ``fullfuse.empty_cache()``, for memory between phases of a program; the next
+    call makes its buffers again.  Safe while calls are in flight: a buffer a call still holds is freed when that call
+    drops it, on its stream, after the work enqueued there."""
     _zeroed.clear()
     getattr(_scratch, "buffers", {}).clear()
