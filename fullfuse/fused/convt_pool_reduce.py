@@ -220,7 +220,12 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if ws is not None:
             prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
-        # a programmatic dependency on the packing kernel: its input tile and step list overlap the packing
-        fused.launch_dependent(grid, threads, smem, args)
+        # a programmatic dependency on the packing kernel just launched: its input tile and step list overlap the
+        # packing.  Only there: the kernel reads x before griddepcontrol.wait, so the kernel before it must not be
+        # the one that wrote x.
+        if packer.grid is None:
+            fused.launch(grid, threads, smem, args)
+        else:
+            fused.launch_dependent(grid, threads, smem, args)
         return out
     return run
