@@ -93,14 +93,18 @@ def isolated_host_us(fn: Callable[[], object], calls: int) -> float:
 
 
 def peak_extra_memory(fn: Callable[[], object]) -> int:
-    """Bytes allocated by one call of ``fn`` above what was allocated before it (output included)."""
+    """Bytes allocated by one call of ``fn`` above what was allocated before it (output included), plus the
+    workspaces fullfuse keeps across calls for it (outside torch's allocator: fullfuse.workspace.kept_bytes), which
+    are freed first so that the call makes its own."""
+    from . import workspace
     torch.cuda.synchronize()
+    workspace.release()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     result = fn()
     torch.cuda.synchronize()
     del result
-    return torch.cuda.max_memory_allocated() - base
+    return torch.cuda.max_memory_allocated() - base + workspace.kept_bytes()
 
 
 def git_commit() -> str:

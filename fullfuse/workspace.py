@@ -81,6 +81,13 @@ def buffers(index: int, wanted) -> list:
     return got
 
 
+def kept_bytes() -> int:
+    """Bytes of the buffers kept across calls: every stream's zeroed buffer and this thread's scratch buffers (device
+    memory outside torch's allocator, which torch.cuda.memory_allocated does not count)."""
+    scratch = getattr(_scratch, "buffers", {})
+    return sum(buf.numel() for buf in list(_zeroed.values()) + list(scratch.values()))
+
+
 def release() -> None:
     """Free the buffers kept across calls: every stream's zeroed buffer and this thread's scratch buffers (other
     threads' go with them).  Public as ``fullfuse.empty_cache()``, for memory between phases of a program; the next

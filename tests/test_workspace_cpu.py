@@ -87,3 +87,15 @@ def test_release_drops_kept_buffers(fake_gpu):
     a, b = workspace.buffer(0, 64), workspace.buffer(0, 64, workspace.PACKED)
     fullfuse.empty_cache()
     assert workspace.buffer(0, 64) is not a and workspace.buffer(0, 64, workspace.PACKED) is not b
+
+
+def test_kept_bytes_counts_what_is_kept(fake_gpu):
+    """The memory the kept buffers hold (outside torch's allocator, so the benchmarks add it to a call's extra
+    memory): every stream's zeroed buffer and this thread's scratch buffers; nothing after empty_cache."""
+    workspace.buffer(0, 1000)
+    fake_gpu["stream"] = 8
+    workspace.buffer(0, 500)
+    workspace.buffer(0, 300, workspace.PACKED)
+    assert workspace.kept_bytes() == 1800
+    workspace.release()
+    assert workspace.kept_bytes() == 0
