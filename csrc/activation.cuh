@@ -192,4 +192,12 @@ template <int DT> __device__ __forceinline__ float ff_elem_f(const void* x, long
   return __half2float(reinterpret_cast<const __half*>(x)[i]);
 }
 
+// out[i] = v stored as dtype code DT, rounded to nearest for bf16 / fp16 (as torch's float -> 16-bit conversion).
+template <int DT> __device__ __forceinline__ void ff_store_f(void* out, long long i, float v) {
+  static_assert(DT == FF_F32 || DT == FF_BF16 || DT == FF_F16, "an output dtype code (codes.h), not a kernel variant");
+  if constexpr (DT == FF_F32) static_cast<float*>(out)[i] = v;
+  else if constexpr (DT == FF_BF16) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  else static_cast<__half*>(out)[i] = __float2half_rn(v);
+}
+
 __host__ __device__ inline long long ff_ceil_div(long long a, long long b) { return (a + b - 1) / b; }

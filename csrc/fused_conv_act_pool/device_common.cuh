@@ -19,14 +19,6 @@ __device__ __forceinline__ uint32_t f2tf32(float f) {
   return r;
 }
 
-// out[i] = v in the call's output dtype DT (bf16 / fp16 rounded to nearest, as torch's float -> 16-bit conversion),
-// for the writes of whole values (deterministic mean, max); the non-deterministic mean's float atomics add into a
-// float32 out, which the host converts.
-template <int DT> __device__ __forceinline__ void store_out(float* out, long long i, float v) {
-  if (DT == FF_F32) out[i] = v;
-  else if (DT == FF_BF16) reinterpret_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
-  else reinterpret_cast<__half*>(out)[i] = __float2half_rn(v);
-}
 template <int DT> __device__ __forceinline__ uint16_t load_elem_h(const void* x, long long i) {
   return __ldg(reinterpret_cast<const unsigned short*>(x) + i);
 }

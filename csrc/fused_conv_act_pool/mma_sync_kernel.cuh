@@ -448,10 +448,10 @@ fused_conv_act_pool_kernel(const FAParams p) {
       const float* src = p.ws_part + ((n * p.nksl + ks) * nitems) * 64 + kl;
       float s = 0.0f;
       for (int i = 0; i < nitems; ++i) s += __ldcg(src + (size_t)i * 64);
-      store_out<DT>(p.out, n * p.K + k, s * p.inv_pq);
+      ff_store_f<DT>(p.out, n * p.K + k, s * p.inv_pq);
     } else {
       unsigned* a = p.ws_max + n * p.K + k;
-      store_out<DT>(p.out, n * p.K + k, dec_max(__ldcg(a)));
+      ff_store_f<DT>(p.out, n * p.K + k, dec_max(__ldcg(a)));
       *a = 0u;
     }
   }

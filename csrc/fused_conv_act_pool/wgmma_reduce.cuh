@@ -57,7 +57,8 @@ __device__ __forceinline__ long long wg_block_of(const WGParams& p, long long l)
 // Blocks that hold lines of image n (wg_block_of its first and last line), and the work of the last of them to
 // flush the image in the deterministic-mean and max modes: out[n, :] from the per-block partials summed in block order
 // (mean) or from the ordered-uint maxima, which it re-zeroes with the image's arrival counter (threads t of nthr),
-// written in the output dtype DT (store_out).
+// written in the output dtype DT (ff_store_f; the non-deterministic mean's float atomics add into a float32 out,
+// which the host converts).
 // POOL: the pool code when the caller has it at compile time, -1 to read p.pool.
 __device__ __forceinline__ void wg_image_blocks(const WGParams& p, long long n, long long& blo, long long& bhi) {
   const long long la = n * p.lines_img, lb = la + p.lines_img - 1;
@@ -96,12 +97,12 @@ __device__ __noinline__ void wg_finish_image(const WGParams& p, long long n, lon
       }
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if (slice == 0 && k < p.K) store_out<DT>(p.out, n * p.K + k, s * p.inv_pq);
+      if (slice == 0 && k < p.K) ff_store_f<DT>(p.out, n * p.K + k, s * p.inv_pq);
     }
   } else {
     for (int k = t; k < p.K; k += nthr) {
       unsigned* a = p.ws_max + n * p.K + k;
-      store_out<DT>(p.out, n * p.K + k, dec_max(__ldcg(a)));
+      ff_store_f<DT>(p.out, n * p.K + k, dec_max(__ldcg(a)));
       *a = 0u;
     }
   }

@@ -13,7 +13,6 @@ __device__ __forceinline__ void fb_channel_reduce(const FBParams& p, unsigned* w
                                                   int Pd, int Ph, int nwh, int od0, int oh0, int pw0, int npw,
                                                   int& s_last) {
   constexpr int NTHR = 128 * fb_nwg(DT);
-  constexpr int ES = DT == FF_F32 || DT == FB_X3 ? 4 : 2;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // A piece of a tail part: its window maxima into the part's (global workspace); the last piece reduces the part's
   // maxima straight from there (gm_part), then zeroes them for the next launch once every warp has read them.  (Not
@@ -75,9 +74,7 @@ __device__ __forceinline__ void fb_channel_reduce(const FBParams& p, unsigned* w
     if (lane == 0) {   // in the input's dtype, rounded once (as the model's own output)
       const long long o = ((n * p.P[0] + Pd) * p.P[1] + Ph + hw) * (long long)p.P[2] + pw;
       const float v = (p.red == FF_RED_MEAN) ? r * p.inv_k : r;
-      if constexpr (ES == 4) static_cast<float*>(p.out)[o] = v;
-      else if constexpr (DT == FF_BF16) static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(v);
-      else static_cast<__half*>(p.out)[o] = __float2half_rn(v);
+      ff_store_f<fb_input_dt(DT)>(p.out, o, v);
     }
   }
   if (gm_part) {   // block-uniform: the workspace back to zero for the next launch
