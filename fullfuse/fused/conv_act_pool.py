@@ -109,8 +109,10 @@ class Launches:
             raise launch_error(choice.why)
         self.variant = _variant(pb, choice)
         self.esize = 4 if pb.dtype == abi.F32 else 2   # bytes of an input, weight or bias element
-        # bytes of an output element: the input's dtype, float32 where the non-deterministic mean adds atomically
-        self.osize = 4 if pb.pool == plan.POOL_MEAN and not pb.deterministic else self.esize
+        # the non-deterministic mean adds into its output atomically: float32, zeroed first; otherwise the kernel
+        # writes each value once, in the input's dtype (bytes of an output element: osize)
+        self.atomic = pb.pool == plan.POOL_MEAN and not pb.deterministic
+        self.osize = 4 if self.atomic else self.esize
         self.wgmma = choice.wp.ok
         self.tma = plan.uses_tma(choice)
         self.geometry = plan.tensor_map_geometry(pb, choice.wp.lm, choice.wp.prm) if self.tma else None
@@ -217,8 +219,7 @@ class _Runner:
         # K > 64: launch kb into its (N, K_kb) block of a tmp buffer of this call (zeroed for the atomic mean, which
         # adds into it), then the block into out's columns, all in stream order
         n = l.pb.N
-        atomic = l.pb.pool == plan.POOL_MEAN and not l.pb.deterministic
-        tmp = (torch.zeros if atomic else torch.empty)(n * l.nkb * 64, dtype=out.dtype, device=out.device)
+        tmp = (torch.zeros if l.atomic else torch.empty)(n * l.nkb * 64, dtype=out.dtype, device=out.device)
         for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
             self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
