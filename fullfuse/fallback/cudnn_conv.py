@@ -92,19 +92,26 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return copy.copy_(t)
 
 
-def time_plan(graph, pack, workspace, index, handle) -> float:
-    stream = torch.cuda.current_stream(workspace.device)   # the stream set on ``handle``
+def _best_ms(fn, device, skip_slow: bool = True) -> float:
+    """GPU time in ms of ``fn`` on ``device``'s current stream: the best of _REPEATS runs (skip_slow: one where the
+    first takes more than _SLOW_MS)."""
+    stream = torch.cuda.current_stream(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(_REPEATS):
         start.record(stream)
-        graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+        fn()
         end.record(stream)
         end.synchronize()
         times.append(start.elapsed_time(end))
-        if times[0] > _SLOW_MS:
+        if skip_slow and times[0] > _SLOW_MS:
             break
     return min(times)
+
+
+def time_plan(graph, pack, workspace, index, handle) -> float:
+    """One plan's GPU time (``handle``'s stream is the current one of ``workspace``'s device)."""
+    return _best_ms(lambda: graph.execute_plan_at_index(pack, workspace, index=index, handle=handle), workspace.device)
 
 
 def fastest_plan(graph, pack, handle, device, workspace_cap: int = 1 << 62):
@@ -178,20 +185,11 @@ def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilati
 
 
 def _torch_fprop_ms(x, weight, padding, stride, dilation, mode: str, deterministic: bool) -> float:
-    """GPU time of PyTorch's own call for the same forward conv, timed as the plans are (best of _REPEATS)."""
+    """GPU time of PyTorch's own call for the same forward conv: the best of _REPEATS runs, always all of them."""
     conv = torch.nn.functional.conv2d if x.dim() == 4 else torch.nn.functional.conv3d
-    stream = torch.cuda.current_stream(x.device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
     with cudnn_settings(mode, deterministic):
         conv(x, weight, None, stride, padding, dilation)   # PyTorch's own algorithm choice, out of the timing
-        for _ in range(_REPEATS):
-            start.record(stream)
-            conv(x, weight, None, stride, padding, dilation)
-            end.record(stream)
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    return min(times)
+        return _best_ms(lambda: conv(x, weight, None, stride, padding, dilation), x.device, skip_slow=False)
 
 
 def _debug(message: str) -> None:
