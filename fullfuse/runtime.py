@@ -20,7 +20,7 @@ from cutlass_ops import cache as _cache
 from cutlass_ops import nvrtc as _nvrtc
 from cutlass_ops.variants import Variant
 
-from .launch import stream_of
+from .launch import current_device_index, stream_of
 
 Dim3 = Union[int, Tuple[int, int, int]]
 
@@ -132,7 +132,7 @@ class Kernel:
         bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
         if stream is None:
             stream = stream_of(self.device)
-        err, = _in_context(self._ctx, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
+        err, = _launch_in_context(self, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
 
@@ -145,7 +145,7 @@ class Kernel:
         stream is not a kernel, or the GPU predates sm_90, the launch is an ordinary one."""
         config = self._config(grid, block, smem)
         config.hStream = stream_of(self.device)
-        err, = _in_context(self._ctx, _driver().cuLaunchKernelEx, config, self._fn, args.address, 0)
+        err, = _launch_in_context(self, _driver().cuLaunchKernelEx, config, self._fn, args.address, 0)
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
 
@@ -198,6 +198,19 @@ def _in_context(ctx, fn, *args):
         return fn(*args)
     finally:
         set_(current)
+
+
+def _launch_in_context(kernel: Kernel, fn, *args):
+    """A launch ``fn(*args)`` of ``kernel`` (a driver call returning (error,)) with its device's primary context
+    current.  Where torch's current device is the kernel's, that context is current already (the CUDA runtime keeps
+    the two in step), so the launch goes straight to the driver (host time: no context query).  A launch made in any
+    other context fails without enqueueing anything (the function and stream handles are the primary context's), and
+    a thread with no context yet fails too: every failure is retried through ``_in_context``, whose result is final."""
+    if current_device_index() == kernel.device:
+        result = fn(*args)
+        if int(result[0]) == 0:
+            return result
+    return _in_context(kernel._ctx, fn, *args)
 
 
 @lru_cache(maxsize=None)

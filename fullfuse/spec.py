@@ -6,7 +6,7 @@ a spec is fixed by the model's modules (channels, kernel, stride, ...).  Compile
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Tuple
 
 from .codes import ACTIVATIONS, POOLS, REDUCTIONS
@@ -26,6 +26,20 @@ def _check_spec(spec, choices, per_dim_fields) -> None:
     for name in per_dim_fields:
         if len(getattr(spec, name)) != spec.dims:
             raise ValueError(f"fullfuse: {name} must have {spec.dims} entries, got {getattr(spec, name)}")
+
+
+def _cached_hash(spec) -> int:
+    """A spec's hash, worked out once (host time: every call keys its decision by the spec; a dataclass's own hash
+    rebuilds the tuple of all fields each time).  Not pickled (_state): string hashes differ between processes."""
+    h = spec.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(spec, f.name) for f in fields(spec)))
+        object.__setattr__(spec, "_hash", h)
+    return h
+
+
+def _state(spec) -> dict:
+    return {k: v for k, v in spec.__dict__.items() if k != "_hash"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class ConvActPoolSpec:
     padding_mode: str = "zeros"
 
     family = "A"
+    __hash__, __getstate__ = _cached_hash, _state
 
     def __post_init__(self):
         _check_spec(self, (("activation", ACTIVATIONS), ("pool", POOLS)),
@@ -88,6 +103,7 @@ class ConvTPoolReduceSpec:
     padding_mode: str = "zeros"
 
     family = "B"
+    __hash__, __getstate__ = _cached_hash, _state
 
     def __post_init__(self):
         _check_spec(self, (("activation", ACTIVATIONS), ("reduction", REDUCTIONS)),

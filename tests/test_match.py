@@ -871,3 +871,21 @@ def test_traceable_submodule_of_untraceable_model():
         trace(Outer())
     gm, m = only_match(Outer().head)
     assert m.spec == A(cout=4, act="relu")
+
+
+@pytest.mark.parametrize("spec", [
+    ConvActPoolSpec(2, 8, 64, (3, 3), (1, 1), (0, 0), (1, 1), True),
+    ConvTPoolReduceSpec(3, 32, 64, (5, 5, 5), (2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1), True, (6, 6, 6)),
+], ids=["A", "B"])
+def test_spec_hash_is_the_fields_and_survives_pickling(spec):
+    """Specs key the per-call decisions: equal specs hash equal (the hash is kept once worked out), a changed field
+    changes it, and a pickled spec works its hash out again (string hashes differ between processes)."""
+    import dataclasses
+    import pickle
+    twin = dataclasses.replace(spec)
+    assert twin == spec and hash(twin) == hash(spec) and {spec: 1}[twin] == 1
+    other = dataclasses.replace(spec, keepdim=False)
+    assert other != spec and hash(other) != hash(spec)
+    hash(spec)
+    loaded = pickle.loads(pickle.dumps(spec))
+    assert "_hash" not in loaded.__dict__ and loaded == spec and hash(loaded) == hash(spec)

@@ -51,6 +51,44 @@ def test_error_restores_the_thread_s_context(contexts):
     assert fake.current == 3
 
 
+class _FakeKernel:
+    device, _ctx = 1, 7
+
+
+def _launch_recorder(fake, results):
+    """A fake driver launch: records the context it ran in, returns the next of ``results`` ((error,) tuples)."""
+    seen = []
+
+    def launch(*args):
+        seen.append(fake.current)
+        return results[len(seen) - 1]
+    return launch, seen
+
+
+@pytest.mark.parametrize("torch_device, own", [(1, 7), (0, 3), (1, 0)],
+                         ids=["on the kernel's device", "on another device", "a thread with no context"])
+def test_launch_runs_in_the_kernel_s_context_and_restores_the_thread_s(contexts, monkeypatch, torch_device, own):
+    """The direct launch (torch's device is the kernel's) is kept only where it succeeded; a failed one (another
+    context current: the driver refuses the handles) is retried in the kernel's context, which ends current nowhere
+    but in that call."""
+    fake = contexts(current=own)
+    monkeypatch.setattr(runtime, "current_device_index", lambda: torch_device)
+    wrong = own != 7
+    direct = [own] if torch_device == 1 else []
+    launch, seen = _launch_recorder(fake, [(201,) if wrong else (0,) for _ in direct] + [(0,)])
+    assert runtime._launch_in_context(_FakeKernel(), launch, "args") == (0,)
+    assert seen == (direct + [7] if wrong else direct)
+    assert fake.current == own
+
+
+def test_launch_error_in_the_kernel_s_context_is_final(contexts, monkeypatch):
+    fake = contexts(current=7)
+    monkeypatch.setattr(runtime, "current_device_index", lambda: 1)
+    launch, seen = _launch_recorder(fake, [(701,), (701,)])
+    assert runtime._launch_in_context(_FakeKernel(), launch) == (701,)
+    assert seen == [7, 7]
+
+
 class _FakeDriver:
     """cuMemAlloc(Async) / cuMemFree(Async) recorded; pools=False: the device has no memory pools."""
 
