@@ -4,7 +4,8 @@
 // Question it answers: is the ~150 cycles per op measured in the kernels (TF32 k8 and bf16 k16 alike: not the tensor
 // rate) the shared-memory read of operands in the no-swizzle (interleaved core matrix) layout?
 //
-// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks -o /tmp/pw benchmarks/probe_wgmma_smem.cu
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks/probes -o /tmp/pw \
+//          benchmarks/probes/probe_wgmma_smem.cu
 // Run:   /tmp/pw     (one H100/H200; prints cycles per wgmma per SM for each layout and warpgroup count)
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -17,6 +18,7 @@
 
 #include "wgmma_ss.cuh"
 #include "gelu_h2_variants.cuh"
+#include "activation.cuh"
 
 __device__ __forceinline__ void rs_tf32(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
@@ -156,7 +158,9 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains); bit 5: an integer loop on the ALU pipe
 // (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2); bit 7: MUFU only (ex2.approx.f16x2 chains); bits
 // 8 / 9: run 21's 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial; bit 10:
-// a DFMA loop (FP64 pipe); 11: the fp32 GELU-like loop with its Horner in fp64; 12: IMAD / IMAD.HI; 13: F2F f32 <-> f64.  clk (if non-null): per block
+// a DFMA loop (FP64 pipe); 11: the fp32 GELU-like loop with its Horner in fp64; 12: IMAD / IMAD.HI; 13: F2F f32 <-> f64;
+// 14: the kernel's TF32-mode GELU (ff_gelu_erf_tf32x2) + FADD per value; 15: its conversions only (F2FP f32 -> f16x2,
+// HADD2.F32 f16 -> f32); 16: the kernel's fp32 GELU (ff_gelu_erf_noclamp) + FADD.  clk (if non-null): per block
 // {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
@@ -278,6 +282,41 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
     float acc = 0.0f;
     for (int i = 0; i < 64; ++i) acc += v[i];
     if (acc == 12345.0f) out[1] = acc;
+  } else if ((flags & 2) && (XF & (16384 | 65536))) {   // the kernel's GELUs: TF32 mode's split form / the fp32 one
+    float v[64], acc = 0.0f;
+    for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        float y0, y1;
+        if (XF & 16384) {
+          ff_gelu_erf_tf32x2(v[2 * i], v[2 * i + 1], y0, y1);
+        } else {
+          y0 = ff_gelu_erf_noclamp(v[2 * i]);
+          y1 = ff_gelu_erf_noclamp(v[2 * i + 1]);
+        }
+        acc += y0;
+        acc += y1;
+        v[2 * i] = __int_as_float(__float_as_int(y0) ^ 1);
+        v[2 * i + 1] = __int_as_float(__float_as_int(y1) ^ 1);
+      }
+    }
+    if (acc == 12345.0f) out[1] = acc;
+  } else if ((flags & 2) && (XF & 32768)) {   // conversions only: F2FP f32 pair -> f16x2, HADD2.F32 back
+    float v[64];
+    for (int i = 0; i < 64; ++i) v[i] = 0.01f * (float)((tid * 7 + i) % 97) - 0.4f;
+    for (int it = 0; it < alu_iters; ++it) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        uint32_t h;
+        asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+        asm volatile("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
+                     : "=f"(v[2 * i]), "=f"(v[2 * i + 1]) : "r"(h));
+      }
+    }
+    float acc = 0.0f;
+    for (int i = 0; i < 64; ++i) acc += v[i];
+    if (acc == 12345.0f) out[1] = acc;
   } else if ((flags & 2) && (XF & 64)) {   // half2 FMA loop (HFMA2), 64 values as 32 pairs
     __half2 v[32], acc = __float2half2_rn(0.0f);
     for (int i = 0; i < 32; ++i) v[i] = __float2half2_rn(0.01f * (float)((tid * 7 + i) % 97) - 0.4f);
@@ -339,11 +378,12 @@ void run_overlap(int nsm, float* dout, double ghz) {
   const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
                          "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop", "TF32 k8 + MUFU f16x2 only",
                          "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x", "TF32 k8 + DFMA loop",
-                         "TF32 k8 + GELU, fp64 Horner", "TF32 k8 + IMAD / IMAD.HI loop", "TF32 k8 + F2F f32<->f64 only"};
-  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+                         "TF32 k8 + GELU, fp64 Horner", "TF32 k8 + IMAD / IMAD.HI loop", "TF32 k8 + F2F f32<->f64 only",
+                         "TF32 k8 + TF32-mode GELU (split)", "TF32 k8 + F2FP / HADD2.F32 only", "TF32 k8 + fp32 GELU"};
+  const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
   void (*const kernels[])(float*, int, int, int, unsigned long long*) = {
       overlap<0>, overlap<4>, overlap<8>, overlap<16>, overlap<32>, overlap<64>, overlap<128>, overlap<256>, overlap<512>,
-      overlap<1024>, overlap<2048>, overlap<4096>, overlap<8192>};
+      overlap<1024>, overlap<2048>, overlap<4096>, overlap<8192>, overlap<16384>, overlap<32768>, overlap<65536>};
   const int nv = (int)(sizeof(extra) / sizeof(extra[0]));
   static_assert(sizeof(extra) / sizeof(extra[0]) == sizeof(kernels) / sizeof(kernels[0]), "one kernel per variant");
   auto t = [&](int v, int flags, int nthreads) {
