@@ -6,7 +6,6 @@
 //                                  erf GELU; specials as PyTorch: -inf -> NaN, -0 -> -0, +inf -> +inf, NaN -> NaN,
 //                                  x < ~-11 -> -0.
 //   ff_gelu_erf_noclamp            ff_gelu_erf bit for bit, except +inf -> NaN; 3 issue slots fewer (see there).
-//   ff_gelu_erf_tf32x2             two finite x, TF32 mode: abs err <= 4.6e-6*max(1,|x|) (part of it in f16x2).
 //   ff_activate<FF_ACT_GELU_TANH>  0.5*x*(1 + tanhf(sqrt(2/pi)*(x + 0.044715*x^3))) in PyTorch's operation order,
 //                                  libdevice tanhf (2 ulp); -inf -> NaN (-inf*0) like PyTorch.
 //   ff_activate<FF_ACT_SILU>       x*sigmoid(x) as n/(1+t), t = expf(-|x|) (2 ulp), rcp + residual step: <= ~4 ulp
@@ -74,46 +73,6 @@ __device__ __forceinline__ float ff_gelu_erf(float x) {
 __device__ __forceinline__ float ff_gelu_erf_noclamp(float x) {
   const float u = fabsf(x);
   return fmaf(-u, ff_phi_neg(u), fmaxf(x, -0.0f));
-}
-
-// ---- TF32 mode's GELU (erf): an epilogue whose accuracy matches the mode (docs/design.md 3.1, 5) ----
-// TF32 rounds every conv operand to 2^-11 relative, so a GELU error of 2^-15 max(1, |x|) is invisible in the result;
-// that allows the inner part of ff_phi_neg_log2's Horner, t(u) = (c5 u + c4) u + c3, in f16x2: HFMA2 runs beside the
-// kernel's wgmma chains where FFMA does not (the FP32 pipe's time adds to the MMAs').  Per pair: one F2FP (x0, x1 to
-// f16x2, |.| as the HFMAs' operand modifier), 2 HFMA2, t back to fp32 (exact), then per value 3 FFMA, MUFU.EX2 and the
-// tail of ff_gelu_erf_noclamp: 5 FP32-pipe operations with the sum instead of 7.
-// Accuracy (emulated step by step, benchmarks/probes/gelu_tf32_split.py: every 7th fp32 in [2^-20, 10] both signs and
-// a log sweep over every finite magnitude): |err| <= 4.6e-6 max(1, |x|), 0.15 of 2^-15.  FF_TF32_GELU_HALF_TERMS 4
-// (c2 in half too, 3 HFMA2 and 2 FFMA) reaches 4.3e-5 max(1, |x|): over 2^-15, under 2^-13.
-// Finite x only (the clamp-free form): |x| > 65504 rounds to inf in f16x2, so t = -inf, R = -inf and q = 0, as the
-// fp32 form's q flushes there; -0 -> -0 and denormals as ff_gelu_erf_noclamp (u = 0 gives t = c3, q = 2^c0).
-#ifndef FF_TF32_GELU_HALF_TERMS
-#define FF_TF32_GELU_HALF_TERMS 3
-#endif
-__device__ __forceinline__ float ff_gelu_erf_from_inner(float x, float t) {
-  const float u = fabsf(x);
-  float r = t;
-  if (FF_TF32_GELU_HALF_TERMS == 3) r = fmaf(r, u, -0x1.d6a0a2p-2f);
-  r = fmaf(r, u, -0x1.26a4a0p+0f);
-  r = fmaf(r, u, -0x1.000120p+0f);
-  float q;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
-  return fmaf(-u, q, fmaxf(x, -0.0f));
-}
-__device__ __forceinline__ void ff_gelu_erf_tf32x2(float x0, float x1, float& y0, float& y1) {
-  static_assert(FF_TF32_GELU_HALF_TERMS == 3 || FF_TF32_GELU_HALF_TERMS == 4, "3 or 4 Horner terms in half");
-  uint32_t a, t;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(a) : "f"(x1), "f"(x0));
-  asm("abs.f16x2 %0, %0;" : "+r"(a));   // fp16(|x|) = |fp16(x)|; ptxas folds it into the HFMA2s
-  // c5, c4, c3 (and c2) of ff_phi_neg_log2 rounded to fp16, in both halves
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(0x90179017u), "r"(a), "r"(0x1f6e1f6eu));
-  asm("fma.rn.f16x2 %0, %0, %1, %2;" : "+r"(t) : "r"(a), "r"(0xaaafaaafu));
-  if (FF_TF32_GELU_HALF_TERMS == 4) asm("fma.rn.f16x2 %0, %0, %1, %2;" : "+r"(t) : "r"(a), "r"(0xb75bb75bu));
-  float t0, t1;
-  asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-      : "=f"(t0), "=f"(t1) : "r"(t));
-  y0 = ff_gelu_erf_from_inner(x0, t0);
-  y1 = ff_gelu_erf_from_inner(x1, t1);
 }
 
 template <int ACT>

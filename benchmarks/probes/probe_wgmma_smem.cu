@@ -18,7 +18,7 @@
 
 #include "wgmma_ss.cuh"
 #include "gelu_h2_variants.cuh"
-#include "activation.cuh"
+#include "gelu_tf32_variants.cuh"
 
 __device__ __forceinline__ void rs_tf32(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
@@ -159,8 +159,8 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2); bit 7: MUFU only (ex2.approx.f16x2 chains); bits
 // 8 / 9: run 21's 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial; bit 10:
 // a DFMA loop (FP64 pipe); 11: the fp32 GELU-like loop with its Horner in fp64; 12: IMAD / IMAD.HI; 13: F2F f32 <-> f64;
-// 14: the kernel's TF32-mode GELU (ff_gelu_erf_tf32x2) + FADD per value; 15: its conversions only (F2FP f32 -> f16x2,
-// HADD2.F32 f16 -> f32); 16: the kernel's fp32 GELU (ff_gelu_erf_noclamp) + FADD.  clk (if non-null): per block
+// 14: the split TF32-mode GELU (ff_gelu_erf_tf32x2, gelu_tf32_variants.cuh) + FADD per value; 15: its conversions only
+// (F2FP f32 -> f16x2, HADD2.F32 f16 -> f32); 16: the kernel's fp32 GELU (ff_gelu_erf_noclamp) + FADD.  clk (if non-null): per block
 // {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
