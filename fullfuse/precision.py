@@ -5,7 +5,6 @@ accumulation whatever the setting ("native").
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import torch
@@ -84,43 +83,75 @@ def resolve(precision: str, dtype: torch.dtype) -> str:
 # Process-wide torch flags are changed only here, under this lock, which a call holds while its convolutions are
 # enqueued: a fullfuse call asking for a precision then never runs while another has the flag changed.
 _FLAGS_LOCK = threading.RLock()
+_get_deterministic = getattr(torch._C, "_get_cudnn_deterministic", None)
+_set_deterministic = getattr(torch._C, "_set_cudnn_deterministic", None)
 
 
-@contextlib.contextmanager
-def _flags_set(pairs):
-    """Inside: the (holder, attribute, value) triples set, under the lock; restored after.  A flag already at its
-    value is not touched."""
-    with _FLAGS_LOCK:
-        saved = [(h, a, getattr(h, a)) for h, a, v in pairs if getattr(h, a) != v]
-        try:
-            for h, a, v in pairs:
-                if getattr(h, a) != v:
-                    setattr(h, a, v)
-            yield
-        finally:
-            for h, a, v in reversed(saved):
-                setattr(h, a, v)
+def _deterministic() -> bool:
+    return _get_deterministic() if _get_deterministic is not None else torch.backends.cudnn.deterministic
 
 
-def _precision_flags(mode: str):
-    """The torch flag that makes cuDNN convolutions run in ``mode`` ("tf32" / "ieee")."""
-    if mode not in ("tf32", "ieee"):
-        return []
+def _set_cudnn_deterministic(value: bool) -> None:
+    if _set_deterministic is not None:
+        _set_deterministic(value)
+    else:
+        torch.backends.cudnn.deterministic = value
+
+
+def _precision_flag():
+    """(holder, attribute) of the torch flag that selects cuDNN convolutions' float32 precision, and the value that
+    gives each mode."""
     conv = _conv_backend()
     if conv is not None:
-        return [(conv, "fp32_precision", mode)]
-    return [(torch.backends.cudnn, "allow_tf32", mode == "tf32")]
+        return conv, "fp32_precision", {"tf32": "tf32", "ieee": "ieee"}
+    return torch.backends.cudnn, "allow_tf32", {"tf32": True, "ieee": False}
+
+
+class _CudnnSettings:
+    """Inside: cuDNN convolutions run in ``mode`` ("tf32" / "ieee"; other modes leave the precision as it is) and,
+    where ``deterministic``, with cuDNN's deterministic algorithms; the lock held.  A flag is changed only where
+    PyTorch's current setting differs (read through torch's own getters: host time per call), and set back after."""
+
+    __slots__ = ("mode", "deterministic", "restore")
+
+    def __init__(self, mode: str, deterministic: bool):
+        self.mode, self.deterministic, self.restore = mode, deterministic, ()
+
+    def __enter__(self):
+        _FLAGS_LOCK.acquire()
+        try:
+            restore = []
+            if self.mode in ("tf32", "ieee") and torch_conv_precision() != self.mode:
+                holder, name, values = _precision_flag()
+                restore.append((setattr, holder, name, getattr(holder, name)))
+                setattr(holder, name, values[self.mode])
+            if self.deterministic and not _deterministic():
+                restore.append((_set_cudnn_deterministic, False))
+                _set_cudnn_deterministic(True)
+            self.restore = restore
+        except BaseException:
+            self._undo()
+            raise
+        return self
+
+    def _undo(self):
+        try:
+            for fn, *args in reversed(self.restore):
+                fn(*args)
+        finally:
+            self.restore = ()
+            _FLAGS_LOCK.release()
+
+    def __exit__(self, *exc):
+        self._undo()
+        return False
 
 
 def cudnn_conv_precision(mode: str):
     """Run the cuDNN convolutions inside in ``mode`` ("tf32" or "ieee"; other modes leave torch as it is)."""
-    flags = _precision_flags(mode)
-    return _flags_set(flags) if flags else contextlib.nullcontext()
+    return _CudnnSettings(mode, False)
 
 
 def cudnn_settings(mode: str, deterministic: bool):
-    """cudnn_conv_precision(mode), and cuDNN's deterministic-algorithm switch while inside (set, never cleared)."""
-    flags = _precision_flags(mode)
-    if deterministic:
-        flags.append((torch.backends.cudnn, "deterministic", True))
-    return _flags_set(flags) if flags else contextlib.nullcontext()
+    """cudnn_conv_precision(mode), and cuDNN's deterministic-algorithm switch while inside."""
+    return _CudnnSettings(mode, deterministic)

@@ -12,7 +12,7 @@ import ctypes
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
@@ -303,16 +303,17 @@ _tmaps: Dict[tuple, bytes] = {}
 _tmaps_lock = threading.Lock()
 
 
-def tensor_map(dtype: str, address: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int],
-               element_strides: Sequence[int]) -> Optional[bytes]:
-    """The 128-byte CUtensorMap of a tiled view of global memory (cuTensorMapEncodeTiled: no interleave, no swizzle,
-    L2 promotion 128 B, out-of-range elements read as zero), or None where the driver refuses it.  ``dtype`` is
-    "float32" or "uint16"; ``dims`` / ``box`` / ``element_strides`` innermost first, ``strides`` in bytes for
-    dims 1.. (rank - 1 entries).  Kept per (address, geometry): a tensor map depends on nothing else."""
-    k = (dtype, address, tuple(dims), tuple(strides), tuple(box), tuple(element_strides))
+def tensor_map(geometry: tuple, address: int) -> Optional[bytes]:
+    """The 128-byte CUtensorMap of a tiled view of global memory at ``address`` (cuTensorMapEncodeTiled: no
+    interleave, no swizzle, L2 promotion 128 B, out-of-range elements read as zero), or None where the driver refuses
+    it.  ``geometry`` = (dtype, dims, strides, box, element_strides), tuples made once per call signature: dtype is
+    "float32" or "uint16"; dims / box / element_strides innermost first, strides in bytes for dims 1.. (rank - 1
+    entries).  Kept per (address, geometry): a tensor map depends on nothing else."""
+    k = (address, geometry)
     got = _tmaps.get(k)
     if got is not None:
         return got
+    dtype, dims, strides, box, element_strides = geometry
     drv = _driver()
     ty = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32 if dtype == "float32"
           else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16)

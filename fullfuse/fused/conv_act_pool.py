@@ -234,10 +234,11 @@ def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
     if not primary.l.tma:
         return primary
     dtype, dims, strides, box, element_strides = primary.l.geometry
+    geometry = (dtype, tuple(dims), tuple(strides), tuple(box), tuple(element_strides))
     fallback: List[_Runner] = []
 
     def run(x, weight, bias, out, ws, parts):
-        tmap = runtime.tensor_map(dtype, x.data_ptr(), dims, strides, box, element_strides)
+        tmap = runtime.tensor_map(geometry, x.data_ptr())
         if tmap is not None:
             return primary(x, weight, bias, out, ws, parts, tmap)
         if not fallback:   # (a race prepares it twice: harmless)
