@@ -9,6 +9,8 @@ Family A (``ConvActPoolSpec``)::
            x.mean(dim=spatial[, keepdim]) / torch.mean(...)                 -> "mean", keepdim as given
            AdaptiveMaxPool{2,3}d(1) / F.adaptive_max_pool{2,3}d(x, 1)      -> "max",  keepdim True
            x.amax(dim=spatial[, keepdim]) / torch.amax(...)                 -> "max",  keepdim as given
+      -> optional view of the pooled tensor, absorbed (spec.POSTS): torch.flatten(y, 1) / y.flatten(1) /
+         nn.Flatten() -> "flatten"; y.squeeze() / torch.squeeze(y) -> "squeeze"
 
 Family B (``ConvTPoolReduceSpec``)::
 
@@ -46,7 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import TraceError
-from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+from .spec import POSTS, ConvActPoolSpec, ConvTPoolReduceSpec
 
 Node = torch.fx.Node
 
@@ -583,6 +585,31 @@ def _parse_channel_reduction(node: Node, src: Node, dims: int) -> Optional[Tuple
     return {"sum": "sum", "mean": "mean", "amax": "max"}[kind], keepdim, label
 
 
+def _parse_post_view(node: Node, src: Node, modules: Dict[str, nn.Module]) -> Optional[str]:
+    """The key of spec.POSTS if ``node`` takes that view of the pooled ``src``: torch.flatten(src, 1) /
+    src.flatten(1) / nn.Flatten() (start_dim 1, end_dim -1), or src.squeeze() / torch.squeeze(src) (every unit
+    dim).  Anything else (a dim argument, another start_dim) is left to run as the model's own op."""
+    if node.op == "call_module":
+        found = _module_of(node, modules, [nn.Flatten])
+        if found is None or _module_call_input(node) is not src:
+            return None
+        mod = found[0]
+        return "flatten" if (mod.start_dim, mod.end_dim) == (1, -1) else None
+    if node.op == "call_method" and node.target in ("flatten", "squeeze"):
+        names = ["input", "start_dim", "end_dim"] if node.target == "flatten" else ["input"]
+        a = _bind(node, names, {"start_dim": 0, "end_dim": -1})
+    elif node.op == "call_function" and node.target in (torch.flatten, torch.squeeze):
+        names = ["input", "start_dim", "end_dim"] if node.target is torch.flatten else ["input"]
+        a = _bind(node, names, {"start_dim": 0, "end_dim": -1})
+    else:
+        return None
+    if a is None or a["input"] is not src:
+        return None
+    if "start_dim" in names:
+        return "flatten" if (a["start_dim"], a["end_dim"]) == (1, -1) else None
+    return "squeeze"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # the matcher
 # --------------------------------------------------------------------------------------------------------------
@@ -622,11 +649,17 @@ def _match_from(conv: _Conv, modules: Dict[str, nn.Module]) -> Optional[Match]:
             return None
         nodes.append(nxt)
         labels.append(pool[2])
+        # a view the model takes of the pool right after it joins the region (spec.POSTS: one op less per call)
+        after = _sole_user(nxt)
+        post = _parse_post_view(after, nxt, modules) if after is not None else None
+        if post is not None:
+            nodes.append(after)
+            labels.append(POSTS[post])
         spec = ConvActPoolSpec(
             dims=conv.dims, in_channels=conv.in_channels, out_channels=conv.out_channels,
             kernel_size=conv.kernel_size, stride=conv.stride, padding=conv.padding, dilation=conv.dilation,
             has_bias=conv.has_bias, activation=activation, pool=pool[0], keepdim=pool[1], groups=conv.groups,
-            padding_mode=conv.padding_mode,
+            padding_mode=conv.padding_mode, post=post or "none",
         )
     else:
         window = (1,) * conv.dims

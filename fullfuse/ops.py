@@ -12,6 +12,7 @@ inference library), with a one-time warning.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from functools import lru_cache
 from typing import List, Optional, Sequence
@@ -33,9 +34,10 @@ def _tuple(value, dims: int, name: str):
 
 
 @lru_cache(maxsize=256)
-def spec_a(dims, in_channels, out_channels, kernel, stride, padding, dilation, has_bias, activation, pool, keepdim):
+def spec_a(dims, in_channels, out_channels, kernel, stride, padding, dilation, has_bias, activation, pool, keepdim,
+           post="none"):
     return ConvActPoolSpec(dims, in_channels, out_channels, kernel, stride, padding, dilation, has_bias,
-                           activation, pool, keepdim)
+                           activation, pool, keepdim, post=post)
 
 
 @lru_cache(maxsize=256)
@@ -45,11 +47,11 @@ def spec_b(dims, in_channels, out_channels, kernel, stride, padding, output_padd
                                has_bias, window, activation, reduction, keepdim)
 
 
-def _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim):
+def _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post="none"):
     dims = weight.dim() - 2
     return spec_a(dims, int(weight.shape[1]), int(weight.shape[0]), tuple(int(s) for s in weight.shape[2:]),
                   _tuple(stride, dims, "stride"), _tuple(padding, dims, "padding"), _tuple(dilation, dims, "dilation"),
-                  bias is not None, activation, pool, keepdim)
+                  bias is not None, activation, pool, keepdim, post)
 
 
 def _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim):
@@ -63,16 +65,16 @@ def _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window
 # ---------------------------------------------------------------- registered ops
 @torch.library.custom_op("fullfuse::conv_act_pool", mutates_args=())
 def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
-                      dilation: List[int], activation: str, pool: str, keepdim: bool, path: str, precision: str,
-                      deterministic: bool) -> Tensor:
-    spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim)
+                      dilation: List[int], activation: str, pool: str, keepdim: bool, post: str, path: str,
+                      precision: str, deterministic: bool) -> Tensor:
+    spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
     return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
 
 
 @_conv_act_pool_op.register_fake
-def _(x, weight, bias, stride, padding, dilation, activation, pool, keepdim, path, precision, deterministic):
-    dims = weight.dim() - 2
-    return x.new_empty((x.shape[0], weight.shape[0], *([1] * dims if keepdim else [])))
+def _(x, weight, bias, stride, padding, dilation, activation, pool, keepdim, post, path, precision, deterministic):
+    spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
+    return x.new_empty(spec.output_shape(spec.pooled_shape(x.shape[0])))
 
 
 @torch.library.custom_op("fullfuse::convt_pool_reduce", mutates_args=())
@@ -140,10 +142,26 @@ def _autocast_float32(spec) -> bool:
     return isinstance(spec, ConvTPoolReduceSpec) and spec.reduction == "sum"
 
 
+@lru_cache(maxsize=256)
+def _pooled_only(spec):
+    """The spec without its post view (family A; B has none): what a batched call of an unbatched input runs (one
+    object per spec: the dispatcher keys its prepared calls by the spec's identity)."""
+    return dataclasses.replace(spec, post="none") if getattr(spec, "post", "none") != "none" else spec
+
+
 def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic=True) -> Tensor:
-    """Run a spec through the registered op (or the torch path when autograd or an unbatched input needs it), with
-    PyTorch's autocast semantics: under autocast the region computes in the autocast dtype, as the original would."""
+    """Run a spec through the registered op (or the torch path when autograd needs it), with PyTorch's autocast
+    semantics: under autocast the region computes in the autocast dtype, as the original would.  An unbatched input
+    (as torch convs accept it) runs as a batch of one; the region's view of the pool (spec.post) then applies to the
+    unbatched pool output, as the model's own op would."""
     dispatch.check_path(path)
+    if x.dim() == spec.dims + 1:
+        pooled = _pooled_only(spec)
+        out = run_spec(pooled, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
+        if pooled is not spec:
+            dispatch.last_decision[spec] = dispatch.last_decision.get(pooled)
+            out = torch_path.post_view(spec, out)
+        return out
     if _needs_grad(x, weight, bias):
         _warn_grad_once()
         dispatch.last_decision[spec] = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
@@ -157,15 +175,13 @@ def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic
             out = run_spec(spec, x.to(cast), weight.to(cast), None if bias is None else bias.to(cast), path,
                            precision, deterministic)
         return out.float() if _autocast_float32(spec) else out
-    if x.dim() == spec.dims + 1:                         # unbatched input, as torch convs accept it
-        return run_spec(spec, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
     if not compiling() or spec.groups != 1 or getattr(spec, "padding_mode", "zeros") != "zeros":
         # eager: straight to the dispatcher (the registered op's wrapper costs host time the kernels don't need)
         return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
     if isinstance(spec, ConvActPoolSpec):
         return torch.ops.fullfuse.conv_act_pool(x, weight, bias, list(spec.stride), list(spec.padding),
                                                 list(spec.dilation), spec.activation, spec.pool, spec.keepdim,
-                                                path, precision, deterministic)
+                                                spec.post, path, precision, deterministic)
     return torch.ops.fullfuse.convt_pool_reduce(x, weight, bias, list(spec.stride), list(spec.padding),
                                                 list(spec.output_padding), list(spec.dilation), list(spec.window),
                                                 spec.activation, spec.reduction, spec.keepdim, path, precision,

@@ -6,6 +6,7 @@ a spec is fixed by the model's modules (channels, kernel, stride, ...).  Compile
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Tuple
 
@@ -42,11 +43,18 @@ def _state(spec) -> dict:
     return {k: v for k, v in spec.__dict__.items() if k != "_hash"}
 
 
+# Views of family A's pooled (N, C_out[, 1, ...]) tensor that a region absorbs when the model takes one right after
+# the pool (the view costs a whole op's host time per call): torch.flatten(y, 1) / y.flatten(1) / nn.Flatten(), and
+# y.squeeze() (every unit dim, the batch's too where N = 1).
+POSTS = {"none": "", "flatten": "flatten(1)", "squeeze": "squeeze()"}
+
+
 @dataclass(frozen=True)
 class ConvActPoolSpec:
     """Family A: ConvNd (N=2 or 3) -> activation -> global pool over all spatial dims.
 
-    Output: (N, C_out) or, with keepdim, (N, C_out, 1, ..., 1) exactly as the matched pool node returns it.
+    Output: (N, C_out) or, with keepdim, (N, C_out, 1, ..., 1) exactly as the matched pool node returns it; then the
+    view ``post`` takes of it where the model's next op was one the region absorbed (POSTS).
     """
 
     dims: int                      # spatial rank: 2 (Conv2d) or 3 (Conv3d)
@@ -62,13 +70,26 @@ class ConvActPoolSpec:
     keepdim: bool = True           # adaptive pools keep the 1x1 dims; mean/amax(dim=...) may not
     groups: int = 1
     padding_mode: str = "zeros"
+    post: str = "none"             # key of POSTS: the view of the pooled tensor the region returns
 
     family = "A"
     __hash__, __getstate__ = _cached_hash, _state
 
     def __post_init__(self):
-        _check_spec(self, (("activation", ACTIVATIONS), ("pool", POOLS)),
+        _check_spec(self, (("activation", ACTIVATIONS), ("pool", POOLS), ("post", POSTS)),
                     ("kernel_size", "stride", "padding", "dilation"))
+
+    def output_shape(self, pooled_shape: IntTuple) -> IntTuple:
+        """The shape the region returns for a pool output of ``pooled_shape`` (batched or not)."""
+        if self.post == "flatten":
+            return (*pooled_shape[:1], math.prod(pooled_shape[1:]))
+        if self.post == "squeeze":
+            return tuple(d for d in pooled_shape if d != 1)
+        return tuple(pooled_shape)
+
+    def pooled_shape(self, n: int) -> IntTuple:
+        """The pool's output shape for a batch of ``n``."""
+        return (n, self.out_channels, *((1,) * self.dims if self.keepdim else ()))
 
     def output_spatial(self, in_spatial: IntTuple) -> IntTuple:
         """Spatial extent of the convolution output for an input of spatial extent ``in_spatial``."""

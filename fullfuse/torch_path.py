@@ -41,8 +41,17 @@ def conv_act_pool(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor,
     y = activate(y, spec.activation)
     spatial = tuple(range(2, 2 + spec.dims))
     if spec.pool == "mean":
-        return y.mean(dim=spatial, keepdim=spec.keepdim)
-    return y.amax(dim=spatial, keepdim=spec.keepdim)
+        return post_view(spec, y.mean(dim=spatial, keepdim=spec.keepdim))
+    return post_view(spec, y.amax(dim=spatial, keepdim=spec.keepdim))
+
+
+def post_view(spec: ConvActPoolSpec, pooled: torch.Tensor) -> torch.Tensor:
+    """The view of the pool's output that the region returns (spec.POSTS), as the model's own op takes it."""
+    if spec.post == "flatten":
+        return torch.flatten(pooled, 1)
+    if spec.post == "squeeze":
+        return pooled.squeeze()
+    return pooled
 
 
 def convt_pool_reduce(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor,

@@ -231,8 +231,9 @@ def test_functional_ops_match_torch():
 def test_custom_ops_are_registered_and_pass_opcheck():
     assert hasattr(torch.ops.fullfuse, "conv_act_pool") and hasattr(torch.ops.fullfuse, "convt_pool_reduce")
     x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
-    torch.library.opcheck(torch.ops.fullfuse.conv_act_pool.default,
-                          (x, w, b, [1, 1], [0, 0], [1, 1], "gelu_erf", "mean", True, "auto", "auto", True))
+    for post in ("none", "flatten", "squeeze"):
+        torch.library.opcheck(torch.ops.fullfuse.conv_act_pool.default,
+                              (x, w, b, [1, 1], [0, 0], [1, 1], "gelu_erf", "mean", True, post, "auto", "auto", True))
     v, wt = torch.randn(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
     torch.library.opcheck(torch.ops.fullfuse.convt_pool_reduce.default,
                           (v, wt, None, [2, 2, 2], [1, 1, 1], [0, 0, 0], [1, 1, 1], [2, 2, 2], "none", "sum", False,

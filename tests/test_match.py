@@ -6,6 +6,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp
 
+import fullfuse
+
 from fullfuse.errors import FullfuseError, TraceError
 from fullfuse.match import Match, find_matches, trace
 from fullfuse.spec import ConvActPoolSpec, ConvTPoolReduceSpec
@@ -41,11 +43,11 @@ def check_region(gm, m: Match):
 
 
 def A(dims=2, cin=3, cout=8, k=3, s=1, p=0, d=1, bias=True, act="gelu_erf", pool="mean", keepdim=True,
-      groups=1, padding_mode="zeros"):
+      groups=1, padding_mode="zeros", post="none"):
     t = lambda v: v if isinstance(v, tuple) else (v,) * dims  # noqa: E731
     return ConvActPoolSpec(dims=dims, in_channels=cin, out_channels=cout, kernel_size=t(k), stride=t(s),
                            padding=t(p), dilation=t(d), has_bias=bias, activation=act, pool=pool, keepdim=keepdim,
-                           groups=groups, padding_mode=padding_mode)
+                           groups=groups, padding_mode=padding_mode, post=post)
 
 
 def B(dims=3, cin=4, cout=6, k=3, s=2, p=1, op=1, d=1, bias=True, window=2, act="none", red="sum", keepdim=True,
@@ -182,37 +184,66 @@ def test_family_a_conv3d(act, pool):
     torch.testing.assert_close(gm(x.clone()), model(x.clone()))
 
 
-@pytest.mark.parametrize("post", ["squeeze", "flatten", "view", "nn.Flatten"])
-def test_family_a_with_squeeze_or_flatten_after(post):
+# post op -> (the view the region absorbs (spec.POSTS) or None: left in the graph)
+_POST_OPS = {
+    "torch.flatten(y, 1)": (lambda y, m: torch.flatten(y, 1), "flatten"),
+    "y.flatten(1)": (lambda y, m: y.flatten(1), "flatten"),
+    "y.flatten(start_dim=1)": (lambda y, m: y.flatten(start_dim=1), "flatten"),
+    "nn.Flatten()": (lambda y, m: m.flat(y), "flatten"),
+    "y.squeeze()": (lambda y, m: y.squeeze(), "squeeze"),
+    "torch.squeeze(y)": (lambda y, m: torch.squeeze(y), "squeeze"),
+    "y.flatten()": (lambda y, m: y.flatten(), None),
+    "nn.Flatten(0)": (lambda y, m: m.flat0(y), None),
+    "y.squeeze(-1).squeeze(-1)": (lambda y, m: y.squeeze(-1).squeeze(-1), None),
+    "y.squeeze(3)": (lambda y, m: y.squeeze(3), None),
+    "y.view(N, -1)": (lambda y, m: y.view(y.size(0), -1), None),
+}
+
+
+@pytest.mark.parametrize("post", list(_POST_OPS))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_family_a_view_after_the_pool(post, batch):
+    """flatten(1) and squeeze() right after the pool join the region (one op less per call); other views stay in
+    the graph.  The rewritten graph gives the model's own outputs, also for a batch of one, where squeeze() drops the
+    batch dim too."""
+    fn, absorbed = _POST_OPS[post]
+
     class M(nn.Module):
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(3, 16, 3, padding=1)
             self.pool = nn.AdaptiveAvgPool2d(1)
-            self.flat = nn.Flatten()
-            self.fc = nn.Linear(16, 4)
+            self.flat, self.flat0 = nn.Flatten(), nn.Flatten(0)
 
         def forward(self, x):
-            y = self.pool(F.gelu(self.conv(x)))
-            if post == "squeeze":
-                y = y.squeeze(-1).squeeze(-1)
-            elif post == "flatten":
-                y = torch.flatten(y, 1)
-            elif post == "view":
-                y = y.view(y.size(0), -1)
-            else:
-                y = self.flat(y)
-            return self.fc(y)
+            return fn(self.pool(F.gelu(self.conv(x))), self)
 
-    gm, m = only_match(M())
+    model = M().eval()
+    gm, m = only_match(model)
     check_region(gm, m)
-    assert m.spec == A(cout=16, p=1)
-    assert [n.name for n in m.nodes] == ["conv", "gelu", "pool"]
-    assert m.output_node.target == "pool"
-    # the squeeze/flatten after the pool is left in the graph, outside the region
-    users = list(m.output_node.users)
-    assert users and not set(users) & set(m.nodes)  # (view also reads y.size(0): the output may have 2 users)
-    assert m.description == "Conv2d(conv) -> gelu -> adaptive_avg_pool2d(1)"
+    assert m.spec == A(cout=16, p=1, post=absorbed or "none")
+    assert [n.name for n in m.nodes[:3]] == ["conv", "gelu", "pool"]
+    assert len(m.nodes) == (4 if absorbed else 3)
+    label = {"flatten": " -> flatten(1)", "squeeze": " -> squeeze()", None: ""}[absorbed]
+    assert m.description == "Conv2d(conv) -> gelu -> adaptive_avg_pool2d(1)" + label
+    if not absorbed:   # the view after the pool is left in the graph, outside the region
+        users = list(m.output_node.users)
+        assert users and not set(users) & set(m.nodes)  # (view also reads y.size(0): the output may have 2 users)
+    fused = fullfuse.fused_model(model, path="torch")
+    x = torch.randn(batch, 3, 8, 8)
+    with torch.no_grad():
+        want = model(x)
+        got = fused(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        try:   # unbatched input: the view of the unbatched pool output, or the model's own error
+            want = model(x[0])
+        except IndexError:
+            with pytest.raises(IndexError):
+                fused(x[0])
+            return
+        assert fused(x[0]).shape == want.shape
+        torch.testing.assert_close(fused(x[0]), want)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -367,11 +398,12 @@ def test_backbone_with_layers_before_and_after():
     model = Backbone().eval()
     gm, m = only_match(model)
     check_region(gm, m)
-    assert m.spec == A(cin=16, cout=32, k=1, act="gelu_erf")
+    assert m.spec == A(cin=16, cout=32, k=1, act="gelu_erf", post="flatten")
     assert m.conv_module == "head_conv"
     assert m.input_node.name == "add"
-    assert [n.target for n in m.nodes] == ["head_conv", "act", "pool"]
-    assert m.description == "Conv2d(head_conv) -> gelu -> adaptive_avg_pool2d(1)"
+    assert [n.target for n in m.nodes] == ["head_conv", "act", "pool", "flatten"]
+    assert m.spec.post == "flatten"
+    assert m.description == "Conv2d(head_conv) -> gelu -> adaptive_avg_pool2d(1) -> flatten(1)"
     x = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(gm(x), model(x))
 
@@ -433,9 +465,9 @@ def test_nested_submodule():
 
     gm, m = only_match(Net())
     assert m.conv_module == "head.block.conv"
-    assert m.spec == A(cin=8, cout=4, s=2, act="relu", pool="max")
+    assert m.spec == A(cin=8, cout=4, s=2, act="relu", pool="max", post="squeeze")
     assert m.input_node.target == "pre"
-    assert m.description == "Conv2d(head.block.conv) -> relu -> adaptive_max_pool2d(1)"
+    assert m.description == "Conv2d(head.block.conv) -> relu -> adaptive_max_pool2d(1) -> squeeze()"
 
 
 def test_sequential():
@@ -443,9 +475,9 @@ def test_sequential():
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
     gm, m = only_match(model)
     assert m.conv_module == "2"
-    assert [n.target for n in m.nodes] == ["2", "3", "4"]
-    assert m.spec == A(cin=3, cout=8, p=1, act="gelu_tanh")
-    assert m.description == "Conv2d(2) -> gelu(tanh) -> adaptive_avg_pool2d(1)"
+    assert [n.target for n in m.nodes] == ["2", "3", "4", "5"]
+    assert m.spec == A(cin=3, cout=8, p=1, act="gelu_tanh", post="flatten")
+    assert m.description == "Conv2d(2) -> gelu(tanh) -> adaptive_avg_pool2d(1) -> flatten(1)"
 
 
 def test_same_conv_module_called_twice_gives_two_matches():

@@ -109,4 +109,4 @@ def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode
     key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
     pipeline.run(x.device, key, n, per_image, conv, finish)
     out = out.to(x.dtype)
-    return out.view(n, k, *([1] * spec.dims)) if spec.keepdim else out
+    return out.view(spec.output_shape(spec.pooled_shape(n)))

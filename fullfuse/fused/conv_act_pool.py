@@ -251,13 +251,13 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     """The call for inputs like ``x`` (dtype, shape, strides, device, 16-byte alignment), everything that depends only
     on those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
     copy, pb = _problem(spec, x, mode, deterministic)
-    n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
+    n, dtype, device = x.shape[0], x.dtype, x.device
     index = launch.device_index(device)
     props = runtime.device_props(index)
     # the atomic mean accumulates into out; every other mode writes each element once
     mean = spec.pool == "mean"
     atomic = mean and not deterministic
-    shape = (n, k, *([1] * spec.dims)) if spec.keepdim else (n, k)
+    shape = spec.output_shape(spec.pooled_shape(n))   # (any view of the N x K values the kernel writes)
     ws_bytes = plan.workspace_bytes(pb, props)
     wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
     call = _runner(pb, props, index, _aligned(x, copy))
