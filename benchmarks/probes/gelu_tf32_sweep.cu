@@ -1,8 +1,8 @@
 // Exhaustive accuracy of the fused A kernel's GELU (erf) forms on the GPU itself: every finite fp32 x (both signs,
 // 2^32 - 2^24 values), each form's worst |y - gelu(x)| / max(1, |x|) against float64 (0.5 x erfc(-x / sqrt 2)), where
-// it occurs, and whether any finite x gave a non-finite y.  Forms (csrc/activation.cuh): ff_gelu_erf_tf32x2 (TF32
-// mode, part in f16x2) and ff_gelu_erf_cubic (gelu_tf32_variants.cuh), ff_gelu_erf_noclamp (the product's fp32
-// form), ff_gelu_erf (exact specials).  Complements the CPU
+// it occurs, and whether any finite x gave a non-finite y.  Forms: the product's (csrc/activation.cuh)
+// ff_gelu_erf_tf32 (TF32 mode), ff_gelu_erf_noclamp (the other fp32 fast form), ff_gelu_erf (exact specials), and
+// the candidates of gelu_tf32_variants.cuh, ff_gelu_erf_tf32x2 (part in f16x2) and ff_gelu_erf_cubic.  Complements the CPU
 // emulation (gelu_tf32_split.py) with the hardware's own ex2.approx, F2FP and HFMA2 rounding.
 //
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks/probes -o /tmp/gs \
@@ -14,7 +14,7 @@
 #include <algorithm>
 #include "gelu_tf32_variants.cuh"
 
-constexpr int FORMS = 4;
+constexpr int FORMS = 5;
 struct Worst {
   unsigned long long err[FORMS];   // the error's float64 bits (non-negative: ordered as integers)
   unsigned int at[FORMS];          // an x bit pattern where it occurs
@@ -42,6 +42,7 @@ __global__ void sweep(unsigned int base, unsigned int count, Worst* w) {
     y[1][0] = ff_gelu_erf_noclamp(x0), y[1][1] = ff_gelu_erf_noclamp(x1);
     y[2][0] = ff_gelu_erf(x0), y[2][1] = ff_gelu_erf(x1);
     y[3][0] = ff_gelu_erf_cubic(x0), y[3][1] = ff_gelu_erf_cubic(x1);
+    y[4][0] = ff_gelu_erf_tf32(x0), y[4][1] = ff_gelu_erf_tf32(x1);
     const float xs[2] = {x0, x1};
     for (int k = 0; k < 2; ++k) {
       if (base + 2u * t + k >= 0x7f800000u) continue;
@@ -80,7 +81,7 @@ int main() {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(err)); return 1; }
   const char* names[FORMS] = {"ff_gelu_erf_tf32x2 (split)", "ff_gelu_erf_noclamp (fp32)", "ff_gelu_erf (exact)",
-                              "ff_gelu_erf_cubic"};
+                              "ff_gelu_erf_cubic", "ff_gelu_erf_tf32 (TF32 mode)"};
   printf("every finite fp32 x, both signs (%.0f ms); max |y - gelu(x)| / max(1, |x|) vs float64:\n", ms);
   for (int f = 0; f < FORMS; ++f) {
     double e;

@@ -1,7 +1,9 @@
-// Candidate GELU (erf) forms for family A's TF32 mode (issue: an epilogue whose accuracy matches the mode, 2^-15 max(1,
-// |x|)), for the probes that measured them: benchmarks/probes/probe_wgmma_smem.cu (what overlaps wgmma chains),
-// gelu_tf32_sweep.cu (every finite fp32 x against float64) and the kernel A/B of docs/design.md 5.  Neither is in the
-// product: the split form holds the bound but made the seed kernel 1 % slower; the cubic is 1.15 x over it.
+// Candidate GELU (erf) forms for family A's TF32 mode (an epilogue whose accuracy matches the mode, 2^-15 max(1,
+// |x|)) that the product does not use, for the probes that measured them: benchmarks/probes/probe_wgmma_smem.cu (what
+// overlaps wgmma chains), gelu_tf32_sweep.cu (every finite fp32 x against float64) and the seed kernel A/B of
+// docs/design.md 3.1.  The split form holds the bound but left the seed kernel as fast as before (its f16x2 work runs
+// on the FP32 pipe there); the cubic was 9 % faster but is 1.15 x over the bound.  The product's form is
+// ff_gelu_erf_tf32 (csrc/activation.cuh).
 #pragma once
 #include "activation.cuh"
 
