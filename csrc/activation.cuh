@@ -6,7 +6,6 @@
 //                                  erf GELU; specials as PyTorch: -inf -> NaN, -0 -> -0, +inf -> +inf, NaN -> NaN,
 //                                  x < ~-11 -> -0.
 //   ff_gelu_erf_noclamp            ff_gelu_erf bit for bit, except +inf -> NaN; 3 issue slots fewer (see there).
-//   ff_gelu_erf_tf32               finite x, TF32 mode: abs err <= 3.6e-6*max(1,|x|); 4 FFMA instead of 5.
 //   ff_activate<FF_ACT_GELU_TANH>  0.5*x*(1 + tanhf(sqrt(2/pi)*(x + 0.044715*x^3))) in PyTorch's operation order,
 //                                  libdevice tanhf (2 ulp); -inf -> NaN (-inf*0) like PyTorch.
 //   ff_activate<FF_ACT_SILU>       x*sigmoid(x) as n/(1+t), t = expf(-|x|) (2 ulp), rcp + residual step: <= ~4 ulp
@@ -74,25 +73,6 @@ __device__ __forceinline__ float ff_gelu_erf(float x) {
 __device__ __forceinline__ float ff_gelu_erf_noclamp(float x) {
   const float u = fabsf(x);
   return fmaf(-u, ff_phi_neg(u), fmaxf(x, -0.0f));
-}
-
-// GELU (erf) for the fused A kernel's TF32 mode, finite x (the clamp-free form's contract; the kernel takes it while a
-// block's inputs are bounded): an epilogue whose accuracy matches the mode.  TF32 rounds every conv operand to 2^-11
-// relative, so a GELU error of 2^-15 max(1, |x|) is invisible in the result, and a degree-4 log2 Phi(-u) on u =
-// min(|x|, 6) holds it (weighted minimax of u Phi(-u) ln 2 |P - log2 Phi(-u)| / max(1, u) on [0, 6]; past 6, q =
-// 2^P(6) ~ 1.8e-9 and u q < 1.1e-8).  4 FFMA where ff_gelu_erf_noclamp has 5, the clamp on the ALU pipe: the FP32
-// pipe's time adds to the wgmma chains' in the kernel, one FFMA per value measured ~4 % of the seed's time
-// (docs/design.md 3.1).  |err| <= 3.6e-6 max(1, |x|) (0.12 of 2^-15): every finite fp32 x on the H200
-// (benchmarks/probes/gelu_tf32_sweep.cu).  -0 -> -0, +inf -> +inf; -inf and NaN are outside its contract.
-__device__ __forceinline__ float ff_gelu_erf_tf32(float x) {
-  const float u = fminf(fabsf(x), 6.0f);
-  float r = fmaf(0x1.122934p-8f, u, -0x1.752aacp-5f);
-  r = fmaf(r, u, -0x1.dd017cp-2f);
-  r = fmaf(r, u, -0x1.260752p+0f);
-  r = fmaf(r, u, -0x1.0013b2p+0f);
-  float q;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(r));
-  return fmaf(-u, q, fmaxf(x, -0.0f));
 }
 
 template <int ACT>

@@ -1,8 +1,8 @@
 // Exhaustive accuracy of the fused A kernel's GELU (erf) forms on the GPU itself: every finite fp32 x (both signs,
 // 2^32 - 2^24 values), each form's worst |y - gelu(x)| / max(1, |x|) against float64 (0.5 x erfc(-x / sqrt 2)), where
 // it occurs, and whether any finite x gave a non-finite y.  Forms: the product's (csrc/activation.cuh)
-// ff_gelu_erf_tf32 (TF32 mode), ff_gelu_erf_noclamp (the other fp32 fast form), ff_gelu_erf (exact specials), and
-// the candidates of gelu_tf32_variants.cuh, ff_gelu_erf_tf32x2 (part in f16x2) and ff_gelu_erf_cubic.  Complements the CPU
+// ff_gelu_erf_noclamp (the kernel's fast form) and ff_gelu_erf (exact specials), and the TF32-mode candidates of
+// gelu_tf32_variants.cuh: ff_gelu_erf_tf32x2 (part in f16x2), ff_gelu_erf_cubic, ff_gelu_erf_tf32 (degree 4).  Complements the CPU
 // emulation (gelu_tf32_split.py) with the hardware's own ex2.approx, F2FP and HFMA2 rounding.
 //
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks/probes -o /tmp/gs \
@@ -81,7 +81,7 @@ int main() {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(err)); return 1; }
   const char* names[FORMS] = {"ff_gelu_erf_tf32x2 (split)", "ff_gelu_erf_noclamp (fp32)", "ff_gelu_erf (exact)",
-                              "ff_gelu_erf_cubic", "ff_gelu_erf_tf32 (TF32 mode)"};
+                              "ff_gelu_erf_cubic", "ff_gelu_erf_tf32 (degree 4)"};
   printf("every finite fp32 x, both signs (%.0f ms); max |y - gelu(x)| / max(1, |x|) vs float64:\n", ms);
   for (int f = 0; f < FORMS; ++f) {
     double e;

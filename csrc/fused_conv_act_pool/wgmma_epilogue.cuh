@@ -10,9 +10,8 @@
 // padding.  Column blocks wholly inside qv (all but the last of a partial tile) skip the mask test; FULL (qv >= 128)
 // has none.  NOCLAMP: GELU (erf) through ff_gelu_erf_noclamp (see wg_epi).  SAT (fp16 input): the conv output goes
 // through ff_f16_sat first, as PyTorch rounds an fp16 conv's output to fp16 (+-inf past 65504) before the activation;
-// ff_gelu_erf_noclamp would turn +inf into NaN, so SAT never takes it.  TF32 (TF32 mode): the fast GELU is
-// ff_gelu_erf_tf32, whose accuracy matches the mode with one FP32-pipe operation fewer per value.
-template <int ACT, int POOL, bool NOCLAMP, bool FULL, bool SAT = false, bool TF32 = false>
+// ff_gelu_erf_noclamp would turn +inf into NaN, so SAT never takes it.
+template <int ACT, int POOL, bool NOCLAMP, bool FULL, bool SAT = false>
 __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)[2][2], int qv, int tig) {
   static_assert(!(NOCLAMP && SAT), "the clamp-free GELU is not exact at +inf");
 #pragma unroll
@@ -21,7 +20,7 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float x = SAT ? ff_f16_sat(acc[4 * i + e]) : acc[4 * i + e];
-      y[e] = NOCLAMP ? (TF32 ? ff_gelu_erf_tf32(x) : ff_gelu_erf_noclamp(x)) : ff_activate<ACT>(x);
+      y[e] = NOCLAMP ? ff_gelu_erf_noclamp(x) : ff_activate<ACT>(x);
     }
     if (FULL || 8 * i + 8 <= qv) {
 #pragma unroll
@@ -43,18 +42,16 @@ __device__ __forceinline__ void wg_epi_pass(const float (&acc)[64], float (&red)
 
 // GELU (erf), the hot case: fast = the block has seen only finite, bounded inputs and weights (WGInBound), so every
 // conv output is finite and the clamp-free form (9 issue slots per value with the sum instead of 11) is bitwise
-// ff_gelu_erf (TF32 mode: ff_gelu_erf_tf32, within 2^-15 max(1, |x|)); otherwise (WGParams gelu_fast = 0) ff_gelu_erf
-// itself.  full: no pixel of the tile is padding
+// ff_gelu_erf; otherwise (WGParams gelu_fast = 0) ff_gelu_erf itself.  full: no pixel of the tile is padding
 // (a whole 128-pixel tile, or a mean whose padding accumulators were zeroed, wg_epi_any), so the pass runs without the
 // per-column-block mask tests: one straight-line block of 64 values.  SAT: fp16 input (wg_epi_pass), where a conv
-// output past fp16's range is +-inf even from bounded inputs, so it takes the exact form.  TF32: the kernel's TF32 mode
-// (fp32 input, not ieee), whose fast GELU is the precision-matched one (wg_epi_pass).
-template <int ACT, int POOL, bool SAT = false, bool TF32 = false>
+// output past fp16's range is +-inf even from bounded inputs, so it takes the exact form.
+template <int ACT, int POOL, bool SAT = false>
 __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2], int qv, int tig, bool fast,
                                        bool full) {
   if (ACT == FF_ACT_GELU_ERF && fast && !SAT) {
-    if (full) wg_epi_pass<ACT, POOL, !SAT, true, false, TF32>(acc, red, qv, tig);
-    else wg_epi_pass<ACT, POOL, !SAT, false, false, TF32>(acc, red, qv, tig);
+    if (full) wg_epi_pass<ACT, POOL, !SAT, true>(acc, red, qv, tig);
+    else wg_epi_pass<ACT, POOL, !SAT, false>(acc, red, qv, tig);
   } else if (POOL == FF_POOL_MEAN && full) {
     wg_epi_pass<ACT, POOL, false, true, SAT>(acc, red, qv, tig);
   } else {
@@ -62,13 +59,13 @@ __device__ __forceinline__ void wg_epi(const float (&acc)[64], float (&red)[2][2
   }
 }
 
-template <int POOL, bool SAT = false, bool TF32 = false>
+template <int POOL, bool SAT = false>
 __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64], float (&red)[2][2], int qv, int tig,
                                                 bool fast, bool full) {
   switch (act) {
     case FF_ACT_NONE: wg_epi<FF_ACT_NONE, POOL, SAT>(acc, red, qv, tig, fast, full); break;
     case FF_ACT_RELU: wg_epi<FF_ACT_RELU, POOL, SAT>(acc, red, qv, tig, fast, full); break;
-    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL, SAT, TF32>(acc, red, qv, tig, fast, full); break;
+    case FF_ACT_GELU_ERF: wg_epi<FF_ACT_GELU_ERF, POOL, SAT>(acc, red, qv, tig, fast, full); break;
     case FF_ACT_GELU_TANH: wg_epi<FF_ACT_GELU_TANH, POOL, SAT>(acc, red, qv, tig, fast, full); break;
     default: wg_epi<FF_ACT_SILU, POOL, SAT>(acc, red, qv, tig, fast, full); break;
   }
@@ -134,16 +131,14 @@ __device__ __forceinline__ void wg_epi_any(const WGParams& p, float (&acc)[64], 
           }
       }
     }
-    constexpr bool TF32 = DT == FF_F32 && !SPLIT;
     if (DT != FF_F32 && h2) wg_epi_h2_checked<DT>(acc, red, dm, tig);
-    else wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16, TF32>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    else wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
     // mask-free whole tiles for 16-bit input only (measured: 16-bit channels_last -4 %, TF32 even, ieee +7 %), so the
     // fp32 kernels do not carry that code
     const bool full = DT != FF_F32 && p.fulltile && qv >= WG_NT / 2;
-    constexpr bool TF32 = DT == FF_F32 && !SPLIT;
-    if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16, TF32>(p.act, acc, red, qv, tig, fast, full);
-    else wg_epi_dispatch<FF_POOL_MAX, DT == FF_F16, TF32>(p.act, acc, red, qv, tig, fast, full);
+    if (p.pool == FF_POOL_MEAN) wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16>(p.act, acc, red, qv, tig, fast, full);
+    else wg_epi_dispatch<FF_POOL_MAX, DT == FF_F16>(p.act, acc, red, qv, tig, fast, full);
   }
 }
 
@@ -169,9 +164,9 @@ __device__ __forceinline__ void wg_epi_r2(const WGParams& p, float (&acc)[64], f
     }
   if (mean) {
     if (DT != FF_F32 && h2) wg_epi_h2_checked<DT>(acc, red, dm, tig);
-    else wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16, DT == FF_F32>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    else wg_epi_dispatch<FF_POOL_MEAN, DT == FF_F16>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   } else {
-    wg_epi_dispatch<FF_POOL_MAX, DT == FF_F16, DT == FF_F32>(p.act, acc, red, WG_NT / 2, tig, fast, true);
+    wg_epi_dispatch<FF_POOL_MAX, DT == FF_F16>(p.act, acc, red, WG_NT / 2, tig, fast, true);
   }
 }
 
