@@ -124,8 +124,7 @@ def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch:
         return run_torch
     if chosen == "fused":
         return _fused_module(spec).prepare(spec, x, mode, deterministic)
-    module = _fallback_module(spec)
-    return lambda x, weight, bias: module.run(spec, x, weight, bias, mode, deterministic)
+    return _fallback_module(spec).prepare(spec, x, mode, deterministic)
 
 
 def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic: bool, follows_torch: bool):

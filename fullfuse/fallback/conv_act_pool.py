@@ -71,42 +71,59 @@ def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f1
     (float32_bias) or None, out a float32 (N, K) view with rows of K contiguous floats.  f16_range: y is the float32
     conv output of an fp16 model, and y + bias gets fp16's overflow (+-inf past 65504) as PyTorch's fp16 conv."""
     y, channels_last = layout_of(y, spec.dims)
-    y_ptr = y.data_ptr()
-    key = (y.shape, channels_last, y.dtype, f16_range, y.get_device(), y_ptr % 16, spec.activation, spec.pool)
+    y_ptr, index = y.data_ptr(), y.get_device()
+    key = (y.shape, channels_last, y.dtype, f16_range, index, y_ptr % 16, spec.activation, spec.pool)
     op = _prepared.get(key)
     if op is None:
         op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool, f16_range))
     # the counters in the zeroed buffer (the kernel leaves them zero), the partials in a scratch buffer (workspace.py)
-    ws, parts = workspace.buffers(y.get_device(), op.buffers)
+    ws, parts = workspace.buffers(index, op.buffers)
     op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), 0 if ws is None else ws.data_ptr(),
               0 if parts is None else parts.data_ptr())
 
 
-def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
-        deterministic: bool = True) -> torch.Tensor:
+def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool = True):
+    """The fallback's call for inputs like ``x`` (dtype, shape, strides, device), what depends only on those worked out
+    once (host time per call): returns ``run(x, weight, bias) -> out``.  Raises UnsupportedError where the epilogue
+    kernels cannot be had here."""
     require(unavailable())
-    bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-    n, k = x.shape[0], spec.out_channels
-    out = launch.new_output(n, k, device=x.device)
+    n, k, dtype, device = x.shape[0], spec.out_channels, x.dtype, x.device
     # fp16: cuDNN writes the conv output in float32, and the epilogue gives it fp16's overflow.  Some of cuDNN's
     # fp16-output engines write finite values where the sum overflows fp16 (PyTorch's own NCHW call gives +-inf).
-    f16 = x.dtype == torch.float16
+    f16 = dtype == torch.float16
+    conv_dtype = torch.float32 if f16 else None
+    spatial = spec.output_spatial(tuple(x.shape[2:]))
+    per_image = k * math.prod(spatial) * (4 if f16 else x.element_size())
+    key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
+    shape = spec.output_shape(spec.pooled_shape(n))
+    reshape = shape != (n, k)
+    conv_fn = _CONV[spec.dims]
 
-    def conv(n0, n1):
-        # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the
-        # operands as the caller has them (where it is as fast, or without the frontend)
-        xs = pipeline.rows(x, n0, n1)
-        y = cudnn_conv.conv_forward(spec, xs, weight, mode, deterministic, torch.float32 if f16 else None)
-        if y is None:
-            with cudnn_settings(mode, deterministic):
-                y = _CONV[spec.dims](xs, weight, None, spec.stride, spec.padding, spec.dilation)
-        return y
+    def run(x, weight, bias):
+        bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
+        out = launch.new_output(n, k, device=device)
 
-    def finish(y, n0, n1):
-        epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16_range=f16 and y.dtype == torch.float32)
+        def conv(n0, n1):
+            # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the
+            # operands as the caller has them (where it is as fast, or without the frontend)
+            xs = pipeline.rows(x, n0, n1)
+            y = cudnn_conv.conv_forward(spec, xs, weight, mode, deterministic, conv_dtype, (n1 - n0, k, *spatial))
+            if y is None:
+                with cudnn_settings(mode, deterministic):
+                    y = conv_fn(xs, weight, None, spec.stride, spec.padding, spec.dilation)
+            return y
 
-    per_image = k * math.prod(spec.output_spatial(tuple(x.shape[2:]))) * (4 if f16 else x.element_size())
-    key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
-    pipeline.run(x.device, key, n, per_image, conv, finish)
-    out = out.to(x.dtype)
-    return out.view(spec.output_shape(spec.pooled_shape(n)))
+        def finish(y, n0, n1):
+            epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16_range=f16 and y.dtype == torch.float32)
+
+        pipeline.run(device, key, n, per_image, conv, finish)
+        if dtype != torch.float32:
+            out = out.to(dtype)
+        return out.view(shape) if reshape else out
+    return run
+
+
+def run(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
+        deterministic: bool = True) -> torch.Tensor:
+    """One call (``prepare``'s run for this input)."""
+    return prepare(spec, x, mode, deterministic)(x, weight, bias)

@@ -89,19 +89,32 @@ def epilogue(spec: ConvTPoolReduceSpec, y: torch.Tensor, bias, out: torch.Tensor
         op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr())
 
 
-def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
-        deterministic: bool = True) -> torch.Tensor:
+def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool = True):
+    """The fallback's call for inputs like ``x`` (dtype, shape, strides, device), what depends only on those worked out
+    once (host time per call): returns ``run(x, weight, bias) -> out``.  Raises UnsupportedError where the epilogue
+    kernels cannot be had here."""
     require(unavailable())
-    weight = as_memory_format(weight, CHANNELS_LAST[spec.dims])
-    bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-    n = x.shape[0]
+    n, dtype, device = x.shape[0], x.dtype, x.device
     conv_out = spec.conv_output_spatial(tuple(x.shape[2:]))
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
-    out = launch.new_output(n, *pooled, device=x.device)
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
-    key = (spec, tuple(x.shape), x.dtype, x.device, x.is_contiguous(), mode, deterministic)
-    pipeline.run(x.device, key, n, per_image,
-                 lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic),
-                 lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
-    out = out.to(x.dtype)
-    return out.unsqueeze(1) if spec.keepdim else out
+    key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
+    weight_format = CHANNELS_LAST[spec.dims]
+
+    def run(x, weight, bias):
+        weight = as_memory_format(weight, weight_format)
+        bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
+        out = launch.new_output(n, *pooled, device=device)
+        pipeline.run(device, key, n, per_image,
+                     lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic),
+                     lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
+        if dtype != torch.float32:
+            out = out.to(dtype)
+        return out.unsqueeze(1) if spec.keepdim else out
+    return run
+
+
+def run(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, bias, mode: str,
+        deterministic: bool = True) -> torch.Tensor:
+    """One call (``prepare``'s run for this input)."""
+    return prepare(spec, x, mode, deterministic)(x, weight, bias)

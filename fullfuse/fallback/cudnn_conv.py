@@ -224,9 +224,10 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
     if cudnn is None:
         return None
     out_dtype = out_dtype or x.dtype
-    key = (kind, out_dtype, tuple(x.shape), tuple(x.stride()), x.data_ptr() % _ALIGN, tuple(weight.shape),
-           tuple(weight.stride()), weight.data_ptr() % _ALIGN, x.dtype, x.device, tuple(out_shape), tuple(padding),
-           tuple(stride), tuple(dilation), mode, deterministic)
+    # (shapes as torch.Size: a tuple's hash and equality; strides and the spec's values are tuples already)
+    key = (kind, out_dtype, x.shape, x.stride(), x.data_ptr() % _ALIGN, weight.shape, weight.stride(),
+           weight.data_ptr() % _ALIGN, x.dtype, x.device, tuple(out_shape), padding, stride, dilation, mode,
+           deterministic)
     entry = _entries.get(key, _MISSING)
     if entry is _MISSING:
         if launch.capturing(x.device):
@@ -270,11 +271,13 @@ def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Ten
 
 
 def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, mode: str, deterministic: bool = True,
-                 out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
-    """The forward conv (no bias) with output dtype ``out_dtype`` (default: the input's), or None."""
+                 out_dtype: Optional[torch.dtype] = None, out_shape=None) -> Optional[torch.Tensor]:
+    """The forward conv (no bias) with output dtype ``out_dtype`` (default: the input's), or None.  ``out_shape``:
+    its shape where the caller has it (host time), else worked out here."""
     if spec.groups != 1:
         return None
-    out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
+    if out_shape is None:
+        out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
     return run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic,
                out_dtype)
 

@@ -49,6 +49,20 @@ def chunks(n: int, bytes_per_image: int, chunk_bytes: Optional[int] = None) -> L
     return [(bounds[i], bounds[i + 1]) for i in range(count) if bounds[i + 1] > bounds[i]]
 
 
+_spans: Dict[Tuple[int, int, int], Tuple[Tuple[int, int], ...]] = {}
+
+
+def _chunks_kept(n: int, bytes_per_image: int, chunk_bytes: int) -> Tuple[Tuple[int, int], ...]:
+    """``chunks``, worked out once per arguments (host time per call; bounded)."""
+    key = (n, bytes_per_image, chunk_bytes)
+    spans = _spans.get(key)
+    if spans is None:
+        if len(_spans) > 1024:
+            _spans.clear()
+        spans = _spans[key] = tuple(chunks(n, bytes_per_image, chunk_bytes))
+    return spans
+
+
 def rows(t: torch.Tensor, n0: int, n1: int) -> torch.Tensor:
     """Images [n0, n1) of ``t``: ``t`` itself for the whole batch (the one-chunk case: no view op, host time)."""
     return t if n0 == 0 and n1 == t.shape[0] else t[n0:n1]
@@ -166,7 +180,7 @@ def run(device: torch.device, key: Hashable, n: int, bytes_per_image: int,
                 _chosen[key] = _autotune(device, n, bytes_per_image, produce, consume)
                 return                              # the chosen schedule computed the full result
     chunk_bytes, overlap = (chosen[0], chosen[1]) if chosen is not None else (CHUNK_BYTES, OVERLAP)
-    _execute(device, chunks(n, bytes_per_image, chunk_bytes), overlap, produce, consume)
+    _execute(device, _chunks_kept(n, bytes_per_image, chunk_bytes), overlap, produce, consume)
 
 
 def describe() -> list:
