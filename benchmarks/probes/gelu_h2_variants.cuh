@@ -3,7 +3,7 @@
 // h2_gelu, g = relu(x) - |x| Phi(-|x|) of a pair of fp32 values as f16x2; the epilogue around them (h2_var_epi) reduces,
 // like wg_epi_h2, over the tile's 128 pixels per channel by mma.sync against ones.  Measured in docs/design.md:
 //   V 0  the product form (P3, relu by HMNMX2)
-//   V 1  run 21's form (fast_gelu.md's degree-5 P, relu by a second F2FP, cvt.rn.relu)
+//   V 1  an earlier form (fast_gelu.md's degree-5 P, relu by a second F2FP, cvt.rn.relu)
 //   V 2  no MUFU: r' = -P5 clamped to <= 14, m = round(r') by the 1536 magic number, 2^-(r' - m) by a degree-3
 //        polynomial (minimax on [-1/2, 1/2]), 2^-m by subtracting m << 10 from each half's exponent field
 //   V 3  P5, relu by HMNMX2;  V 4  P5, relu by PRMT + LOP3 on the sign bits;  V 5  P3, relu by F2FP
@@ -36,7 +36,7 @@ __device__ __forceinline__ uint32_t h2_gelu_x(float lo, float hi) {
     r = h2_fma(0x25ee25eeu, nu, 0xb80ab80au);
     r = h2_fma(r, nu, 0x3c7f3c7fu);
     r = h2_fma(r, nu, 0xbc04bc04u);
-  } else {   // run 21's coefficients (c0, c2 moved a step for the truncating MUFU)
+  } else {   // V 1's coefficients (c0, c2 moved a step for the truncating MUFU)
     r = h2_fma(0x10171017u, nu, 0x1f6e1f6eu);
     r = h2_fma(r, nu, 0x2aaf2aafu);
     r = h2_fma(r, nu, 0xb759b759u);

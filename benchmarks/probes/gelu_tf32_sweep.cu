@@ -2,8 +2,8 @@
 // 2^32 - 2^24 values), each form's worst |y - gelu(x)| / max(1, |x|) against float64 (0.5 x erfc(-x / sqrt 2)), where
 // it occurs, and whether any finite x gave a non-finite y.  Forms: the product's (csrc/activation.cuh)
 // ff_gelu_erf_noclamp (the kernel's fast form) and ff_gelu_erf (exact specials), and the TF32-mode candidates of
-// gelu_tf32_variants.cuh: ff_gelu_erf_tf32x2 (part in f16x2), ff_gelu_erf_cubic, ff_gelu_erf_tf32 (degree 4).  Complements the CPU
-// emulation (gelu_tf32_split.py) with the hardware's own ex2.approx, F2FP and HFMA2 rounding.
+// gelu_tf32_variants.cuh: ff_gelu_erf_tf32x2 (part in f16x2), ff_gelu_erf_cubic, ff_gelu_erf_tf32 (degree 4).
+// Complements the CPU emulation (gelu_tf32_split.py) with the hardware's own ex2.approx, F2FP and HFMA2 rounding.
 //
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks/probes -o /tmp/gs \
 //          benchmarks/probes/gelu_tf32_sweep.cu

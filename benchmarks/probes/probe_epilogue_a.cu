@@ -515,8 +515,8 @@ int main() {
   run<1, E_H2TREE, true>("bf16 MMA + half2 GELU, tree", nsm, dout, nullptr, &ref16);
   run<1, E_H2MMA, true>("bf16 MMA + half2 GELU, wgmma", nsm, dout, nullptr, &ref16);
   // the 16-bit epilogue's GELU variants (gelu_h2_variants.cuh), with the MMAs and alone
-  const char* vn[] = {"kernel (P3, relu max)", "run 21 (P5, relu cvt)", "no MUFU (poly 2^x)", "P5, relu max", "P5, relu PRMT",
-                      "P3, relu cvt", "half run 21, half poly", "no MUFU P6(v), relu", "no MUFU 2g = x + |x| Q6",
+  const char* vn[] = {"kernel (P3, relu max)", "V1 (P5, relu cvt)", "no MUFU (poly 2^x)", "P5, relu max", "P5, relu PRMT",
+                      "P3, relu cvt", "half V1, half poly", "no MUFU P6(v), relu", "no MUFU 2g = x + |x| Q6",
                       "half kernel, half P6", "3/4 kernel, 1/4 P6"};
   char nm[64];
 #define H2V(V)                                                                                   \

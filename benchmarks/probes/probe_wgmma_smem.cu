@@ -21,8 +21,10 @@
 #include "gelu_tf32_variants.cuh"
 
 __device__ __forceinline__ void rs_tf32(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
-               ", {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n" : ACC_OPS(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ACC_REGS
+               ", {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
+               : ACC_OPS(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
 // layouts: 0 = interleaved core matrices (8 rows x 16 B), second K chunk one plane further (LBO); 3 = 32-byte swizzle,
@@ -49,7 +51,8 @@ __global__ void __launch_bounds__(384, 1) bench(float* out, int iters, int shift
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
-  // A = [I_8 | 0] (64 x 8 (tf32) or 64 x 16 (bf16)): D[m][n] = B[n][k = m] for m < 8; B[n][k] = n * 8 + k + 1 (small ints)
+  // A = [I_8 | 0] (64 x 8 (tf32) or 64 x 16 (bf16)): D[m][n] = B[n][k = m] for m < 8;
+  // B[n][k] = n * 8 + k + 1 (small ints)
   for (int i = tid; i < (B_OFF2 + 4 * SLOT) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0;
   __syncthreads();
   const bool bf = MODE == 1;
@@ -146,7 +149,9 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
         const float want = 10.0f * (float)(((n + s) * 8 + m + 1) % 251);
         if (h[m * 128 + n] != want) ++bad;
       }
-    if (bad) printf("    shift %d: %d of %d wrong (e.g. D[0][0] = %g, want %g)\n", s, bad, mmax * 128, h[0], 10.0f * (float)((s * 8 + 1) % 251));
+    if (bad)
+      printf("    shift %d: %d of %d wrong (e.g. D[0][0] = %g, want %g)\n", s, bad, mmax * 128, h[0],
+             10.0f * (float)((s * 8 + 1) % 251));
   }
 }
 
@@ -157,10 +162,12 @@ void run(const char* name, int nwg, int blocks_per_sm, int nsm, float* dout, dou
 // flags bit 2: the MMA warpgroup runs bf16 k16 instead of TF32 k8; bit 3: the ALU loop has no EX2 (an FFMA in its
 // place); bit 4: the ALU loop is FFMA only (9 per value, 64 independent chains); bit 5: an integer loop on the ALU pipe
 // (LOP3 / IADD3 / SHF / IMNMX); bit 6: a half2 FMA loop (HFMA2); bit 7: MUFU only (ex2.approx.f16x2 chains); bits
-// 8 / 9: run 21's 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial; bit 10:
-// a DFMA loop (FP64 pipe); 11: the fp32 GELU-like loop with its Horner in fp64; 12: IMAD / IMAD.HI; 13: F2F f32 <-> f64;
+// 8 / 9: a 16-bit GELU (gelu_h2_variants.cuh V 1) with the power of two by MUFU / V 2, by a polynomial; bit 10:
+// a DFMA loop (FP64 pipe); 11: the fp32 GELU-like loop with its Horner in fp64; 12: IMAD / IMAD.HI;
+// 13: F2F f32 <-> f64;
 // 14: the split TF32-mode GELU (ff_gelu_erf_tf32x2, gelu_tf32_variants.cuh) + FADD per value; 15: its conversions only
-// (F2FP f32 -> f16x2, HADD2.F32 f16 -> f32); 16: the kernel's fp32 GELU (ff_gelu_erf_noclamp) + FADD.  clk (if non-null): per block
+// (F2FP f32 -> f16x2, HADD2.F32 f16 -> f32); 16: the kernel's fp32 GELU (ff_gelu_erf_noclamp) + FADD.
+// clk (if non-null): per block
 // {clock64 cycles, %globaltimer ns} of thread 0 from the first barrier to the end, for the effective SM clock.
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
@@ -168,7 +175,8 @@ __device__ __forceinline__ unsigned long long gtimer() {
   return t;
 }
 template <int XF>   // XF: the flag bits 2..4 at compile time (branch-free chains)
-__global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int alu_iters, int flags, unsigned long long* clk) {
+__global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int alu_iters, int flags,
+                                                  unsigned long long* clk) {
   flags = (flags & 3) | XF;
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
@@ -233,7 +241,8 @@ __global__ void __launch_bounds__(384, 1) overlap(float* out, int mma_iters, int
     for (int it = 0; it < alu_iters; ++it) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        const uint32_t g = (XF & 256) ? h2_gelu_x<false, 0>(v[2 * i], v[2 * i + 1]) : h2_gelu_poly(v[2 * i], v[2 * i + 1]);
+        const uint32_t g = (XF & 256) ? h2_gelu_x<false, 0>(v[2 * i], v[2 * i + 1])
+                                      : h2_gelu_poly(v[2 * i], v[2 * i + 1]);
         acc = h2_add(acc, g);
         v[2 * i] = __int_as_float(__float_as_int(v[2 * i]) ^ 1);
         v[2 * i + 1] = __int_as_float(__float_as_int(v[2 * i + 1]) ^ 1);
@@ -375,14 +384,16 @@ void run_overlap(int nsm, float* dout, double ghz) {
   std::vector<unsigned long long> hclk(nsm * 2);
   double mhz = 0;
   // variant v: flag bits extra[v] (at most one loop bit), run by kernels[v] (the same bits at compile time)
-  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop", "TF32 k8 + FFMA-only loop",
+  const char* names[] = {"TF32 k8 + GELU-like (EX2)", "bf16 k16 + GELU-like (EX2)", "TF32 k8 + no-EX2 loop",
+                         "TF32 k8 + FFMA-only loop",
                          "TF32 k8 + integer ALU loop", "TF32 k8 + HFMA2 loop", "TF32 k8 + MUFU f16x2 only",
-                         "TF32 k8 + run-21 h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x", "TF32 k8 + DFMA loop",
+                         "TF32 k8 + h2 GELU (MUFU)", "TF32 k8 + h2 GELU, poly 2^x", "TF32 k8 + DFMA loop",
                          "TF32 k8 + GELU, fp64 Horner", "TF32 k8 + IMAD / IMAD.HI loop", "TF32 k8 + F2F f32<->f64 only",
                          "TF32 k8 + TF32-mode GELU (split)", "TF32 k8 + F2FP / HADD2.F32 only", "TF32 k8 + fp32 GELU"};
   const int extra[] = {0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
   void (*const kernels[])(float*, int, int, int, unsigned long long*) = {
-      overlap<0>, overlap<4>, overlap<8>, overlap<16>, overlap<32>, overlap<64>, overlap<128>, overlap<256>, overlap<512>,
+      overlap<0>, overlap<4>, overlap<8>, overlap<16>, overlap<32>, overlap<64>, overlap<128>, overlap<256>,
+      overlap<512>,
       overlap<1024>, overlap<2048>, overlap<4096>, overlap<8192>, overlap<16384>, overlap<32768>, overlap<65536>};
   const int nv = (int)(sizeof(extra) / sizeof(extra[0]));
   static_assert(sizeof(extra) / sizeof(extra[0]) == sizeof(kernels) / sizeof(kernels[0]), "one kernel per variant");
@@ -410,7 +421,8 @@ void run_overlap(int nsm, float* dout, double ghz) {
       const float m = t(v, 1, nthreads); const double mm = mhz;
       const float a = t(v, 2, nthreads); const double am = mhz;
       const float b = t(v, 3, nthreads); const double bm = mhz;
-      printf("overlap %-28s %d ALU WG: MMA alone %.3f ms (%.0f MHz), ALU alone %.3f ms (%.0f MHz), both %.3f ms (%.0f MHz); "
+      printf("overlap %-28s %d ALU WG: MMA alone %.3f ms (%.0f MHz), ALU alone %.3f ms (%.0f MHz), "
+             "both %.3f ms (%.0f MHz); "
              "hidden %.0f %% of the ALU time\n", names[v], nthreads / 128 - 1, m, mm, a, am, b, bm,
              100.0 * (m + a - b) / std::min(m, a));
     }
