@@ -74,7 +74,7 @@ def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride:
 @_conv_act_pool_op.register_fake
 def _(x, weight, bias, stride, padding, dilation, activation, pool, keepdim, post, path, precision, deterministic):
     spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
-    return x.new_empty(spec.output_shape(spec.pooled_shape(x.shape[0])))
+    return x.new_empty(spec.output_shape(x.shape[0]))
 
 
 @torch.library.custom_op("fullfuse::convt_pool_reduce", mutates_args=())

@@ -6,7 +6,6 @@ a spec is fixed by the model's modules (channels, kernel, stride, ...).  Compile
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Tuple
 
@@ -79,17 +78,15 @@ class ConvActPoolSpec:
         _check_spec(self, (("activation", ACTIVATIONS), ("pool", POOLS), ("post", POSTS)),
                     ("kernel_size", "stride", "padding", "dilation"))
 
-    def output_shape(self, pooled_shape: IntTuple) -> IntTuple:
-        """The shape the region returns for a pool output of ``pooled_shape`` (batched or not)."""
+    def output_shape(self, n: int) -> IntTuple:
+        """The shape the region returns for a batch of ``n``: the pool's, (n, C_out[, 1, ...]), then ``post``'s view
+        (unbatched inputs run as a batch of one, the view taken after: ops.run_spec)."""
+        pooled = (n, self.out_channels, *((1,) * self.dims if self.keepdim else ()))
         if self.post == "flatten":
-            return (*pooled_shape[:1], math.prod(pooled_shape[1:]))
+            return (n, self.out_channels)
         if self.post == "squeeze":
-            return tuple(d for d in pooled_shape if d != 1)
-        return tuple(pooled_shape)
-
-    def pooled_shape(self, n: int) -> IntTuple:
-        """The pool's output shape for a batch of ``n``."""
-        return (n, self.out_channels, *((1,) * self.dims if self.keepdim else ()))
+            return tuple(d for d in pooled if d != 1)
+        return pooled
 
     def output_spatial(self, in_spatial: IntTuple) -> IntTuple:
         """Spatial extent of the convolution output for an input of spatial extent ``in_spatial``."""

@@ -95,7 +95,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     spatial = spec.output_spatial(tuple(x.shape[2:]))
     per_image = k * math.prod(spatial) * (4 if f16 else x.element_size())
     key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
-    shape = spec.output_shape(spec.pooled_shape(n))
+    shape = spec.output_shape(n)
     reshape = shape != (n, k)
     conv_fn = _CONV[spec.dims]
 

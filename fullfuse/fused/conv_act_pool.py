@@ -233,8 +233,7 @@ def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
     primary = _Runner(Launches(pb, props, choice), device)
     if not primary.l.tma:
         return primary
-    dtype, dims, strides, box, element_strides = primary.l.geometry
-    geometry = (dtype, tuple(dims), tuple(strides), tuple(box), tuple(element_strides))
+    geometry = primary.l.geometry   # (tuples from the planner: hashable, made once per signature)
     fallback: List[_Runner] = []
 
     def run(x, weight, bias, out, ws, parts):
@@ -257,7 +256,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     # the atomic mean accumulates into out; every other mode writes each element once
     mean = spec.pool == "mean"
     atomic = mean and not deterministic
-    shape = spec.output_shape(spec.pooled_shape(n))   # (any view of the N x K values the kernel writes)
+    shape = spec.output_shape(n)   # (any view of the N x K values the kernel writes)
     ws_bytes = plan.workspace_bytes(pb, props)
     wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
     call = _runner(pb, props, index, _aligned(x, copy))
