@@ -99,16 +99,10 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
     return "fallback", why or "requested"
 
 
-# call signature -> (spec, (path, reason), run(x, weight, bias)): the choice and everything that depends only on
-# the signature are worked out once, so the host work per call stays small next to the kernels
+# call signature (``run`` says what it holds; its first item is id(spec)) -> (spec, (path, reason), run(x, weight,
+# bias)): the choice and everything that depends only on the signature are worked out once, so the host work per
+# call stays small next to the kernels
 _calls: Dict[tuple, tuple] = {}
-
-
-def _signature(spec, path, precision, mode, deterministic, x, weight, bias) -> tuple:
-    """What the choice and the prepared call depend on (shape and strides cover the layout; the address's
-    16-byte alignment picks the loaders).  id(spec): the entry keeps its spec alive, so the id stays unique."""
-    return (id(spec), path, precision, mode, deterministic, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16,
-            weight.dtype, weight.device, None if bias is None else (bias.dtype, bias.device))
 
 
 def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch: bool = False):
@@ -143,7 +137,11 @@ def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic:
 
 def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
     mode = precision_mod.resolve(precision, x.dtype)
-    key = _signature(spec, path, precision, mode, deterministic, x, weight, bias)
+    # the call signature: what the choice and the prepared call depend on (shape and strides cover the layout; the
+    # address's 16-byte alignment picks the loaders).  id(spec): the entry keeps its spec alive, so the id stays
+    # unique.  Built inline (host time per call).
+    key = (id(spec), path, precision, mode, deterministic, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16,
+           weight.dtype, weight.device, None if bias is None else (bias.dtype, bias.device))
     entry = _calls.get(key)
     if entry is None:
         check_path(path)

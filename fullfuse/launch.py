@@ -41,6 +41,17 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA buil
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
+def stream_and_capturing(index: int):
+    """(cudaStream_t of device ``index``'s current stream, whether it is being captured): what a call's launches and
+    its kept buffers depend on, read together (one device check: host time)."""
+    if index != current_device_index():
+        with torch.cuda.device(index):
+            return torch.cuda.current_stream(index).cuda_stream, torch.cuda.is_current_stream_capturing()
+    if _raw_stream is None or _is_capturing is None:
+        return torch.cuda.current_stream(index).cuda_stream, torch.cuda.is_current_stream_capturing()
+    return _raw_stream(index), _is_capturing()
+
+
 def current_device_index() -> int:
     return _get_device() if _get_device is not None else torch.cuda.current_device()
 

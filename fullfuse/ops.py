@@ -154,7 +154,8 @@ def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic
     semantics: under autocast the region computes in the autocast dtype, as the original would.  An unbatched input
     (as torch convs accept it) runs as a batch of one; the region's view of the pool (spec.post) then applies to the
     unbatched pool output, as the model's own op would."""
-    dispatch.check_path(path)
+    if path not in dispatch.PATH_CHOICES:
+        dispatch.check_path(path)   # raises
     if x.dim() == spec.dims + 1:
         pooled = _pooled_only(spec)
         out = run_spec(pooled, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)

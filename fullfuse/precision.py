@@ -72,12 +72,19 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"fullfuse: precision must be one of {PRECISION_CHOICES}, got {precision!r}")
 
 
+_NATIVE_MODES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 def resolve(precision: str, dtype: torch.dtype) -> str:
-    """The mode a call runs in: "tf32" / "ieee" for float32, else "bfloat16" / "float16"."""
+    """The mode a call runs in: "tf32" / "ieee" for float32, else "bfloat16" / "float16" (other dtypes: their
+    name).  Raises ValueError for an unknown precision."""
+    if dtype == torch.float32:
+        if precision == "auto":
+            return torch_conv_precision()
+        if precision in ("tf32", "ieee"):
+            return precision
     check_precision(precision)
-    if dtype != torch.float32:
-        return str(dtype).replace("torch.", "")
-    return torch_conv_precision() if precision == "auto" else precision
+    return _NATIVE_MODES.get(dtype) or str(dtype).replace("torch.", "")
 
 
 # Process-wide torch flags are changed only here, under this lock, which a call holds while its convolutions are

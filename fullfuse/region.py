@@ -10,10 +10,6 @@ from . import ops
 from .plan import Plan
 
 
-def _tracing() -> bool:
-    return _fx_tracing() or ops.compiling()
-
-
 _fx = torch.fx._symbolic_trace
 _fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 
@@ -41,7 +37,7 @@ class FusedRegion(nn.Module):
         """``forward`` without nn.Module.__call__'s hook checks (~1.5 us of host time per call; a region is
         fullfuse's own and has no hooks), except under fx tracing (a pickled fused model is re-traced when loaded)
         and torch.compile, which see the module call as usual."""
-        if _tracing():
+        if _fx_tracing() or ops.compiling():
             return super().__call__(*args, **kwargs)
         return self.forward(*args, **kwargs)
 

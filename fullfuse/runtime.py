@@ -97,7 +97,7 @@ class Kernel:
         self._ctx = _primary_context(device)
         _in_context(self._ctx, self._load, drv, code, name, arch)
         self._occupancy: Dict[Tuple[int, int], int] = {}
-        self._launch = drv.cuLaunchKernel
+        self._launch, self._launch_ex = drv.cuLaunchKernel, drv.cuLaunchKernelEx
         self._configs = threading.local()   # .by_shape: (grid, block, smem) -> this thread's CUlaunchConfig
 
     def _load(self, drv, code: bytes, name: str, arch: str) -> None:
@@ -136,16 +136,15 @@ class Kernel:
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
 
-
-    def launch_dependent(self, grid: Dim3, block: Dim3, smem: int, args: "Args") -> None:
-        """``launch`` on torch's current stream with a programmatic dependency on the kernel before it in the stream
+    def launch_dependent(self, grid: Dim3, block: Dim3, smem: int, args: "Args", stream: Optional[int] = None) -> None:
+        """``launch`` with a programmatic dependency on the kernel before it in the stream
         (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of that kernel
         has signalled (griddepcontrol.launch_dependents), so its prologue overlaps that kernel's tail.  The kernel
         must wait (griddepcontrol.wait) before it reads what that kernel writes; where the previous work in the
         stream is not a kernel, or the GPU predates sm_90, the launch is an ordinary one."""
         config = self._config(grid, block, smem)
-        config.hStream = stream_of(self.device)
-        err, = _launch_in_context(self, _driver().cuLaunchKernelEx, config, self._fn, args.address, 0)
+        config.hStream = stream_of(self.device) if stream is None else stream
+        err, = _launch_in_context(self, self._launch_ex, config, self._fn, args.address, 0)
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
 
@@ -298,21 +297,11 @@ class DeviceBuffer:
 
 
 # ---- TMA descriptors ----
-_TMAP_CACHE_SIZE = 256
-_tmaps: Dict[tuple, bytes] = {}
-_tmaps_lock = threading.Lock()
-
-
 def tensor_map(geometry: tuple, address: int) -> Optional[bytes]:
     """The 128-byte CUtensorMap of a tiled view of global memory at ``address`` (cuTensorMapEncodeTiled: no
     interleave, no swizzle, L2 promotion 128 B, out-of-range elements read as zero), or None where the driver refuses
-    it.  ``geometry`` = (dtype, dims, strides, box, element_strides), tuples made once per call signature: dtype is
-    "float32" or "uint16"; dims / box / element_strides innermost first, strides in bytes for dims 1.. (rank - 1
-    entries).  Kept per (address, geometry): a tensor map depends on nothing else."""
-    k = (address, geometry)
-    got = _tmaps.get(k)
-    if got is not None:
-        return got
+    it.  ``geometry`` = (dtype, dims, strides, box, element_strides): dtype is "float32" or "uint16"; dims / box /
+    element_strides innermost first, strides in bytes for dims 1.. (rank - 1 entries)."""
     dtype, dims, strides, box, element_strides = geometry
     drv = _driver()
     ty = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32 if dtype == "float32"
@@ -326,9 +315,23 @@ def tensor_map(geometry: tuple, address: int) -> Optional[bytes]:
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if int(err) != 0:
         return None
-    blob = ctypes.string_at(tmap.getPtr(), 128)
-    with _tmaps_lock:
-        if len(_tmaps) >= _TMAP_CACHE_SIZE:
-            _tmaps.clear()
-        _tmaps[k] = blob
-    return blob
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
+class TensorMaps:
+    """One geometry's tensor maps (``tensor_map``) by address, each made on first need and kept: a tensor map depends
+    on nothing else.  Keyed by the address alone (host time per call: an int's hash); at most ``limit`` kept."""
+
+    __slots__ = ("geometry", "limit", "_by_address")
+
+    def __init__(self, geometry: tuple, limit: int = 256):
+        self.geometry, self.limit, self._by_address = geometry, limit, {}
+
+    def __call__(self, address: int) -> Optional[bytes]:
+        got = self._by_address.get(address, self)   # (self: not made yet; None: the driver refused)
+        if got is self:
+            got = tensor_map(self.geometry, address)
+            if len(self._by_address) >= self.limit:
+                self._by_address.clear()
+            self._by_address[address] = got
+        return got

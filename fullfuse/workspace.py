@@ -56,13 +56,19 @@ def buffer(index: int, size: int, purpose: str = ZEROED):
 
 
 def buffers(index: int, wanted) -> list:
-    """``buffer`` for each (size, purpose) of ``wanted``, the stream and capture state queried once (host time).  Each
-    is a torch tensor or a runtime.DeviceBuffer (``data_ptr()`` and ``numel()`` in bytes), or None for size 0."""
+    """``buffer`` for each (size, purpose) of ``wanted``.  Each is a torch tensor or a runtime.DeviceBuffer
+    (``data_ptr()`` and ``numel()`` in bytes), or None for size 0."""
+    return for_launch(index, wanted)[1]
+
+
+def for_launch(index: int, wanted) -> Tuple[int, list]:
+    """(the current stream of device ``index``, ``buffers(index, wanted)`` for it): the stream and capture state read
+    once (host time), and the caller launches on that same stream, the one its buffers belong to."""
     if index < 0:   # a CPU tensor's device (the launch arithmetic, tested without a GPU)
-        return [torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted]
-    if launch.capturing_index(index):
-        return [_fresh(index, size, purpose == ZEROED) if size else None for size, purpose in wanted]
-    stream = launch.stream_of(index)
+        return 0, [torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted]
+    stream, capturing = launch.stream_and_capturing(index)
+    if capturing:
+        return stream, [_fresh(index, size, purpose == ZEROED) if size else None for size, purpose in wanted]
     got = []
     for size, purpose in wanted:
         if not size:
@@ -78,7 +84,7 @@ def buffers(index: int, wanted) -> list:
         if buf is None or buf.numel() < size:
             buf = kept[key] = _kept(index, size, purpose == ZEROED, stream)
         got.append(buf)
-    return got
+    return stream, got
 
 
 def kept_bytes() -> int:

@@ -21,8 +21,8 @@ def fake_gpu(monkeypatch):
         state["kept"].append((index, size, zero))
         return torch.zeros(size, dtype=torch.uint8) if zero else torch.empty(size, dtype=torch.uint8)
 
-    monkeypatch.setattr(launch, "stream_of", lambda index: state["stream"] + 100 * index)
-    monkeypatch.setattr(launch, "capturing_index", lambda index: state["capturing"])
+    monkeypatch.setattr(launch, "stream_and_capturing", lambda index: (state["stream"] + 100 * index,
+                                                                       state["capturing"]))
     monkeypatch.setattr(workspace, "_fresh", fresh)   # per call, under capture: torch's (the graph's pool)
     monkeypatch.setattr(workspace, "_kept", kept)     # kept across calls: the driver's, never a graph pool's
     monkeypatch.setattr(workspace, "_zeroed", {})
@@ -87,6 +87,14 @@ def test_release_drops_kept_buffers(fake_gpu):
     a, b = workspace.buffer(0, 64), workspace.buffer(0, 64, workspace.PACKED)
     fullfuse.empty_cache()
     assert workspace.buffer(0, 64) is not a and workspace.buffer(0, 64, workspace.PACKED) is not b
+
+
+def test_for_launch_names_the_stream_its_buffers_serve(fake_gpu):
+    """The caller launches on the stream ``for_launch`` returns: the one its kept buffers belong to."""
+    for stream in (7, 9):
+        fake_gpu["stream"] = stream
+        got_stream, (buf,) = workspace.for_launch(1, ((256, workspace.ZEROED),))
+        assert got_stream == stream + 100 and buf is workspace._zeroed[(1, stream + 100)]
 
 
 def test_kept_bytes_counts_what_is_kept(fake_gpu):

@@ -54,7 +54,7 @@ def host_pieces() -> None:
     }
     with torch.no_grad():
         fused(x)
-        runner = dispatch._calls[dispatch._signature(spec, "fused", "auto", "tf32", True, x, weight, bias)][2]
+        runner = next(entry[2] for key, entry in dispatch._calls.items() if key[0] == id(spec))
         pieces["runner"] = lambda: runner(x, weight, bias)
         seen = {}
         launch_fn = runtime.Kernel.launch

@@ -42,14 +42,14 @@ class PreparedLaunch:
         self._local.args = made
         return made
 
-    def __call__(self, *pointers: int) -> None:
-        """Launch on the current stream of the kernel's device with ``pointers`` (ints, 0 for NULL) in the pointer
-        slots, in order."""
+    def __call__(self, *pointers: int, stream: Optional[int] = None) -> None:
+        """Launch on ``stream`` (default: the current stream of the kernel's device) with ``pointers`` (ints, 0 for
+        NULL) in the pointer slots, in order."""
         made = getattr(self._local, "args", None) or self._thread_args()
         slots, args = made
         for slot, pointer in zip(slots, pointers):
             slot.value = pointer
-        self.kernel.launch(self.grid, self.block, self.smem, args)
+        self.kernel.launch(self.grid, self.block, self.smem, args, stream)
 
 
 class Prepared(dict):

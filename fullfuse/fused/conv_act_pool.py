@@ -13,7 +13,6 @@ from cutlass_ops import conv_act_pool as abi
 from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, POOLS, PRECISIONS, dtype_code
 from ..spec import ConvActPoolSpec
-from ..weights import as_memory_format, contiguous_bias
 from . import conv_act_pool_plan as plan
 
 
@@ -203,7 +202,8 @@ class _Runner:
             self.grid = min(launches.grid_blocks, occ * launches.props.sm_count)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                 ws: Optional[torch.Tensor], parts: Optional[torch.Tensor], tmap: Optional[bytes] = None):
+                 ws, parts, stream: int, tmap: Optional[bytes] = None):
+        """Launch on ``stream`` (the one ``ws`` and ``parts`` serve)."""
         l = self.l
         ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                 0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
@@ -214,15 +214,15 @@ class _Runner:
             if mine is None:
                 mine = self._local.args = runtime.Args(l.params(*ptrs, tmap)[0])
             l.fill(mine.values[0], *ptrs, tmap)
-            self.kernel.launch(self.grid, 128, l.smem, mine)
+            self.kernel.launch(self.grid, 128, l.smem, mine, stream)
             return
         # K > 64: launch kb into its (N, K_kb) block of a tmp buffer of this call (zeroed for the atomic mean, which
-        # adds into it), then the block into out's columns, all in stream order
+        # adds into it), then the block into out's columns, all in stream order (torch's current stream: ``stream``)
         n = l.pb.N
         tmp = (torch.zeros if l.atomic else torch.empty)(n * l.nkb * 64, dtype=out.dtype, device=out.device)
         for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
-            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q))
+            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q), stream)
             out.view(n, -1)[:, k0:k0 + kk].copy_(block)
 
 
@@ -233,16 +233,16 @@ def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
     primary = _Runner(Launches(pb, props, choice), device)
     if not primary.l.tma:
         return primary
-    geometry = primary.l.geometry   # (tuples from the planner: hashable, made once per signature)
+    tmaps = runtime.TensorMaps(primary.l.geometry)   # (the planner's tuples: made once per signature)
     fallback: List[_Runner] = []
 
-    def run(x, weight, bias, out, ws, parts):
-        tmap = runtime.tensor_map(geometry, x.data_ptr())
+    def run(x, weight, bias, out, ws, parts, stream):
+        tmap = tmaps(x.data_ptr())
         if tmap is not None:
-            return primary(x, weight, bias, out, ws, parts, tmap)
+            return primary(x, weight, bias, out, ws, parts, stream, tmap)
         if not fallback:   # (a race prepares it twice: harmless)
             fallback.append(_Runner(Launches(pb, props, plan.fallback_choice(pb, props, choice)), device))
-        return fallback[0](x, weight, bias, out, ws, parts)
+        return fallback[0](x, weight, bias, out, ws, parts, stream)
     return run
 
 
@@ -270,10 +270,15 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
             out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
             out = launch.new_output(*shape, device=device, dtype=dtype)
-        # every tensor the kernel reads is held by a name until the launch is enqueued
-        weight, bias = as_memory_format(weight, torch.contiguous_format), contiguous_bias(bias)
-        # counters and maxima (zero; the kernel leaves them zero), the mean's partials (ws_bytes: an upper bound)
-        ws, parts = workspace.buffers(index, wanted)
-        call(x, weight, bias, out, ws, parts)
+        # every tensor the kernel reads is held by a name until the launch is enqueued; the weight and bias as the
+        # kernel reads them (weights.py's rule, inline: host time): contiguous, derived in the call
+        if not weight.is_contiguous():
+            weight = weight.contiguous()
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        # counters and maxima (zero; the kernel leaves them zero), the mean's partials (ws_bytes: an upper bound),
+        # both for the stream the launch goes to
+        stream, (ws, parts) = workspace.for_launch(index, wanted)
+        call(x, weight, bias, out, ws, parts, stream)
         return out if out.dtype == dtype else out.to(dtype)
     return run

@@ -156,14 +156,15 @@ class Packer:
         self.kernel = runtime.kernel(abi.PACK, index)
         self._local = threading.local()   # .args: this thread's argument list (a launch copies it: free after)
 
-    def __call__(self, weight: torch.Tensor, out: torch.Tensor) -> None:
+    def __call__(self, weight: torch.Tensor, out: torch.Tensor, stream: Optional[int] = None) -> None:
+        """Pack on ``stream`` (default: torch's current stream of the weight's device)."""
         if self.grid is None:
             return
         args = getattr(self._local, "args", None)
         if args is None:
             args = self._local.args = runtime.Args(ctypes.c_void_p(), ctypes.c_void_p(), self.geometry)
         args.values[0].value, args.values[1].value = weight.data_ptr(), out.data_ptr()
-        self.kernel.launch(self.grid, abi.PACK_THREADS, 0, args)
+        self.kernel.launch(self.grid, abi.PACK_THREADS, 0, args, stream)
 
 
 def packed_weights(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> torch.Tensor:
@@ -204,8 +205,9 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if packer is None:
             packer = packers[weight.stride()] = Packer(spec, weight, mode, index)
         # window maxima and counters (zero; the kernel leaves them zero), this thread's packed weights
-        ws, packed = workspace.buffers(index, ((ws_bytes, workspace.ZEROED), (packer.nbytes, workspace.PACKED)))
-        packer(weight, packed)
+        stream, (ws, packed) = workspace.for_launch(index, ((ws_bytes, workspace.ZEROED),
+                                                            (packer.nbytes, workspace.PACKED)))
+        packer(weight, packed, stream)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         bias = contiguous_bias(bias)
         xp = x.data_ptr()
@@ -224,8 +226,8 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         # packing.  Only there: the kernel reads x before griddepcontrol.wait, so the kernel before it must not be
         # the one that wrote x.
         if packer.grid is None:
-            fused.launch(grid, threads, smem, args)
+            fused.launch(grid, threads, smem, args, stream)
         else:
-            fused.launch_dependent(grid, threads, smem, args)
+            fused.launch_dependent(grid, threads, smem, args, stream)
         return out
     return run
