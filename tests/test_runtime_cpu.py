@@ -127,3 +127,21 @@ def test_device_buffer_stream_ordered_where_the_device_has_pools(monkeypatch, po
         assert fake.calls == [("alloc_async", 4096, 77), ("free_async", 0x1000, 77)]
     else:
         assert fake.calls == [("alloc_async", 4096, 77), ("alloc", 4096), ("free", 0x2000)]
+
+
+def test_tensor_maps_made_once_per_address_refusals_kept_and_bounded(monkeypatch):
+    """runtime.TensorMaps: one geometry's maps keyed by address; the driver is asked once per address (a refusal,
+    None, is kept too), and the cache is emptied when full instead of growing."""
+    asked = []
+
+    def encode(geometry, address):
+        asked.append(address)
+        return None if address % 2 else bytes([address % 256]) * 128
+    monkeypatch.setattr(runtime, "tensor_map", encode)
+    maps = runtime.TensorMaps(("float32", (8, 4), (32,), (8, 4), (1, 1)), limit=3)
+    assert maps(16) == bytes([16]) * 128 and maps(16) == bytes([16]) * 128
+    assert maps(17) is None and maps(17) is None
+    assert asked == [16, 17]
+    maps(32), maps(48)            # the fourth address: the cache was full and starts again
+    maps(16)
+    assert asked == [16, 17, 32, 48, 16]
