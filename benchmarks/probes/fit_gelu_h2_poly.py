@@ -1,11 +1,13 @@
 """Fit of the MUFU-free 16-bit GELU variants V 7 / V 8 of gelu_h2_variants.cuh (docs/design.md), CPU only.
 
 V 7: g = relu(x) - |x| P(v), P ~ Phi(-u);  V 8: 2g = x + |x| Q(v), Q ~ erf(u / sqrt 2);  u = |x|, v = min(u - a, U - a)
-(the Horner centred at a: in u itself the fp16 rounding of its large alternating terms costs 1.6-5e-3).  Steps: a minimax
+(the Horner centred at a: in u itself the fp16 rounding of its large alternating terms costs 1.6-5e-3).
+Steps: a minimax
 LP for the weighted error |x| (P - Phi) / max(1, |x|) over u in [0, 10] (u > U sees the clamped v), the coefficients
 rounded to fp16, then a coordinate search over their fp16 bits (+-1, +-2 steps) on an emulation that rounds every
 f16x2 operation as the kernel's instructions do, minimising max error + 2 x the worst mean bias over normal inputs of
-scale 0.3-3.  Prints the fp16 bit patterns (c0 first; the kernel's Horner starts at the last); the constants of V 7 / V 8
+scale 0.3-3.  Prints the fp16 bit patterns (c0 first; the kernel's Horner starts at the last); the constants of
+V 7 / V 8
 in gelu_h2_variants.cuh are this search's result (a rerun can end a step away in one coefficient: ties in the score).
 
 Usage: python benchmarks/fit_gelu_h2_poly.py relu|g2 [U=3.5] [a=1.75] [degree=6]   (needs numpy, scipy, torch)
@@ -33,8 +35,9 @@ def value_of(b):
 
 def main():
     form = sys.argv[1] if len(sys.argv) > 1 else "relu"
-    U, A, deg = (float(sys.argv[2]) if len(sys.argv) > 2 else 3.5), (float(sys.argv[3]) if len(sys.argv) > 3 else 1.75), \
-        (int(sys.argv[4]) if len(sys.argv) > 4 else 6)
+    U, A, deg = ((float(sys.argv[2]) if len(sys.argv) > 2 else 3.5),
+                 (float(sys.argv[3]) if len(sys.argv) > 3 else 1.75),
+                 (int(sys.argv[4]) if len(sys.argv) > 4 else 6))
     u = np.linspace(0, 10, 8000)
     v = np.minimum(u, U) - A
     V = np.stack([v ** k for k in range(deg + 1)], 1)

@@ -1,6 +1,7 @@
 // Variants of the fused A kernel's 16-bit GELU (csrc/gelu_h2.cuh h2_gelu) that the microbenchmarks price against it
 // (probe_epilogue_a.cu: the seed's tile work; probe_wgmma_smem.cu: what runs beside a wgmma chain).  Each returns, like
-// h2_gelu, g = relu(x) - |x| Phi(-|x|) of a pair of fp32 values as f16x2; the epilogue around them (h2_var_epi) reduces,
+// h2_gelu, g = relu(x) - |x| Phi(-|x|) of a pair of fp32 values as f16x2; the epilogue around them (h2_var_epi)
+// reduces,
 // like wg_epi_h2, over the tile's 128 pixels per channel by mma.sync against ones.  Measured in docs/design.md:
 //   V 0  the product form (P3, relu by HMNMX2)
 //   V 1  an earlier form (fast_gelu.md's degree-5 P, relu by a second F2FP, cvt.rn.relu)
@@ -80,8 +81,10 @@ __device__ __forceinline__ uint32_t h2_gelu_p6(float lo, float hi) {
   asm("add.rn.f16x2 %0, %1, %2;" : "=r"(v) : "r"(t), "r"(0xbf00bf00u));   // |x| - 1.75
   asm("min.f16x2 %0, %0, %1;" : "+r"(v) : "r"(0x3f003f00u));               // <= 1.75
   // packed f16x2 coefficients, highest power first (benchmarks/fit_gelu_h2_poly.py)
-  constexpr uint32_t P6[7] = {0x91829182u, 0x1aa61aa6u, 0x8d578d57u, 0xa736a736u, 0x2cd92cd9u, 0xad8dad8du, 0x291d291du};
-  constexpr uint32_t Q6[7] = {0x17431743u, 0x9f139f13u, 0x92db92dbu, 0x2b542b54u, 0xb0cdb0cdu, 0x318b318bu, 0x3b5b3b5bu};
+  constexpr uint32_t P6[7] = {0x91829182u, 0x1aa61aa6u, 0x8d578d57u, 0xa736a736u, 0x2cd92cd9u, 0xad8dad8du,
+                              0x291d291du};
+  constexpr uint32_t Q6[7] = {0x17431743u, 0x9f139f13u, 0x92db92dbu, 0x2b542b54u, 0xb0cdb0cdu, 0x318b318bu,
+                              0x3b5b3b5bu};
   uint32_t r = h2_fma(G2 ? Q6[0] : P6[0], v, G2 ? Q6[1] : P6[1]);
 #pragma unroll
   for (int k = 2; k < 7; ++k) r = h2_fma(r, v, G2 ? Q6[k] : P6[k]);

@@ -1,6 +1,8 @@
-"""Summarise an Nsight Compute per-SASS-instruction export (device_run.sh stage ncu-a-sass: `ncu --section SourceCounters
+"""Summarise an Nsight Compute per-SASS-instruction export (device_run.sh stage ncu-a-sass:
+`ncu --section SourceCounters
 --section WarpStateStats --page source --csv --print-source sass`, gzipped) of the fused family-A kernel: instructions
-executed per warp and tile, by opcode, with each opcode's share of the stall samples; the stall reasons; the instructions
+executed per warp and tile, by opcode, with each opcode's share of the stall samples; the stall reasons;
+the instructions
 holding the most samples.  Tiles = N x P x ceil(Q / 128) (64 x 128 accumulators, one warpgroup = 4 warps each).
 
     python3 benchmarks/ncu_sass_summary.py FILE.csv.gz [--tiles T]     (default T: the seed, 128 x 254 x 2)
@@ -53,7 +55,8 @@ def main():
     print("opcode: executed per warp and tile, % of samples")
     for op, v in ex.most_common(30):
         print(f"  {op:12s} {v / wt:7.1f}  {100 * sm[op] / tot_s:5.1f} %")
-    print(f"the {a.top} instructions with the most samples: % of samples, executed per warp and tile, top stall reasons")
+    print(f"the {a.top} instructions with the most samples: % of samples, executed per warp and tile, "
+          "top stall reasons")
     for r in sorted(rows, key=samples, reverse=True)[:a.top]:
         s = samples(r)
         top = sorted(((num(r[h]), h[6:]) for h in stalls), reverse=True)[:2]

@@ -1,4 +1,5 @@
-"""Probe (device): how fast can the transposed conv of seed B run?  PyTorch's call, sub-pixel forward convs, and the cuDNN frontend's best plan
+"""Probe (device): how fast can the transposed conv of seed B run?  PyTorch's call, sub-pixel forward convs, and the
+cuDNN frontend's best plan
 (fullfuse.fallback.cudnn_conv)."""
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,8 @@ for dtype, mode in ((torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfl
             else:
                 rel = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
                 fn = lambda: cudnn_conv.conv_transpose(spec, xc, wc, mode)  # noqa: E731
-                rows.append((f"cudnn frontend best plan (relerr vs torch {rel:.1e})", time_cuda(fn, repeats=10)["median_ms"]))
+                rows.append((f"cudnn frontend best plan (relerr vs torch {rel:.1e})",
+                             time_cuda(fn, repeats=10)["median_ms"]))
         except Exception as exc:
             rows.append((f"cudnn frontend error {exc}", float("nan")))
     for name, ms in rows:

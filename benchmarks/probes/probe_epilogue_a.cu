@@ -7,7 +7,8 @@
 // by a reduction wgmma against a ones matrix) would cost there; since run 22 also the kernel's own 16-bit epilogue
 // (csrc/gelu_h2.cuh) beside the variants of its GELU that gelu_h2_variants.cuh collects, each with the MMAs and alone.
 //
-// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks -o /tmp/pe benchmarks/probe_epilogue_a.cu
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Ibenchmarks -o /tmp/pe
+//          benchmarks/probe_epilogue_a.cu
 // Run:   /tmp/pe    (one H100 / H200: cycles per tile per SM at the nominal clock, and each variant's relative
 //                    difference of the per-channel sums from the fp32 GELU's)
 #include <cuda_runtime.h>
@@ -25,7 +26,8 @@
 #include "gelu_h2_variants.cuh"
 
 // reduction wgmma: D (64 x 8) += A (64 x 16 fp16, registers) . ones (16 x 8): every column = the row sums of A
-__device__ __forceinline__ void rs_sum_f16(float (&r)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b) {
+__device__ __forceinline__ void rs_sum_f16(float (&r)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint64_t b) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;\n"
                : "+f"(r[0]), "+f"(r[1]), "+f"(r[2]), "+f"(r[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
 }
@@ -36,7 +38,8 @@ __device__ __forceinline__ void rs_sum_f16(float (&r)[4], uint32_t a0, uint32_t 
 constexpr int A_OFF = 0, B_OFF = 10 * 2048, SLOTB = 272 * 16, PLANE = 3 * SLOTB, ONES_OFF = B_OFF + 2 * PLANE;
 constexpr int SMEM = ONES_OFF + 256;
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 | (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+         (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
 }
 
 enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BRANCH = 5, E_F32_SELECT = 6,
@@ -46,7 +49,8 @@ enum { E_NOTHING = 0, E_NONE = 1, E_F32 = 2, E_H2TREE = 3, E_H2MMA = 4, E_F32_BR
 // the epilogue behind another block's chain)
 // E_H2VAR + V: the fused kernel's 16-bit epilogue with GELU variant V (gelu_h2_variants.cuh; V 0 = csrc/gelu_h2.cuh's
 // wg_epi_h2 itself), sums by mma.sync against ones
-// E_F32_BRANCH: the fused kernel's masking source (every other tile has 126 valid pixels, as the seed's second half-row):
+// E_F32_BRANCH: the fused kernel's masking source (every other tile has 126 valid pixels, as the seed's second
+// half-row):
 // per column block of 8 pixels a uniform test, the partial block masked per value (ptxas predicates these tests here,
 // where the fused kernel keeps them as branches); E_F32_SELECT: the same tiles, all 64 values straight-line and the
 // partial tiles' sums through a select per value
@@ -60,13 +64,15 @@ __device__ __forceinline__ __half2 gelu_h2(__half2 h) {
   __half2 r = __hfma2(c5, u, c4);
   r = __hfma2(r, u, c3); r = __hfma2(r, u, c2); r = __hfma2(r, u, c1); r = __hfma2(r, u, c0);
   __half2 q;   // ex2.approx.f16x2: two MUFU.EX2.F16 + PRMT (cuda_fp16's h2exp2 goes through fp32: 2 more conversions)
-  asm("ex2.approx.f16x2 %0, %1;" : "=r"(*reinterpret_cast<uint32_t*>(&q)) : "r"(*reinterpret_cast<const uint32_t*>(&r)));
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(*reinterpret_cast<uint32_t*>(&q))
+      : "r"(*reinterpret_cast<const uint32_t*>(&r)));
   return __hfma2(__hneg2(u), q, __hmax2(h, __float2half2_rn(0.0f)));
 }
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
 __device__ __forceinline__ float pe_rnd(uint32_t i) {   // uniform in [-0.5, 0.5)
-  i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13; return (i & 0xffffff) / 16777216.0f - 0.5f;
+  i = i * 2654435761u + 0x9e3779b9u; i ^= i >> 15; i *= 0x85ebca6bu; i ^= i >> 13;
+  return (i & 0xffffff) / 16777216.0f - 0.5f;
 }
 // the operands of every variant (DT 1: bf16, else tf32-exact fp32), written by warpgroup 0
 template <int DT>
@@ -86,27 +92,32 @@ __device__ __forceinline__ void fill_operands(unsigned char* sm, int tid, int wg
   for (int i = tid; i < 128; i += 128) reinterpret_cast<__half*>(sm + ONES_OFF)[i] = __float2half(1.0f);
 }
 // DT 2 / 3: the bias of channels m0, m0 + 8 as the accumulators' start values (DT 2: one PRMT per accumulator with a
-// run-time selector, an ALU op ptxas cannot fold into a move; DT 3: plain assignments, ptxas's choice of MOV / IMAD.MOV)
+// run-time selector, an ALU op ptxas cannot fold into a move; DT 3: plain assignments, ptxas's choice of MOV /
+// IMAD.MOV)
 template <int DT>
 __device__ __forceinline__ void bias_start(float (&acc)[64], int warp, int g, uint32_t qsel) {
   const float b0 = 0.01f * (warp + 1), b1 = -0.02f * (g + 1);
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const float b = (i & 2) ? b1 : b0;
-    if (DT == 2) asm volatile("prmt.b32 %0, %1, 0, %2;" : "=r"(*reinterpret_cast<uint32_t*>(&acc[i])) : "r"(__float_as_uint(b)), "r"(qsel));
+    if (DT == 2) asm volatile("prmt.b32 %0, %1, 0, %2;" : "=r"(*reinterpret_cast<uint32_t*>(&acc[i]))
+                              : "r"(__float_as_uint(b)), "r"(qsel));
     else acc[i] = b;
   }
 }
 
-// DT 0: tf32 (10 ops), 1: bf16 (6 ops), 2 / 3: tf32 (9 ops + bias_start); BAR: a block barrier every 2 tiles (a row).  NWG: warpgroups per block (3 blocks
+// DT 0: tf32 (10 ops), 1: bf16 (6 ops), 2 / 3: tf32 (9 ops + bias_start); BAR: a block barrier every 2 tiles (a row).
+// NWG: warpgroups per block (3 blocks
 // of 1 per SM, or 1 block of 3 sharing the operands), each running the whole tile loop of one block slot; PP (NWG > 1):
 // FA3's ping-pong, the warpgroups issue their wgmma chains in turn (named barrier 1 + w: warpgroup w waits for w - 1's
 // issue), so that one runs its MMAs while the others run their epilogues
 template <int DT, int EPI, bool MMA, bool BAR = false, int NWG = 1, bool PP = false>
-__global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntiles, int qodd, uint32_t qsel) {   // qodd: valid pixels of odd tiles (126)
+__global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntiles, int qodd,
+                                                             uint32_t qsel) {   // qodd: valid pixels of odd tiles (126)
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
-  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2,
+            tig = lane & 3;
   fill_operands<DT>(sm, tid, wg);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
@@ -163,7 +174,8 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
     if (EPI == E_H2DEFER) {
 #pragma unroll
-      for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) wg_h2_frag(acc, gi, fr[gi], [](int, float lo, float hi) { return h2_gelu(lo, hi); });
+      for (int gi = 0; gi < H2_SUM_GROUPS; ++gi)
+        wg_h2_frag(acc, gi, fr[gi], [](int, float lo, float hi) { return h2_gelu(lo, hi); });
       if (!MMA) add_fr();
     } else if (EPI == E_H2VAR) {
       wg_epi_h2(acc, dm);
@@ -280,7 +292,9 @@ void time_report(const char* name, L&& launch, int warm, int full, double tiles_
   std::vector<float> h(nout);
   cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost);
   double num = 0, den = 0;
-  if (ref) for (size_t i = 0; i < h.size(); ++i) { num += (h[i] - (*ref)[i]) * (double)(h[i] - (*ref)[i]); den += (double)(*ref)[i] * (*ref)[i]; }
+  if (ref) for (size_t i = 0; i < h.size(); ++i) {
+    num += (h[i] - (*ref)[i]) * (double)(h[i] - (*ref)[i]); den += (double)(*ref)[i] * (*ref)[i];
+  }
   if (keep) *keep = h;
   printf("%-28s %7.3f ms  %6.0f cycles per tile per SM at 1.98 GHz%s", name, med, med * 1e-3 * 1.98e9 / tiles_sm,
          ref ? "" : "\n");
@@ -294,35 +308,47 @@ void run(const char* name, int nsm, float* dout, std::vector<float>* keep, const
   auto k = tiles<DT, EPI, MMA, BAR, NWG, PP>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   const int nblk = nsm * 3 / NWG;
-  time_report(name, [&](int nt) { k<<<nblk, 128 * NWG, SMEM>>>(dout, nt, 126, 0x3210u); }, 8, 492, 3 * 492.0, nblk * 64, dout, keep, ref);
+  time_report(name, [&](int nt) { k<<<nblk, 128 * NWG, SMEM>>>(dout, nt, 126, 0x3210u); }, 8, 492, 3 * 492.0, nblk * 64,
+              dout, keep, ref);
 }
 
 // ---- split: NM MMA warpgroups hand each tile's accumulators (as f16x2, 16 KB) to NE epilogue warpgroups through NB
 // shared-memory buffers (mbarriers full / empty per buffer), one block of (NM + NE) x 128 threads per SM; the epilogue
 // warpgroups run the kernel's 16-bit GELU + mean (P3, MUFU, mma.sync sums) on the handed-over pairs.  Question: does
-// taking the epilogue off the MMA warpgroups (the MMAs of one tile beside the epilogues of earlier ones, without a second
+// taking the epilogue off the MMA warpgroups (the MMAs of one tile beside the epilogues of earlier ones, without a
+// second
 // accumulator set) beat the kernel's three blocks of one warpgroup (docs/design.md)?
 // SPLIT_NB (6) is a multiple of NM and NE: every buffer then has one producer and one consumer warpgroup, in tile order
 // (the parity waits need that)
 constexpr int SPLIT_BUF_OFF = (SMEM + 1023) / 1024 * 1024, SPLIT_BUF = 16384, SPLIT_NB = 6;
 constexpr int SPLIT_BAR_OFF = SPLIT_BUF_OFF + SPLIT_NB * SPLIT_BUF, SPLIT_SMEM = SPLIT_BAR_OFF + 2 * SPLIT_NB * 8;
-__device__ __forceinline__ void sp_init(uint32_t a, unsigned n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(n) : "memory"); }
-__device__ __forceinline__ void sp_arrive(uint32_t a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(a) : "memory"); }
+__device__ __forceinline__ void sp_init(uint32_t a, unsigned n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void sp_arrive(uint32_t a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(a) : "memory");
+}
 __device__ __forceinline__ void sp_wait(uint32_t a, unsigned par) {
-  asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" :: "r"(a), "r"(par) : "memory");
+  asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n"
+               :: "r"(a), "r"(par) : "memory");
 }
 template <int NM, int NE>
 __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, int ntiles) {   // ntiles per SM
   static_assert(SPLIT_NB % NM == 0 && SPLIT_NB % NE == 0, "one producer and one consumer per buffer");
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(sm);
-  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  for (int i = threadIdx.x; i < B_OFF / 2; i += blockDim.x) reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(pe_rnd(i) * 2.0f * 0.1179f);
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2,
+            tig = lane & 3;
+  for (int i = threadIdx.x; i < B_OFF / 2; i += blockDim.x)
+    reinterpret_cast<__nv_bfloat16*>(sm)[i] = __float2bfloat16(pe_rnd(i) * 2.0f * 0.1179f);
   for (int i = threadIdx.x; i < 2 * PLANE / 4; i += blockDim.x) {
     reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i] = __float2bfloat16(pe_rnd(i + 777777) * 2.0f * 1.7f);
     reinterpret_cast<__nv_bfloat16*>(sm + B_OFF)[2 * i + 1] = __float2bfloat16(pe_rnd(i + 999) * 3.4f);
   }
-  if (threadIdx.x < SPLIT_NB) { sp_init(base + SPLIT_BAR_OFF + 8 * threadIdx.x, 128); sp_init(base + SPLIT_BAR_OFF + 8 * (SPLIT_NB + threadIdx.x), 128); }
+  if (threadIdx.x < SPLIT_NB) {
+    sp_init(base + SPLIT_BAR_OFF + 8 * threadIdx.x, 128);
+    sp_init(base + SPLIT_BAR_OFF + 8 * (SPLIT_NB + threadIdx.x), 128);
+  }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
@@ -330,7 +356,10 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
   if (wg < NM) {   // MMA warpgroup: tiles wg, wg + NM, ...
     uint64_t da[6], db[6];
 #pragma unroll
-    for (int j = 0; j < 6; ++j) { da[j] = desc(base + A_OFF + j * 2048, 1024, 128); db[j] = desc(base + B_OFF + (j % 3) * SLOTB + (j / 3) * 16, 16, 128); }
+    for (int j = 0; j < 6; ++j) {
+      da[j] = desc(base + A_OFF + j * 2048, 1024, 128);
+      db[j] = desc(base + B_OFF + (j % 3) * SLOTB + (j / 3) * 16, 16, 128);
+    }
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
@@ -355,7 +384,8 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
           const int pr = 4 * c + e, i = pr >> 1, hh = pr & 1;
           asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v[e]) : "f"(acc[4 * i + 2 * hh + 1]), "f"(acc[4 * i + 2 * hh]));
         }
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" :: "r"(buf + (c * 128 + tid) * 16), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" :: "r"(buf + (c * 128 + tid) * 16), "r"(v[0]), "r"(v[1]),
+                     "r"(v[2]), "r"(v[3]) : "memory");
       }
       sp_arrive(full0 + 8 * b);
     }
@@ -370,7 +400,8 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
       uint32_t hx[32];
 #pragma unroll
       for (int c = 0; c < 8; ++c)
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(hx[4 * c]), "=r"(hx[4 * c + 1]), "=r"(hx[4 * c + 2]), "=r"(hx[4 * c + 3])
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(hx[4 * c]), "=r"(hx[4 * c + 1]), "=r"(hx[4 * c + 2]), "=r"(hx[4 * c + 3])
                      : "r"(buf + (c * 128 + tid) * 16) : "memory");
       sp_arrive(empty0 + 8 * b);
       // wg_epi_h2_with's sums: 4 pixel blocks added in fp16 per mma.sync, 2 mma.sync per tile
@@ -381,14 +412,18 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
         for (int f = 0; f < 4; ++f) {
           uint32_t v[4];
 #pragma unroll
-          for (int tt = 0; tt < 4; ++tt) { const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu_pair(hx[2 * i + (f & 1)]); }
+          for (int tt = 0; tt < 4; ++tt) {
+            const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu_pair(hx[2 * i + (f & 1)]);
+          }
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[2]));
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[1]) : "r"(v[3]));
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[1]));
           a[f] = v[0];
         }
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
-                     : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
+                     : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
       }
     }
     // per block slot of 492 tiles, as the other variants: this warpgroup's sums scaled to 492 tiles
@@ -408,11 +443,13 @@ void run_split(const char* name, int nsm, float* dout, const std::vector<float>*
   auto k = split_tiles<NM, NE>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLIT_SMEM);
   // the work of 3 block slots of 492 tiles per SM
-  time_report(name, [&](int nt) { k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, nt); }, 24, 3 * 492, 3 * 492.0, nsm * 3 * 64, dout,
+  time_report(name, [&](int nt) { k<<<nsm, 128 * (NM + NE), SPLIT_SMEM>>>(dout, nt); }, 24, 3 * 492, 3 * 492.0,
+              nsm * 3 * 64, dout,
               nullptr, ref);
 }
 
-// ---- pipe: the tf32 fp32 GELU split across tiles, two accumulator sets (NB blocks of one warpgroup per SM).  After tile
+// ---- pipe: the tf32 fp32 GELU split across tiles, two accumulator sets (NB blocks of one warpgroup per SM).
+// After tile
 // t's chain: the FMA-pipe work (combine + sum of tile t - 1, then the Horner polynomial of tile t); during tile t + 1's
 // chain: the MUFU.EX2 of tile t's 64 values.  Question: FP32 FMA-pipe work does not run beside wgmma but MUFU does
 // (docs/design.md 3.1) — does taking the ex2s out of the FMA phase bring the tile to tensor + FMA (~1170 cycles)
@@ -494,7 +531,8 @@ void run_pipe(const char* name, int nsm, float* dout, std::vector<float>* keep, 
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   // the work of 3 block slots of 492 tiles per SM, in NB blocks per SM
   const int nt = 3 * 492 / NB / 2 * 2;
-  time_report(name, [&](int n) { k<<<nsm * NB, 128, SMEM>>>(dout, n, 0x3210u); }, 8, nt, (double)nt * NB, nsm * NB * 64, dout,
+  time_report(name, [&](int n) { k<<<nsm * NB, 128, SMEM>>>(dout, n, 0x3210u); }, 8, nt, (double)nt * NB, nsm * NB * 64,
+              dout,
               keep, ref);
 }
 
@@ -503,7 +541,8 @@ int main() {
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
   float* dout;
   cudaMalloc(&dout, nsm * 3 * 64 * 4);
-  printf("seed-shaped work: 492 tiles of 64 channels x 128 pixels per block-slot, 3 blocks of 128 threads per SM, %d SMs\n", nsm);
+  printf("seed-shaped work: 492 tiles of 64 channels x 128 pixels per block-slot, 3 blocks of 128 threads per SM, "
+         "%d SMs\n", nsm);
   std::vector<float> ref16, ref32;
   run<1, E_NOTHING, true>("bf16 MMA only (6 ops)", nsm, dout, nullptr, nullptr);
   run<1, E_NONE, true>("bf16 MMA + sum ('none')", nsm, dout, nullptr, nullptr);
@@ -515,7 +554,8 @@ int main() {
   run<1, E_H2TREE, true>("bf16 MMA + half2 GELU, tree", nsm, dout, nullptr, &ref16);
   run<1, E_H2MMA, true>("bf16 MMA + half2 GELU, wgmma", nsm, dout, nullptr, &ref16);
   // the 16-bit epilogue's GELU variants (gelu_h2_variants.cuh), with the MMAs and alone
-  const char* vn[] = {"kernel (P3, relu max)", "V1 (P5, relu cvt)", "no MUFU (poly 2^x)", "P5, relu max", "P5, relu PRMT",
+  const char* vn[] = {"kernel (P3, relu max)", "V1 (P5, relu cvt)", "no MUFU (poly 2^x)", "P5, relu max",
+                      "P5, relu PRMT",
                       "P3, relu cvt", "half V1, half poly", "no MUFU P6(v), relu", "no MUFU 2g = x + |x| Q6",
                       "half kernel, half P6", "3/4 kernel, 1/4 P6"};
   char nm[64];

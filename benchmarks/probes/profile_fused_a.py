@@ -1,5 +1,6 @@
 """Seed problem A through the product path, for profiling: `python3 benchmarks/profile_fused_a.py ncu` runs the fused
-kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time [tf32|ieee|bf16|fp16]` times the product call per
+kernel a few times (NHWC then NCHW, TF32) for `ncu -k regex:fa_wgmma`; `... time [tf32|ieee|bf16|fp16]` times the
+product call per
 launch (CUDA events, L2 flushed) against the same call replayed from a CUDA graph, which splits host time from GPU
 time."""
 from __future__ import annotations
@@ -48,7 +49,8 @@ def main(mode: str):
         torch.cuda.current_stream().wait_stream(s)
         for name, fn in (("eager call", lambda: call(x, w, b)), ("graph replay", graph.replay)):
             t = time_cuda(fn, repeats=40)
-            print(f"{PRECISION} {'NHWC' if cl else 'NCHW'} {name:12s}: median {t['median_ms']:.4f} ms  min {t['min_ms']:.4f}", flush=True)
+            print(f"{PRECISION} {'NHWC' if cl else 'NCHW'} {name:12s}: median {t['median_ms']:.4f} ms  "
+                  f"min {t['min_ms']:.4f}", flush=True)
 
 
 if __name__ == "__main__":
