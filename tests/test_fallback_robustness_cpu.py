@@ -76,16 +76,18 @@ class _FakeFrontend:
         pass
 
 
-@pytest.mark.parametrize("kind, x_dtype, out_dtype, torch_ms, frontend_serves", [
-    ("fprop", torch.float32, None, 1.05, False),          # PyTorch's call within 10 %: it serves (less host time)
-    ("fprop", torch.float32, None, 1.2, True),            # the best plan clearly faster: the frontend serves
-    ("fprop", torch.float16, torch.float32, 0.5, True),   # fp16's float32 output: only the frontend writes it
-    ("dgrad", torch.float32, None, 0.5, True),            # transposed convs: PyTorch's dgrad is not the alternative
+@pytest.mark.parametrize("kind, x_dtype, out_dtype, torch_ms, given, frontend_serves", [
+    ("fprop", torch.float32, None, 1.05, True, False),          # PyTorch's call within 10 %: it serves (less host time)
+    ("fprop", torch.float32, None, 1.2, True, True),            # the best plan clearly faster: the frontend serves
+    ("fprop", torch.float16, torch.float32, 0.5, True, True),   # fp16's float32 output: only the frontend writes it
+    ("dgrad", torch.float32, None, 1.05, True, False),          # transposed convs: PyTorch's call compared too
+    ("dgrad", torch.float32, None, 1.2, True, True),
+    ("dgrad", torch.float32, None, 0.5, False, True),           # no call given: nothing to compare
 ])
 def test_frontend_serves_only_where_its_best_plan_beats_pytorchs_call(monkeypatch, kind, x_dtype, out_dtype, torch_ms,
-                                                                      frontend_serves):
-    """A problem's entry: cuDNN's best plan (1.0 ms here), or None (PyTorch's own call) where that is as fast; decided
-    once per problem, and PyTorch's call is timed on the operands as the caller has them."""
+                                                                      given, frontend_serves):
+    """A problem's entry: cuDNN's best plan (1.0 ms here), or TORCH_CALL (PyTorch's own call) where that is as fast;
+    decided once per problem, and PyTorch's call is timed on the operands as the caller has them."""
     monkeypatch.setattr(cudnn_conv, "frontend", lambda: _FakeFrontend())
     monkeypatch.setattr(cudnn_conv, "data_type", lambda cudnn, dtype: dtype)
     monkeypatch.setattr(cudnn_conv, "handle_for", lambda cudnn, device: object())
@@ -95,21 +97,30 @@ def test_frontend_serves_only_where_its_best_plan_beats_pytorchs_call(monkeypatc
     monkeypatch.setattr(cudnn_conv, "_entries", {})
     monkeypatch.setattr(cudnn_conv, "fastest_plan", lambda *args: (3, 1.0, 0, 7))
     timed = []
-    monkeypatch.setattr(cudnn_conv, "_torch_fprop_ms", lambda x, w, *args: timed.append((x, w)) or torch_ms)
+    monkeypatch.setattr(cudnn_conv, "_torch_ms", lambda call, x, w, *args: timed.append((call, x, w)) or torch_ms)
     x, w = torch.randn(2, 3, 8, 8, dtype=x_dtype), torch.randn(4, 3, 3, 3, dtype=x_dtype)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    call = (torch.nn.functional.conv2d, ((1, 1), (0, 0), (1, 1))) if given else None
     for _ in range(2):
-        got = cudnn_conv.run(kind, x, w, (2, 4, 6, 6), (0, 0), (1, 1), (1, 1), "tf32", True, out_dtype)
-        assert (got is not None) == frontend_serves
+        got = cudnn_conv.run(kind, x, w, (2, 4, 6, 6), (0, 0), (1, 1), (1, 1), "tf32", True, out_dtype, call)
+        assert (got is cudnn_conv.TORCH_CALL) == (not frontend_serves) and got is not None
     entry, = cudnn_conv._entries.values()
-    assert (entry is not None) == frontend_serves and (entry is None or entry.index == 3)
-    compared = kind == "fprop" and out_dtype is None
+    assert (entry is cudnn_conv.TORCH_CALL) == (not frontend_serves) and (not frontend_serves or entry.index == 3)
+    compared = given and out_dtype is None
     assert len(timed) == (1 if compared else 0)                  # timed once per problem, never for the others
     if compared:
-        assert timed[0][0] is x and timed[0][1] is w             # the caller's own operands (NCHW here)
+        assert timed[0] == (call, x, w) and timed[0][1] is x     # the caller's own operands (NCHW here)
     if frontend_serves:
         assert got.dtype == (out_dtype or x_dtype) and got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conv_forward_answers_none_where_pytorchs_call_serves(monkeypatch):
+    """conv_forward's contract: None where the caller runs PyTorch's call (TORCH_CALL included)."""
+    from fullfuse.spec import ConvActPoolSpec
+    spec = ConvActPoolSpec(2, 3, 4, (3, 3), (1, 1), (0, 0), (1, 1), True, "gelu_erf", "mean", True)
+    monkeypatch.setattr(cudnn_conv, "run", lambda *args, **kwargs: cudnn_conv.TORCH_CALL)
+    assert cudnn_conv.conv_forward(spec, torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), "tf32") is None
 
 
 # --- pipeline --------------------------------------------------------------------------------------------------------

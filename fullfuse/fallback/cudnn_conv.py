@@ -3,9 +3,9 @@ strided ``conv_dgrad`` (= ConvTranspose, family B's conv).
 
 PyTorch's own call picks a slow plan for some problems (40.8 ms for seed B's fp32 ConvTranspose3d on an H200,
 against 1.2 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest is kept
-for the process.  Returns None whenever the frontend is missing or has no plan, or (forward convs in the input's
-dtype) where PyTorch's own call is within 10 % of the best plan on the GPU, and the caller runs PyTorch's call.  Set
-FULLFUSE_CUDNN_FRONTEND=0 to skip it.
+for the process.  Returns None whenever the frontend is missing or has no plan, and TORCH_CALL (convs in the input's
+dtype) where PyTorch's own call is within 10 % of the best plan on the GPU: the caller then runs PyTorch's call, which
+costs far less host time per call than the frontend's execute.  Set FULLFUSE_CUDNN_FRONTEND=0 to skip it.
 
 Invariants:
 - A cuDNN handle is used by one thread only (one per (thread, device)): ``set_stream`` then ``execute`` are two
@@ -24,6 +24,7 @@ import threading
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 
 from .. import launch
 from ..precision import cudnn_settings
@@ -37,7 +38,8 @@ _WORKSPACE_FLOOR = 64 << 20   # a plan may take this much workspace, or as much 
 # PyTorch's own call serves a forward conv where it is this close to cuDNN's best plan on the GPU: it costs far less
 # host time per call than the frontend's execute (~10 us against 100+ us), which decides small problems
 _TORCH_MARGIN = 1.1
-_entries: Dict[tuple, Optional["_Entry"]] = {}
+TORCH_CALL = "PyTorch's call"   # run()'s answer where PyTorch's own call serves (kept as the problem's entry)
+_entries: Dict[tuple, object] = {}   # problem -> _Entry, TORCH_CALL or None (no plan)
 _local = threading.local()   # .handles: device index -> this thread's cuDNN handle
 _lock = threading.Lock()     # builds (and times) one problem's plans at a time; guards _entries
 
@@ -140,8 +142,8 @@ def fastest_plan(graph, pack, handle, device, workspace_cap: int = 1 << 62):
     return (*best, count)
 
 
-def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilation, mode,
-           deterministic) -> Optional[_Entry]:
+def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilation, mode, deterministic,
+           torch_call) -> object:
     original = (x, weight)   # PyTorch's call, the alternative, runs on the operands as the caller has them
     x, weight = _plan_layout(kind, x), _plan_layout(kind, weight)
     io = data_type(cudnn, x.dtype)
@@ -176,20 +178,21 @@ def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilati
     cap = max(_WORKSPACE_FLOOR, y.numel() * y.element_size())
     index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device, cap)
     del y
-    if kind == "fprop" and out_dtype == x.dtype:
-        torch_ms = _torch_fprop_ms(*original, padding, stride, dilation, mode, deterministic)
+    if torch_call is not None and out_dtype == x.dtype:
+        torch_ms = _torch_ms(torch_call, *original, mode, deterministic)
         if torch_ms <= _TORCH_MARGIN * ms:
             _debug(f"PyTorch's call {torch_ms:.3f} ms against the best plan's {ms:.3f} ms: PyTorch's call serves")
-            return None
+            return TORCH_CALL
     return _Entry(graph, (tx, tw, ty), index, ws, ms, count)
 
 
-def _torch_fprop_ms(x, weight, padding, stride, dilation, mode: str, deterministic: bool) -> float:
-    """GPU time of PyTorch's own call for the same forward conv: the best of _REPEATS runs, always all of them."""
-    conv = torch.nn.functional.conv2d if x.dim() == 4 else torch.nn.functional.conv3d
+def _torch_ms(torch_call, x, weight, mode: str, deterministic: bool) -> float:
+    """GPU time of PyTorch's own call ``torch_call = (fn, args)``, ``fn(x, weight, None, *args)``, for the same conv:
+    the best of _REPEATS runs, always all of them."""
+    fn, args = torch_call
     with cudnn_settings(mode, deterministic):
-        conv(x, weight, None, stride, padding, dilation)   # PyTorch's own algorithm choice, out of the timing
-        return _best_ms(lambda: conv(x, weight, None, stride, padding, dilation), x.device, skip_slow=False)
+        fn(x, weight, None, *args)   # PyTorch's own algorithm choice, out of the timing
+        return _best_ms(lambda: fn(x, weight, None, *args), x.device, skip_slow=False)
 
 
 def _debug(message: str) -> None:
@@ -216,10 +219,11 @@ def _plan_layout(kind: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
-        deterministic: bool, out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+        deterministic: bool, out_dtype: Optional[torch.dtype] = None, torch_call=None):
     """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), of dtype ``out_dtype`` (default:
-    the input's), or None: no frontend or plan, a new problem under CUDA-graph capture, or a forward conv that
-    PyTorch's own call on ``x`` and ``weight`` as given serves as fast (the caller then runs that call)."""
+    the input's); or None: no frontend or plan, a new problem under CUDA-graph capture; or TORCH_CALL: PyTorch's own
+    call ``torch_call`` = (fn, args), ``fn(x, weight, None, *args)`` on ``x`` and ``weight`` as given, serves as fast
+    on the GPU (compared once per problem, where given; the caller then runs that call)."""
     cudnn = frontend()
     if cudnn is None:
         return None
@@ -237,13 +241,13 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
                 try:
                     with torch.cuda.device(launch.device_index(x.device)):
                         _entries[key] = _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride,
-                                               dilation, mode, deterministic)
+                                               dilation, mode, deterministic, torch_call)
                 except Exception as exc:  # no plan, unsupported problem, frontend API mismatch: caller falls back
                     _debug(f"{kind} unavailable for {tuple(out_shape)} ({mode}): {type(exc).__name__}: {exc}")
                     _entries[key] = None
             entry = _entries[key]
-    if entry is None:
-        return None
+    if entry is None or entry is TORCH_CALL:
+        return entry
     x, weight = _plan_layout(kind, x), _plan_layout(kind, weight)
     index = launch.device_index(x.device)
     # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
@@ -260,29 +264,37 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
 _MISSING = object()
 
 
+_CONV = {2: F.conv2d, 3: F.conv3d}
+_CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
 def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
-                   deterministic: bool = True) -> Optional[torch.Tensor]:
-    """The transposed conv (no bias), or None.  Not for fp32 "ieee": cuDNN's non-tensor-core dgrad plans take
-    ~200 ms at seed B, where sub-pixel forward convs take ~9 ms."""
+                   deterministic: bool = True):
+    """The transposed conv (no bias); or None (``run``), also for fp32 "ieee": cuDNN's non-tensor-core dgrad plans take
+    ~200 ms at seed B, where sub-pixel forward convs take ~9 ms; or TORCH_CALL: PyTorch's own call serves as fast."""
     if spec.groups != 1 or (mode == "ieee" and x.dtype == torch.float32):
         return None
     out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
-    return run("dgrad", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic)
+    torch_call = (_CONV_T[spec.dims], (spec.stride, spec.padding, spec.output_padding, 1, spec.dilation))
+    return run("dgrad", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic,
+               torch_call=torch_call)
 
 
 def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, mode: str, deterministic: bool = True,
                  out_dtype: Optional[torch.dtype] = None, out_shape=None) -> Optional[torch.Tensor]:
-    """The forward conv (no bias) with output dtype ``out_dtype`` (default: the input's), or None.  ``out_shape``:
-    its shape where the caller has it (host time), else worked out here."""
+    """The forward conv (no bias) with output dtype ``out_dtype`` (default: the input's), or None: the caller runs
+    PyTorch's own call (no frontend or plan, or that call is as fast).  ``out_shape``: its shape where the caller has
+    it (host time), else worked out here."""
     if spec.groups != 1:
         return None
     if out_shape is None:
         out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
-    return run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic,
-               out_dtype)
+    y = run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic, out_dtype,
+            (_CONV[spec.dims], (spec.stride, spec.padding, spec.dilation)))
+    return None if y is TORCH_CALL else y
 
 
 def describe() -> list:
     """(problem key, chosen plan index, its time in ms, number of plans) for every problem seen."""
     with _lock:
-        return [(k, e.index, e.ms, e.plans) for k, e in _entries.items() if e is not None]
+        return [(k, e.index, e.ms, e.plans) for k, e in _entries.items() if isinstance(e, _Entry)]
