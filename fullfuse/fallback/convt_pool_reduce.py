@@ -21,7 +21,7 @@ from .. import launch
 from ..codes import ACTIVATIONS, DTYPES, REDUCTIONS, dtype_code
 from ..precision import cudnn_settings
 from ..spec import ConvTPoolReduceSpec
-from ..weights import as_memory_format, float32_bias
+from ..weights import float32_bias
 from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline, subpixel
 from .conv_act_pool import CHANNELS_LAST, require
 from .epilogue_launch import POINTER, PreparedLaunch
@@ -39,16 +39,18 @@ def unavailable() -> Optional[str]:
 def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
                     deterministic: bool = True) -> torch.Tensor:
     """The bias-free transposed conv output, channels_last(_3d) where cuDNN gives it so: cuDNN's best plan; PyTorch's
-    own call where that is as fast on the GPU (it costs far less host time); without a plan, sub-pixel forward
-    convs for float32 (PyTorch's call picks a 40 ms plan at seed B), else PyTorch's call."""
-    memory_format = CHANNELS_LAST[spec.dims]
-    x = x.contiguous(memory_format=memory_format)
+    own call on the operands as given where that is as fast on the GPU (it costs far less host time, and no layout
+    copies); without a plan, sub-pixel forward convs for float32 (PyTorch's call picks a 40 ms plan at seed B), else
+    PyTorch's call, both on channels_last(_3d) operands."""
     y = cudnn_conv.conv_transpose(spec, x, weight, mode, deterministic)
     if y is not None and y is not cudnn_conv.TORCH_CALL:
         return y
     with cudnn_settings(mode, deterministic):
-        if y is None and x.dtype == torch.float32 and all(d == 1 for d in spec.dilation):
-            return subpixel.conv_transpose(x, weight, spec.stride, spec.padding, spec.output_padding)
+        if y is None:
+            memory_format = CHANNELS_LAST[spec.dims]
+            x, weight = x.contiguous(memory_format=memory_format), weight.contiguous(memory_format=memory_format)
+            if x.dtype == torch.float32 and all(d == 1 for d in spec.dilation):
+                return subpixel.conv_transpose(x, weight, spec.stride, spec.padding, spec.output_padding)
         return _CONV_T[spec.dims](x, weight, None, spec.stride, spec.padding, spec.output_padding, 1, spec.dilation)
 
 
@@ -101,10 +103,9 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
     key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
-    weight_format = CHANNELS_LAST[spec.dims]
 
     def run(x, weight, bias):
-        weight = as_memory_format(weight, weight_format)
+        # the weight as the caller has it: transposed_conv lays it out where its conv needs that (per chunk)
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
         out = launch.new_output(n, *pooled, device=device)
         pipeline.run(device, key, n, per_image,

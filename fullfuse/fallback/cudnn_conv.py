@@ -145,7 +145,7 @@ def fastest_plan(graph, pack, handle, device, workspace_cap: int = 1 << 62):
 def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilation, mode, deterministic,
            torch_call) -> object:
     original = (x, weight)   # PyTorch's call, the alternative, runs on the operands as the caller has them
-    x, weight = _plan_layout(kind, x), _plan_layout(kind, weight)
+    x, weight = _plan_layout(x), _plan_layout(weight)
     io = data_type(cudnn, x.dtype)
     handle = handle_for(cudnn, x.device)
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -210,11 +210,11 @@ def _channels_last(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
 
 
-def _plan_layout(kind: str, t: torch.Tensor) -> torch.Tensor:
-    """A forward conv's operand as the plans take it: channels_last(_3d), 16-byte aligned (made per call, never
-    cached: a parameter's copy sees every change).  Transposed convs take their operands as the caller lays them out."""
-    if kind == "fprop":
-        t = t.contiguous(memory_format=torch.channels_last_3d if t.dim() == 5 else torch.channels_last)
+def _plan_layout(t: torch.Tensor) -> torch.Tensor:
+    """An operand as the plans take it: channels_last(_3d), 16-byte aligned (made per call, never cached: a
+    parameter's copy sees every change).  PyTorch's call, where it serves, takes the operands as the caller has them
+    (no copy)."""
+    t = t.contiguous(memory_format=torch.channels_last_3d if t.dim() == 5 else torch.channels_last)
     return aligned(t)
 
 
@@ -248,7 +248,7 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
             entry = _entries[key]
     if entry is None or entry is TORCH_CALL:
         return entry
-    x, weight = _plan_layout(kind, x), _plan_layout(kind, weight)
+    x, weight = _plan_layout(x), _plan_layout(weight)
     index = launch.device_index(x.device)
     # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
     with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
