@@ -1,15 +1,18 @@
 """Where a fused call's host time goes, and the kernels one seed call runs (docs/design.md 3.6).
 
 Part 1, host time of each piece of the fused per-call path at seed A's tiny shape, isolated (the GPU idle before each
-call, median of 300) and back to back (best of 5 rounds of 2000): the whole fused model, the region, the dispatcher,
-the prepared runner (with its launch, and with the launch replaced by nothing), the kept-buffer lookup, torch.empty,
-the capture and stream queries, Kernel.launch and cuLaunchKernel itself, one eager op and the eager model.
+call, median of 300) and back to back (best of 5 rounds of 2000): each layer from the fused model down to the
+prepared runner (with its launch, and with the launch replaced by nothing), the kept-buffer lookup, torch.empty,
+the stream, capture and precision queries, Kernel.launch and cuLaunchKernel itself (through cuda-bindings and
+through ctypes; the mma.sync kernel of the tiny shape and the wgmma kernel of (4, 8, 64, 64), whose parameter block
+is 3 KB), the fallback calls, one eager op and the eager model.
 
 Part 2, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
 the span of one call from its first kernel's start to its last kernel's end.
 
 Usage: python3 benchmarks/probes/host_pieces.py   (a CUDA GPU)
 """
+import ctypes
 import statistics
 import time
 
@@ -17,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fullfuse
-from fullfuse import dispatch, launch, runtime, workspace
+from fullfuse import dispatch, launch, ops, precision, runtime, workspace
 from fullfuse.measure import isolated_host_us
 from fullfuse.seed_models import SEED_SHAPE, SeedA, SeedB, seed_model
 
@@ -43,12 +46,15 @@ def host_pieces() -> None:
     weight, bias, spec = model.conv.weight, model.conv.bias, region.plan.spec
     pieces = {
         "fused_model(x)": lambda: fused(x),
+        "graph_module.forward(x)": lambda: fused.graph_module.forward(x),
         "region(x)": lambda: region(x),
+        "ops.run_spec": lambda: ops.run_spec(spec, x, weight, bias, "fused", "auto", True),
         "dispatch.run": lambda: dispatch.run(spec, x, weight, bias, "fused", "auto", True),
+        "precision.resolve": lambda: precision.resolve("auto", x.dtype),
         "torch.empty(1, 64, 1, 1)": lambda: torch.empty(1, 64, 1, 1, device="cuda"),
-        "workspace.buffer": lambda: workspace.buffer(0, 4096),
-        "launch.capturing_index": lambda: launch.capturing_index(0),
-        "launch.stream_of": lambda: launch.stream_of(0),
+        "workspace.for_launch (2 buffers)": lambda: workspace.for_launch(0, ((4096, workspace.ZEROED),
+                                                                             (4096, workspace.PARTIALS))),
+        "launch.stream_and_capturing": lambda: launch.stream_and_capturing(0),
         "eager F.gelu (64 floats)": lambda: torch.nn.functional.gelu(x),
         "eager model": lambda: model(x),
     }
@@ -72,7 +78,28 @@ def host_pieces() -> None:
         grid = seen["grid"] if isinstance(seen["grid"], tuple) else (seen["grid"], 1, 1)
         stream = launch.stream_of(0)
         pieces["Kernel.launch"] = lambda: kernel.launch(seen["grid"], 128, smem, args)
-        pieces["cuLaunchKernel"] = lambda: kernel._launch(kernel._fn, *grid, 128, 1, 1, smem, stream, args.address, 0)
+        pieces["cuLaunchKernel (cuda-bindings)"] = lambda: kernel._launch(kernel._fn, *grid, 128, 1, 1, smem, stream,
+                                                                          args.address, 0)
+        c_launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+        c_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        c_launch.restype = ctypes.c_int
+        function = int(kernel._fn)
+        pieces["cuLaunchKernel (ctypes)"] = lambda: c_launch(function, *grid, 128, 1, 1, smem, stream, args.address,
+                                                             None)
+        xs = torch.randn(4, 8, 64, 64, device="cuda")
+        runtime.Kernel.launch = spy
+        try:
+            fused(xs)
+        finally:
+            runtime.Kernel.launch = launch_fn
+        wg_kernel, wg_args, wg_smem = seen["kernel"], seen["args"], seen["smem"]
+        wg_grid = seen["grid"] if isinstance(seen["grid"], tuple) else (seen["grid"], 1, 1)
+        print(f"(4, 8, 64, 64): {wg_kernel.name[:40]}..., {ctypes.sizeof(wg_args.values[0])} parameter bytes")
+        pieces["fused_model(x), (4, 8, 64, 64)"] = lambda: fused(xs)
+        pieces["cuLaunchKernel, (4, 8, 64, 64)'s kernel"] = lambda: wg_kernel._launch(
+            wg_kernel._fn, *wg_grid, 128, 1, 1, wg_smem, stream, wg_args.address, 0)
+        fallback = fullfuse.fused_model(model, path="fallback")
+        pieces["fallback A fused_model(x)"] = lambda: fallback(x)
         rows = {name: (isolated_host_us(fn, 300), back_to_back_us(fn)) for name, fn in pieces.items()}
         runtime.Kernel.launch = lambda *a, **k: None
         try:
@@ -84,6 +111,9 @@ def host_pieces() -> None:
         fused_b = fullfuse.fused_model(SeedB().cuda().eval(), path="fused")
         rows["B fused_model(x), (1, 32, 4, 4, 4)"] = (isolated_host_us(lambda: fused_b(xb), 300),
                                                       back_to_back_us(lambda: fused_b(xb)))
+        fallback_b = fullfuse.fused_model(SeedB().cuda().eval(), path="fallback")
+        rows["B fallback fused_model(x), (1, 32, 4, 4, 4)"] = (isolated_host_us(lambda: fallback_b(xb), 300),
+                                                               back_to_back_us(lambda: fallback_b(xb)))
     print(f"{'piece (µs)':40s} {'isolated':>9s} {'back to back':>13s}")
     for name, (iso, b2b) in rows.items():
         print(f"{name:40s} {iso:9.2f} {b2b:13.2f}", flush=True)
