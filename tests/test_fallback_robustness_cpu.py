@@ -123,6 +123,39 @@ def test_conv_forward_answers_none_where_pytorchs_call_serves(monkeypatch):
     assert cudnn_conv.conv_forward(spec, torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), "tf32") is None
 
 
+@pytest.mark.parametrize("answer, dtype, expect", [
+    (cudnn_conv.TORCH_CALL, torch.float32, "torch, as given"),      # no layout copies where PyTorch's call serves
+    (None, torch.float32, "subpixel, channels_last"),               # no plan: sub-pixel forward convs
+    (None, torch.bfloat16, "torch, channels_last"),
+])
+def test_transposed_conv_lays_out_operands_only_for_the_conv_that_needs_them(monkeypatch, answer, dtype, expect):
+    """Fallback B's transposed conv: PyTorch's call, where it serves, gets the caller's own tensors (it was timed on
+    them); the sub-pixel convs and the no-plan PyTorch call get channels_last_3d copies.  The results are the conv."""
+    import torch.nn.functional as F
+    from fullfuse.fallback import convt_pool_reduce as fb
+    from fullfuse.fallback import subpixel
+    from fullfuse.spec import ConvTPoolReduceSpec
+    spec = ConvTPoolReduceSpec(3, 4, 6, (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1), False, (2, 2, 2),
+                               "none", "sum", True)
+    x = torch.randn(2, 4, 5, 5, 5).to(dtype)
+    w = torch.randn(4, 6, 3, 3, 3).to(dtype)
+    monkeypatch.setattr(cudnn_conv, "conv_transpose", lambda *args: answer)
+    seen = []
+    conv_t, sub = fb._CONV_T[3], subpixel.conv_transpose
+    monkeypatch.setitem(fb._CONV_T, 3, lambda a, b, *rest: seen.append(("torch", a, b)) or conv_t(a, b, *rest))
+    monkeypatch.setattr(subpixel, "conv_transpose", lambda a, b, *rest: seen.append(("subpixel", a, b)) or sub(a, b,
+                                                                                                            *rest))
+    y = fb.transposed_conv(spec, x, w, "tf32")
+    (kind, a, b), = seen
+    cl = torch.channels_last_3d
+    if expect == "torch, as given":
+        assert kind == "torch" and a is x and b is w
+    else:
+        assert kind == expect.split(",")[0] and a.is_contiguous(memory_format=cl) and b.is_contiguous(memory_format=cl)
+    want = F.conv_transpose3d(x.double(), w.double(), None, 2, 1, 0)
+    assert torch.allclose(y.double(), want, rtol=2e-2 if dtype != torch.float32 else 1e-4, atol=1e-1)
+
+
 # --- pipeline --------------------------------------------------------------------------------------------------------
 
 def test_autotune_times_in_memory_order_skips_what_does_not_fit_and_keeps_the_chosen_result(monkeypatch):
