@@ -13,6 +13,7 @@ inference library), with a one-time warning.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from functools import lru_cache
 from typing import List, Optional, Sequence
@@ -120,11 +121,17 @@ compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: Fa
 _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _cuda_autocast_on() -> bool:
+def _autocast_query():
+    """Whether autocast is on for CUDA, as one C call (host time per call): torch's getter bound to "cuda", or its
+    older spelling without a device."""
     try:
-        return torch.is_autocast_enabled("cuda")
+        torch.is_autocast_enabled("cuda")
     except TypeError:                                     # torch < 2.4's spelling
-        return torch.is_autocast_enabled()
+        return torch.is_autocast_enabled
+    return functools.partial(torch.is_autocast_enabled, "cuda")
+
+
+_cuda_autocast_on = _autocast_query()
 
 
 def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:

@@ -150,11 +150,14 @@ class Launches:
 
     def _ws(self, q, ws: int, parts: int):
         """The workspace's counters and maxima in the zeroed buffer ``ws`` (kept zero by the kernel), its partials
-        in the scratch buffer ``parts`` (workspace.py)."""
-        mean = self.pb.pool == plan.POOL_MEAN
-        q.ws_cnt = ws if self.ws_bytes else None
-        q.ws_part = parts if self.ws_bytes and mean else None
-        q.ws_max = ws + self.ws_cnt if self.ws_bytes and not mean else None
+        in the scratch buffer ``parts`` (workspace.py).  Without a workspace the fields stay NULL, as the templates
+        have them."""
+        if self.ws_bytes:
+            q.ws_cnt = ws
+            if self.pb.pool == plan.POOL_MEAN:
+                q.ws_part = parts
+            else:
+                q.ws_max = ws + self.ws_cnt
 
     def fill(self, q, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
              k0: int = 0, woff: int = 0) -> None:
@@ -213,6 +216,11 @@ class _Runner:
             mine = getattr(self._local, "args", None)
             if mine is None:
                 mine = self._local.args = runtime.Args(l.params(*ptrs, tmap)[0])
+                mine.tmap = tmap
+            elif tmap is mine.tmap:
+                tmap = None   # the struct holds this map already (TensorMaps gives one object per address)
+            else:
+                mine.tmap = tmap
             l.fill(mine.values[0], *ptrs, tmap)
             self.kernel.launch(self.grid, 128, l.smem, mine, stream)
             return
