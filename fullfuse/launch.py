@@ -29,12 +29,8 @@ _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)   # CU
 
 
 def capturing_index(index: int) -> bool:
-    """Whether device ``index``'s current stream is being captured (no device switch where it is current already:
-    host time)."""
-    if index != current_device_index():
-        with torch.cuda.device(index):
-            return torch.cuda.is_current_stream_capturing()
-    return _is_capturing() if _is_capturing is not None else torch.cuda.is_current_stream_capturing()
+    """Whether device ``index``'s current stream is being captured."""
+    return stream_and_capturing(index)[1]
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA builds of torch: one C call each

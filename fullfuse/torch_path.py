@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
-_CONV = {2: F.conv2d, 3: F.conv3d}
-_CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
+CONV = {2: F.conv2d, 3: F.conv3d}                                 # PyTorch's conv of a spec's rank
+CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _MAX_POOL = {2: F.max_pool2d, 3: F.max_pool3d}
 
 
@@ -37,7 +37,7 @@ def conv_act_pool(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor,
     if spec.padding_mode != "zeros":
         pad = [p for p in reversed(spec.padding) for _ in range(2)]
         x, padding = F.pad(x, pad, mode=spec.padding_mode), (0,) * spec.dims
-    y = _CONV[spec.dims](x, weight, bias, spec.stride, padding, spec.dilation, spec.groups)
+    y = CONV[spec.dims](x, weight, bias, spec.stride, padding, spec.dilation, spec.groups)
     y = activate(y, spec.activation)
     spatial = tuple(range(2, 2 + spec.dims))
     if spec.pool == "mean":
@@ -56,7 +56,7 @@ def post_view(spec: ConvActPoolSpec, pooled: torch.Tensor) -> torch.Tensor:
 
 def convt_pool_reduce(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
-    y = _CONV_T[spec.dims](x, weight, bias, spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation)
+    y = CONV_T[spec.dims](x, weight, bias, spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation)
     y = activate(y, spec.activation)
     y = _MAX_POOL[spec.dims](y, spec.window, spec.window)
     if spec.reduction == "sum":

@@ -12,17 +12,12 @@ from __future__ import annotations
 import torch
 
 
-def as_memory_format(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
-    if tensor.is_contiguous(memory_format=memory_format):
+def contiguous(tensor):
+    """A weight or bias (or None) as the fused kernels read it: in its own dtype (the input's, dispatch checks),
+    contiguous (the tensor itself where it is; host time per call: no keyword arguments)."""
+    if tensor is None or tensor.is_contiguous():
         return tensor
-    return tensor.contiguous(memory_format=memory_format)
-
-
-def contiguous_bias(bias):
-    """The bias as the fused kernels read it: in its own dtype (the input's, dispatch checks), contiguous."""
-    if bias is None or bias.is_contiguous():
-        return bias
-    return bias.contiguous()
+    return tensor.contiguous()
 
 
 def float32_bias(bias):

@@ -124,19 +124,19 @@ def test_functional_conv_regions():
 def test_derived_weights_follow_every_weight_change():
     """Re-laid-out weights are derived in each call: in-place updates, writes through ``.data`` (no version bump),
     ``p.data = other`` and parameters made under inference_mode (no version counter) are all seen."""
-    p = torch.nn.Parameter(torch.randn(4, 3, 3, 3))
+    p = torch.nn.Parameter(torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last))   # re-laid out per call
     bias = torch.nn.Parameter(torch.randn(4).to(torch.bfloat16))
     for change in (lambda: p.data.mul_(0.5), lambda: p.data.add_(1.0),
                    lambda: setattr(p, "data", torch.randn(4, 3, 3, 3)), lambda: bias.data.mul_(2.0)):
-        first = weights.as_memory_format(p, torch.channels_last)
+        first = weights.contiguous(p)
         first_bias = weights.float32_bias(bias)
         assert torch.equal(first, p) and torch.equal(first_bias, bias.float())
         change()
-        assert torch.equal(weights.as_memory_format(p, torch.channels_last), p)
+        assert torch.equal(weights.contiguous(p), p)
         assert torch.equal(weights.float32_bias(bias), bias.float())
     with torch.inference_mode():
-        w = torch.randn(4, 3, 3, 3)
-        assert torch.equal(weights.as_memory_format(w, torch.channels_last), w)
+        w = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+        assert torch.equal(weights.contiguous(w), w)
 
 
 def test_path_torch_and_bad_arguments():

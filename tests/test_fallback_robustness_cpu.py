@@ -141,8 +141,8 @@ def test_transposed_conv_lays_out_operands_only_for_the_conv_that_needs_them(mon
     w = torch.randn(4, 6, 3, 3, 3).to(dtype)
     monkeypatch.setattr(cudnn_conv, "conv_transpose", lambda *args: answer)
     seen = []
-    conv_t, sub = fb._CONV_T[3], subpixel.conv_transpose
-    monkeypatch.setitem(fb._CONV_T, 3, lambda a, b, *rest: seen.append(("torch", a, b)) or conv_t(a, b, *rest))
+    conv_t, sub = fb.CONV_T[3], subpixel.conv_transpose
+    monkeypatch.setitem(fb.CONV_T, 3, lambda a, b, *rest: seen.append(("torch", a, b)) or conv_t(a, b, *rest))
     monkeypatch.setattr(subpixel, "conv_transpose", lambda a, b, *rest: seen.append(("subpixel", a, b)) or sub(a, b,
                                                                                                             *rest))
     y = fb.transposed_conv(spec, x, w, "tf32")

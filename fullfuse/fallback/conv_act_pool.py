@@ -13,7 +13,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from cutlass_ops import fallback as kernels
 
@@ -22,11 +21,11 @@ from ..codes import ACTIVATIONS, DTYPES, POOLS, dtype_code
 from ..errors import UnsupportedError
 from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec
+from ..torch_path import CONV
 from ..weights import float32_bias
 from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline
 from .epilogue_launch import POINTER, PreparedLaunch
 
-_CONV = {2: F.conv2d, 3: F.conv3d}
 CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
 # the instantiation whose availability stands for all of the family's (they differ in template arguments only)
 PROBE = kernels.pool_rows(DTYPES["float32"], ACTIVATIONS["gelu_erf"], POOLS["mean"], True)
@@ -97,7 +96,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
     shape = spec.output_shape(n)
     reshape = shape != (n, k)
-    conv_fn = _CONV[spec.dims]
+    conv_fn = CONV[spec.dims]
 
     def run(x, weight, bias):
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream

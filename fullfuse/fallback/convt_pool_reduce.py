@@ -13,7 +13,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from cutlass_ops import fallback as kernels
 
@@ -21,12 +20,12 @@ from .. import launch
 from ..codes import ACTIVATIONS, DTYPES, REDUCTIONS, dtype_code
 from ..precision import cudnn_settings
 from ..spec import ConvTPoolReduceSpec
+from ..torch_path import CONV_T
 from ..weights import float32_bias
 from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline, subpixel
 from .conv_act_pool import CHANNELS_LAST, require
 from .epilogue_launch import POINTER, PreparedLaunch
 
-_CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
 # the instantiation whose availability stands for all of the family's (they differ in template arguments only)
 PROBE = kernels.window_reduce(DTYPES["float32"], ACTIVATIONS["none"], REDUCTIONS["sum"], True)
 
@@ -51,7 +50,7 @@ def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Te
             x, weight = x.contiguous(memory_format=memory_format), weight.contiguous(memory_format=memory_format)
             if x.dtype == torch.float32 and all(d == 1 for d in spec.dilation):
                 return subpixel.conv_transpose(x, weight, spec.stride, spec.padding, spec.output_padding)
-        return _CONV_T[spec.dims](x, weight, None, spec.stride, spec.padding, spec.output_padding, 1, spec.dilation)
+        return CONV_T[spec.dims](x, weight, None, spec.stride, spec.padding, spec.output_padding, 1, spec.dilation)
 
 
 def _as_5d(shape, strides):

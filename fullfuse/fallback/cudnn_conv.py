@@ -24,11 +24,11 @@ import threading
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 
 from .. import launch
 from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
+from ..torch_path import CONV, CONV_T
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
 _REPEATS = 3
@@ -264,10 +264,6 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
 _MISSING = object()
 
 
-_CONV = {2: F.conv2d, 3: F.conv3d}
-_CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
-
-
 def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
                    deterministic: bool = True):
     """The transposed conv (no bias); or None (``run``), also for fp32 "ieee": cuDNN's non-tensor-core dgrad plans take
@@ -275,7 +271,7 @@ def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Ten
     if spec.groups != 1 or (mode == "ieee" and x.dtype == torch.float32):
         return None
     out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
-    torch_call = (_CONV_T[spec.dims], (spec.stride, spec.padding, spec.output_padding, 1, spec.dilation))
+    torch_call = (CONV_T[spec.dims], (spec.stride, spec.padding, spec.output_padding, 1, spec.dilation))
     return run("dgrad", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic,
                torch_call=torch_call)
 
@@ -290,7 +286,7 @@ def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, m
     if out_shape is None:
         out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
     y = run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic, out_dtype,
-            (_CONV[spec.dims], (spec.stride, spec.padding, spec.dilation)))
+            (CONV[spec.dims], (spec.stride, spec.padding, spec.dilation)))
     return None if y is TORCH_CALL else y
 
 

@@ -13,6 +13,7 @@ from cutlass_ops import conv_act_pool as abi
 from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, POOLS, PRECISIONS, dtype_code
 from ..spec import ConvActPoolSpec
+from ..weights import contiguous
 from . import conv_act_pool_plan as plan
 
 
@@ -278,12 +279,8 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
             out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
             out = launch.new_output(*shape, device=device, dtype=dtype)
-        # every tensor the kernel reads is held by a name until the launch is enqueued; the weight and bias as the
-        # kernel reads them (weights.py's rule, inline: host time): contiguous, derived in the call
-        if not weight.is_contiguous():
-            weight = weight.contiguous()
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
+        # every tensor the kernel reads is held by a name until the launch is enqueued
+        weight, bias = contiguous(weight), contiguous(bias)
         # counters and maxima (zero; the kernel leaves them zero), the mean's partials (ws_bytes: an upper bound),
         # both for the stream the launch goes to
         stream, (ws, parts) = workspace.for_launch(index, wanted)

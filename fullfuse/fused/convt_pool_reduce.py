@@ -16,7 +16,7 @@ from cutlass_ops import convt_pool_reduce as abi
 from .. import launch, runtime, workspace
 from ..codes import ACTIVATIONS, PRECISIONS, REDUCTIONS, dtype_code
 from ..spec import ConvTPoolReduceSpec
-from ..weights import contiguous_bias
+from ..weights import contiguous
 from . import convt_pool_reduce_plan as planner
 
 
@@ -209,7 +209,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
                                                             (packer.nbytes, workspace.PACKED)))
         packer(weight, packed, stream)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
-        bias = contiguous_bias(bias)
+        bias = contiguous(bias)
         xp = x.data_ptr()
         if channels_last and xp % 16:
             raise RuntimeError("fullfuse: the fused kernel needs a 16-byte aligned channels_last_3d input")
