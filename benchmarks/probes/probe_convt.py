@@ -16,7 +16,7 @@ for dtype, mode in ((torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfl
     xc, wc = x.contiguous(memory_format=torch.channels_last_3d), w.contiguous(memory_format=torch.channels_last_3d)
     rows = []
     with cudnn_conv_precision(mode):
-        # (run 1: torch's call took 40-42 ms in fp32 whatever the layout and cudnn.benchmark; bf16 NDHWC 0.68 ms)
+        # (measured: torch's call took 40-42 ms in fp32 whatever the layout and cudnn.benchmark; bf16 NDHWC 0.68 ms)
         fn = lambda: F.conv_transpose3d(xc, wc, None, 2, 2)  # noqa: E731
         rows.append(("torch ndhwc", time_cuda(fn, repeats=5, warmup=1)["median_ms"]))
         ref = F.conv_transpose3d(xc, wc, None, 2, 2)
