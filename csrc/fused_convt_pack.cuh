@@ -1,13 +1,14 @@
-// Family B's weight packing on the GPU, run on the caller's stream before every fused launch (so the packed copy is
-// never stale, never crosses streams, and is part of a captured CUDA graph): the ConvTranspose weight (C, K, Td, Th,
-// Tw), any strides, into the layout fb_kernel streams (fused_convt_pool_reduce/kernel.cuh): per residue class (rd,
-// rh, rw), per tap (td, th, tw) = (rd + sd md, rh + sh mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G]
-// with G = 4 fp32 (TF32-rounded) or 8 16-bit values, input channels zero-padded to C_pad, output channels to 64.
+// Family B's weight packing on the GPU, done by the fused kernel itself in every call, before its first weight read
+// (fused_convt_pool_reduce/weight_pack.cuh), so the packed copy is never stale, never crosses streams, and is part of
+// a captured CUDA graph: the ConvTranspose weight (C, K, Td, Th, Tw), any strides, into the layout fb_kernel streams
+// (fused_convt_pool_reduce/kernel.cuh): per residue class (rd, rh, rw), per tap (td, th, tw) = (rd + sd md, rh + sh
+// mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G] with G = 4 fp32 (TF32-rounded) or 8 16-bit values,
+// input channels zero-padded to C_pad, output channels to 64.
 // "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit];
 // a weight whose w_hi is not finite has 0 in the other two parts.
-// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which it is tested,
-// and launches it: grid (ceil(items per slice / 1024), slices), 256 threads; Geometry is mirrored by
-// cutlass_ops/convt_pool_reduce.py PackGeometry.
+// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which pack_kernel
+// (the same pack_item, alone: tests and probes) is tested; Geometry is mirrored by cutlass_ops/convt_pool_reduce.py
+// PackGeometry.
 #pragma once
 #include <cuda_bf16.h>
 #include "device_std.h"
@@ -52,46 +53,57 @@ __device__ __forceinline__ long long source(const Geometry& g, const int (&t)[3]
   return c * g.ws[0] + k * g.ws[1] + t[0] * g.ws[2] + t[1] * g.ws[3] + t[2] * g.ws[4];
 }
 
-// one slice per blockIdx.y (its tap worked out once per thread), its items over blockIdx.x and the threads
-__global__ void pack_kernel(const void* __restrict__ w, void* __restrict__ out, const Geometry g) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // the fused kernel that reads `out` may start now (launched with a programmatic dependency on this grid, it waits
-  // for this grid's completion before its first read: griddepcontrol.wait)
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-  const int j = blockIdx.y;
-  const int per = g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);   // items per slice
-  int t[3];
-  slice_tap(g, j, t);
-#pragma unroll 4
-  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < per; e += gridDim.x * blockDim.x) {
-    const long long i = (long long)j * per + e;
-    if (g.op == COPY16) {
-      const long long src = source(g, t, e, 8);
-      static_cast<uint16_t*>(out)[i] = src < 0 ? 0 : static_cast<const uint16_t*>(w)[src];
-    } else if (g.op == TF32) {
+__device__ __forceinline__ int slice_items(const Geometry& g) {   // items per slice
+  return g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);
+}
+
+// item e of slice j (tap t, slice_tap) from the weight w into out, for packing op OP (g.op)
+template <int OP>
+__device__ __forceinline__ void pack_item(const void* __restrict__ w, void* __restrict__ out, const Geometry& g, int j,
+                                          const int (&t)[3], int e, int per) {
+  const long long i = (long long)j * per + e;
+  if (OP == COPY16) {
+    const long long src = source(g, t, e, 8);
+    static_cast<uint16_t*>(out)[i] = src < 0 ? 0 : static_cast<const uint16_t*>(w)[src];
+  } else if (OP == TF32) {
+    const long long src = source(g, t, e, 4);
+    static_cast<uint32_t*>(out)[i] = src < 0 ? 0u : tf32_rna(__float_as_uint(static_cast<const float*>(w)[src]));
+  } else {   // IEEE: a slice is cpad * 64 * 8 bytes of (hi, lo) then cpad16 * 64 * 2 of bf16
+    char* slice = static_cast<char*>(out) + (long long)j * (g.cpad * 64 * 8 + g.cpad16 * 64 * 2);
+    if (e < g.cpad * 64) {
       const long long src = source(g, t, e, 4);
-      static_cast<uint32_t*>(out)[i] = src < 0 ? 0u : tf32_rna(__float_as_uint(static_cast<const float*>(w)[src]));
-    } else {   // IEEE: a slice is cpad * 64 * 8 bytes of (hi, lo) then cpad16 * 64 * 2 of bf16
-      char* slice = static_cast<char*>(out) + (long long)j * (g.cpad * 64 * 8 + g.cpad16 * 64 * 2);
-      if (e < g.cpad * 64) {
-        const long long src = source(g, t, e, 4);
-        const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
-        const uint32_t hi = tf32_rna(__float_as_uint(v));
-        // a non-finite weight goes into w_hi alone (w_lo = bf16 part = 0), as fb_kernel puts a non-finite input
-        // into x_lo alone: Inf / NaN then meet finite factors only, never Inf - Inf or inf * 0 from the split
-        const bool fin = isfinite(__uint_as_float(hi));
-        reinterpret_cast<uint32_t*>(slice)[e] = hi;
-        const uint32_t lo = fin ? tf32_rna(__float_as_uint(v - __uint_as_float(hi))) : 0u;
-        reinterpret_cast<uint32_t*>(slice + g.cpad * 64 * 4)[e] = lo;
-      } else {
-        const int e16 = e - g.cpad * 64;
-        const long long src = source(g, t, e16, 8);
-        const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
-        const bool fin = isfinite(__uint_as_float(tf32_rna(__float_as_uint(v))));
-        reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e16] = __float2bfloat16_rn(fin ? v : 0.0f);
-      }
+      const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
+      const uint32_t hi = tf32_rna(__float_as_uint(v));
+      // a non-finite weight goes into w_hi alone (w_lo = bf16 part = 0), as fb_kernel puts a non-finite input
+      // into x_lo alone: Inf / NaN then meet finite factors only, never Inf - Inf or inf * 0 from the split
+      const bool fin = isfinite(__uint_as_float(hi));
+      reinterpret_cast<uint32_t*>(slice)[e] = hi;
+      const uint32_t lo = fin ? tf32_rna(__float_as_uint(v - __uint_as_float(hi))) : 0u;
+      reinterpret_cast<uint32_t*>(slice + g.cpad * 64 * 4)[e] = lo;
+    } else {
+      const int e16 = e - g.cpad * 64;
+      const long long src = source(g, t, e16, 8);
+      const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
+      const bool fin = isfinite(__uint_as_float(tf32_rna(__float_as_uint(v))));
+      reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e16] = __float2bfloat16_rn(fin ? v : 0.0f);
     }
+  }
+}
+
+// items [first, end) of the whole packing (slice-major), every `stride`-th: the fused kernel's share of it
+// (fused_convt_pool_reduce/weight_pack.cuh); the tap is worked out once per slice a thread enters
+template <int OP>
+__device__ __forceinline__ void pack_items(const void* __restrict__ w, void* __restrict__ out, const Geometry& g,
+                                           long long first, long long end, int stride) {
+  const int per = slice_items(g);
+  int j = -1, t[3];
+  for (long long i = first; i < end; i += stride) {
+    const int js = (int)(i / per);
+    if (js != j) {
+      j = js;
+      slice_tap(g, j, t);
+    }
+    pack_item<OP>(w, out, g, j, t, (int)(i - (long long)j * per), per);
   }
 }
 

@@ -1,10 +1,11 @@
 """Family B fused (csrc/fused_convt_pool_reduce/): the ABI of its kernels and every instantiation its planner picks.
 
 ``FBParams`` mirrors the C++ parameter struct of ``fb_kernel`` (passed by value, ``__grid_constant__``) and
-``PackGeometry`` that of ``fb_pack::pack_kernel``; each variant's compile unit carries static_asserts that the
-mirror's size and field offsets are the C++ struct's.  ``fb_kernel<HAS_ACT, KS, KV>`` is instantiated per
-activation on / off, k-step count and kernel variant (fp32 TF32, bf16, fp16, fp32 "ieee"): 26 units, sm_90a only
-(wgmma).  The packing kernel uses no Hopper instruction.
+``PackGeometry`` that of the weight packing (done inside ``fb_kernel``; ``fb_pack::pack_kernel`` runs it alone for
+tests and probes); each variant's compile unit carries static_asserts that the mirror's size and field offsets are
+the C++ struct's.  ``fb_kernel<HAS_ACT, KS, KV>`` is instantiated per activation on / off, k-step count and kernel
+variant (fp32 TF32, bf16, fp16, fp32 "ieee"): 26 units, sm_90a only (wgmma).  The packing kernel alone uses no
+Hopper instruction.
 """
 from __future__ import annotations
 
@@ -18,12 +19,22 @@ from .variants import HOPPER, PORTABLE, Variant, layout_asserts
 KV_F32, KV_BF16, KV_F16, KV_X3 = 0, 1, 2, 3
 MAXCLS = 27          # residue classes s_d * s_h * s_w at most (FB_MAXCLS)
 HEADER = "fused_convt_pool_reduce/kernel.cuh"
-PACK_HEADER = "fused_convt_pack.cuh"
+PACK_HEADER = "fused_convt_pack_kernel.cuh"
+
+
+class PackGeometry(ctypes.Structure):
+    """fb_pack::Geometry (csrc/fused_convt_pack.cuh): what the packing needs of the weight and its layout."""
+    _fields_ = [
+        ("op", c_int), ("C", c_int), ("K", c_int), ("cpad", c_int), ("cpad16", c_int),
+        ("T", c_int * 3), ("s", c_int * 3),
+        ("ws", c_longlong * 5),
+        ("nslices", c_int),
+    ]
 
 
 class FBParams(ctypes.Structure):
     """fb_kernel's parameters (csrc/fused_convt_pool_reduce/params.cuh); the planner fills every field but the
-    pointers, which each call sets."""
+    pointers and the weight's strides (pg.ws), which each call sets."""
     _fields_ = [
         ("x", c_void_p), ("wp", c_void_p), ("bias", c_void_p), ("out", c_void_p),
         ("N", c_int), ("C", c_int), ("D", c_int), ("H", c_int), ("W", c_int), ("K", c_int),
@@ -38,21 +49,14 @@ class FBParams(ctypes.Structure):
         ("ws", c_void_p), ("ws_cnt", c_void_p),
         ("plane_bytes", c_int), ("tile_bytes", c_int), ("tile_alloc", c_int), ("max_steps", c_int),
         ("inv_k", c_float),
-    ]
-
-
-class PackGeometry(ctypes.Structure):
-    """fb_pack::Geometry (csrc/fused_convt_pack.cuh): what the packing kernel needs of the weight and its layout."""
-    _fields_ = [
-        ("op", c_int), ("C", c_int), ("K", c_int), ("cpad", c_int), ("cpad16", c_int),
-        ("T", c_int * 3), ("s", c_int * 3),
-        ("ws", c_longlong * 5),
-        ("nslices", c_int),
+        # the packing in the kernel (weight_pack.cuh)
+        ("w", c_void_p), ("pack_cnt", c_void_p), ("pg", PackGeometry),
+        ("pack_total", c_longlong), ("pack_chunk", c_int), ("pack_chunks", c_int), ("nblocks", c_int),
     ]
 
 
 PACK_OPS = {"copy16": 0, "tf32": 1, "ieee": 2}   # fb_pack::Op
-PACK_THREADS = 256                               # threads per block of the packing kernel
+PACK_THREADS = 256                               # threads per block of the packing kernel (tests, probes)
 
 _CHECKS = layout_asserts(FBParams, "FBParams")
 # the k-step counts each kernel variant is built for: fp32 8-channel steps up to 64 channels; 16-bit 16-channel

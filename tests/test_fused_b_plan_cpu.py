@@ -2,6 +2,7 @@
 problem and the device's properties: its refusals, the seed's known plan, and invariants over many problems (the
 plan fits the shared memory, the grid covers every item and the tail split, every plan maps to a built variant)."""
 import ctypes
+import dataclasses
 import random
 
 import pytest
@@ -22,7 +23,7 @@ def _problem(**kw):
 
 def test_abi_struct_sizes():
     """The ctypes mirrors' sizes as the C++ structs had them (the compile units assert every offset)."""
-    assert ctypes.sizeof(abi.FBParams) == 984 and ctypes.sizeof(abi.PackGeometry) == 96
+    assert ctypes.sizeof(abi.FBParams) == 1120 and ctypes.sizeof(abi.PackGeometry) == 96
     assert abi.FBParams.nfull.offset == 928 and abi.FBParams.inv_k.offset == 976
 
 
@@ -56,16 +57,19 @@ def test_seed_plan():
     planner made (856 blocks, as profiled)."""
     p = planner.plan(SEED, H200)
     assert p.why is None
-    assert (p.smem, p.blocks, p.ks, p.kv, p.threads, p.ws_parts, p.ws_bytes) == (222736, 856, 4, 0, 256, 16, 81984)
+    assert (p.smem, p.blocks, p.ks, p.kv, p.threads, p.ws_parts, p.ws_bytes) == (222736, 856, 4, 0, 256, 16, 82000)
     prm = p.params
     assert list(prm.P) == [10, 10, 10] and (prm.pwb, prm.nwc, prm.wh, prm.nhb, prm.nd, prm.nh) == (10, 1, 2, 5, 5, 8)
     assert (prm.nfull, prm.tail_nhalf, prm.tail_g, prm.max_steps, prm.tile_alloc, prm.ncls) == (792, 2, 4, 125,
                                                                                                  165888, 8)
     assert abi.fused_variant(p.has_act, p.ks, p.kv).kernel == "fb_kernel<false, 4, 0>"
+    # the packing: 125 slices of 32 x 64 tf32 values in chunks of 8 per thread; 856 blocks, none packing only
+    assert (prm.nblocks, prm.pack_total, prm.pack_chunk, prm.pack_chunks, p.ws_pack_offset) == (856, 256000, 2048,
+                                                                                              125, 81984)
     bf16 = planner.plan(_problem(dtype=1, channels_last=1), H200)
-    assert (bf16.smem, bf16.blocks, bf16.ks, bf16.kv, bf16.ws_bytes) == (156208, 856, 2, 1, 81984)
+    assert (bf16.smem, bf16.blocks, bf16.ks, bf16.kv, bf16.ws_bytes) == (156208, 856, 2, 1, 82000)
     ieee = planner.plan(_problem(precision=1), H200)
-    assert (ieee.smem, ieee.blocks, ieee.ks, ieee.kv, ieee.threads, ieee.ws_bytes) == (224272, 1712, 4, 3, 128, 41024)
+    assert (ieee.smem, ieee.blocks, ieee.ks, ieee.kv, ieee.threads, ieee.ws_bytes) == (224272, 1712, 4, 3, 128, 41040)
 
 
 def _random_problem(r):
@@ -97,9 +101,14 @@ def test_plan_invariants():
         items = q[3] * prm.P[0] * prm.nhb * prm.nwc
         assert prm.nwc * prm.pwb >= prm.P[2] > (prm.nwc - 1) * prm.pwb
         assert prm.nhb * prm.wh >= prm.P[1] > (prm.nhb - 1) * prm.wh
-        assert p.blocks == prm.nfull + (items - prm.nfull) * prm.tail_nhalf * prm.tail_g
+        assert prm.nblocks == prm.nfull + (items - prm.nfull) * prm.tail_nhalf * prm.tail_g
         assert items - prm.nfull in (0, items % props.sm_count)
-        assert p.ws_bytes == p.ws_parts * (prm.wh * prm.pwb * 64 + 1) * 4
+        # the packing's chunks cover every item; blocks that only pack make the grid up to min(chunks, SMs)
+        assert (prm.pack_chunks - 1) * prm.pack_chunk < prm.pack_total <= prm.pack_chunks * prm.pack_chunk
+        assert prm.pack_chunk == 8 * p.threads and prm.pack_total == prm.pg.nslices * planner.slice_items(p.kv, p.ks)
+        assert p.blocks == max(prm.nblocks, min(prm.pack_chunks, props.sm_count))
+        assert p.ws_pack_offset >= p.ws_parts * (prm.wh * prm.pwb * 64 + 1) * 4 and p.ws_pack_offset % 16 == 0
+        assert p.ws_bytes == p.ws_pack_offset + 16
         assert (p.ws_parts > 0) == (prm.tail_g > 1)
         assert sum(prm.cls_M[c][0] * prm.cls_M[c][1] * prm.cls_M[c][2] for c in range(prm.ncls)) == q[9] * q[10] * q[11]
         assert prm.ncls == q[12] * q[13] * q[14] and prm.x is None and prm.ws is None
@@ -122,7 +131,7 @@ def test_problem_of_spec():
 def test_pack_geometry():
     import torch
 
-    from fullfuse.fused.convt_pool_reduce import pack_geometry, pack_weights
+    from fullfuse.fused.convt_pool_reduce import pack_geometry, pack_weights, problem
     from fullfuse.spec import ConvTPoolReduceSpec
     spec = ConvTPoolReduceSpec(dims=3, in_channels=12, out_channels=5, kernel_size=(3, 4, 2), stride=(2, 3, 1),
                                padding=(0, 0, 0), output_padding=(0, 0, 0), dilation=(1, 1, 1), has_bias=True,
@@ -134,3 +143,20 @@ def test_pack_geometry():
         assert nbytes == want.numel() * want.element_size()
         assert (g.op, g.C, g.K, g.nslices, list(g.T), list(g.s), list(g.ws)) == (op, 12, 5, 24, [3, 4, 2], [2, 3, 1],
                                                                                  list(w.stride()))
+        # the planner's geometry (the kernel's own packing) is the same but for the weight's strides, set per call
+        # (16-bit: 12 channels are not served, C % 8)
+        plan = planner.plan(problem(spec, torch.empty(2, 12, 4, 4, 4, dtype=dtype), "ieee" if mode == "ieee" else
+                                    "tf32"), H200)
+        if dtype != torch.float32:
+            assert plan.why and "C_in" in plan.why
+            continue
+        g.ws[:] = (0,) * 5
+        assert bytes(plan.params.pg) == bytes(g)
+        assert nbytes == plan.params.pg.nslices * planner.slice_bytes(plan.kv, plan.ks)
+    spec16 = dataclasses.replace(spec, in_channels=16)
+    for dtype in (torch.bfloat16, torch.float16):
+        g, nbytes = pack_geometry(spec16, torch.zeros(16, 5, 3, 4, 2, dtype=dtype), "tf32")
+        plan = planner.plan(problem(spec16, torch.empty(2, 16, 4, 4, 4, dtype=dtype), "tf32"), H200)
+        g.ws[:] = (0,) * 5
+        assert bytes(plan.params.pg) == bytes(g) and g.op == 0
+        assert nbytes == plan.params.pg.nslices * planner.slice_bytes(plan.kv, plan.ks)

@@ -166,6 +166,40 @@ def test_stale_weights_after_update(family, path, dtype, how):
     assert_close(got, ref64(model, x), MODE_OF[dtype], f"after {how}")
 
 
+# ------------------------------------------------------------------ family B packs its weights in its own kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12)],
+                         ids=["one-block", "small", "waves"])
+def test_fused_b_one_kernel_packs_any_weight_layout(shape, dtype, monkeypatch):
+    """Fused B is one launch per call, whose blocks pack the weights (csrc/fused_convt_pool_reduce/weight_pack.cuh):
+    with packing-only blocks beside one computing block, with a small grid, and with several waves.  The same
+    thread's calls then see the weight in other layouts (the packing reads it through its strides) and with other
+    values behind the same Parameter; each call matches float64."""
+    from fullfuse import runtime
+    model = make_model("B", dtype)
+    fused = fullfuse.fused_model(model, path="fused", precision=precision_of(dtype))
+    x = make_x("B", dtype, shape=shape)
+    launches = []
+    real = runtime.Kernel.launch
+
+    def counted(kernel, *args, **kwargs):
+        launches.append(kernel.variant.label)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.Kernel, "launch", counted)
+    weight = conv_of(model).weight
+    layouts = [weight.data, weight.data.contiguous(memory_format=torch.channels_last_3d),
+               weight.data.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2), weight.data * -0.5]
+    with torch.no_grad():
+        for i, data in enumerate(layouts):
+            weight.data = data
+            launches.clear()
+            got = fused(x)
+            assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
+            assert len(launches) == 1 and launches[0].startswith("fb_kernel"), launches
+            assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
+
+
 # ------------------------------------------------------------------ inference_mode
 @pytest.mark.parametrize("params_in_inference_mode", [True, False], ids=["inference-params", "normal-params"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -658,6 +692,7 @@ def test_kept_workspaces_stay_zero_across_kernels():
     for reduction in ("sum", "amax"):
         torch.manual_seed(SEED + 32)
         cases.append(("B", ModelB(reduction), (16, 32, 8, 8, 8), "fused"))            # a tail split over parts
+        cases.append(("B", ModelB(reduction), (1, 32, 4, 4, 4), "fused"))             # packing-only blocks
     runs = []
     for family, model, shape, path in cases:
         model = model.cuda().eval()

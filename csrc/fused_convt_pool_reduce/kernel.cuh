@@ -32,10 +32,11 @@
 // (16-bit), K <= 64, dilation 1, one window's input columns fit in 32, the tile fits in shared memory.
 // Instantiations: fb_kernel<HAS_ACT, KS, DT> per activation on / off, k steps (KS x 8 fp32 or 16 bf16 / fp16 input
 // channels: 1, 2, 4, and 8 for fp32) and kernel variant DT (FF_F32, FF_BF16, FF_F16, FB_X3); launch: grid = the
-// plan's blocks, 128 x fb_nwg(DT) threads, the plan's dynamic shared memory, FBParams by value.
+// plan's blocks plus its packing-only blocks, 128 x fb_nwg(DT) threads, the plan's dynamic shared memory, FBParams by
+// value.  The weights are packed by the kernel's own blocks (weight_pack.cuh): one kernel per call.
 // Headers: params.cuh (constants, FBParams), primitives.cuh (encoding, cp.async, wgmma), tile.cuh (input tile),
-// steps.cuh (the block's step list), mainloop.cuh (a step's weights and wgmmas), window_max.cuh (epilogue),
-// channel_reduce.cuh (tail combine, channel reduction, output).
+// steps.cuh (the block's step list), weight_pack.cuh (the packing's chunks), mainloop.cuh (a step's weights and
+// wgmmas), window_max.cuh (epilogue), channel_reduce.cuh (tail combine, channel reduction, output).
 #pragma once
 #include "fused_convt_pool_reduce/params.cuh"
 #include "fused_convt_pool_reduce/primitives.cuh"
@@ -44,6 +45,7 @@
 #include "fused_convt_pool_reduce/mainloop.cuh"
 #include "fused_convt_pool_reduce/window_max.cuh"
 #include "fused_convt_pool_reduce/channel_reduce.cuh"
+#include "fused_convt_pool_reduce/weight_pack.cuh"
 
 // Two warpgroups share the tile: warpgroup g takes tiles 3g .. 3g + 2 of every tile group and streams its own copy of
 // the weight slices, its step sequence rotated (warpgroup 1 starts half-way), so their epilogues fall apart in time.
@@ -61,11 +63,16 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   int4* steps = reinterpret_cast<int4*>(winmax + p.wh * p.pwb * 64);
   int* cinfo = reinterpret_cast<int*>(steps + p.max_steps);
   signed char* colwin = reinterpret_cast<signed char*>(cinfo + p.ncls * FB_CINFO);   // [class][32]: w-window or -1
-  __shared__ int s_total, s_off, s_split, s_last;
+  __shared__ int s_total, s_off, s_split, s_last, s_claim;
   const uint32_t tile_s = (uint32_t)__cvta_generic_to_shared(tile);
   const uint32_t wbuf_s = tile_s + (uint32_t)p.tile_alloc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
   const int wg = tid >> 7;
+  if (blockIdx.x >= p.nblocks) {   // packing only (weight_pack.cuh)
+    fb_pack_claimed<NTHR, fb_pack_op<DT>()>(p, s_claim);
+    fb_pack_exit(p);
+    return;
+  }
 
   // ---- block -> (image, window row d, window rows h, w-chunk) and its input tile origin ----
   // blocks past nfull split the last wave's items into pieces: tail_nhalf window-row parts (one window row each when
@@ -86,7 +93,10 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   int Ph = (int)(b % p.nhb) * p.wh; b /= p.nhb;
   int nwh = min(p.wh, p.P[1] - Ph);
   if (half >= 0) {
-    if (half >= nwh) return;   // the whole block: no barrier reached yet
+    if (half >= nwh) {   // the whole block: no barrier reached yet
+      fb_pack_exit(p);
+      return;
+    }
     Ph += half;
     nwh = 1;
   }
@@ -107,6 +117,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   // ---- per-class q ranges of this block, then the step list (class, tile group, tap) ----
   fb_build_steps<DT>(p, cinfo, steps, colwin, od0, oh0, nwh, ow_lo, ow_hi, part, cgroup, s_total, s_off, s_split);
 
+  // ---- this block's share of the weight packing, while its tile is in flight ----
+  fb_pack_claimed<NTHR, fb_pack_op<DT>()>(p, s_claim);
+
   // ---- tile ready (fp32: rounded to tf32 in place; "ieee": split into x_hi, x_lo) ----
   ff_cp_wait<0>();
   __syncthreads();
@@ -126,10 +139,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const bool has = st < nseq;
     fb_load_step<KS, DT>(p.wp, wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES, has ? entry(st) : int4{}, has);
   };
-  // the packed weights come from the packing kernel just before this one, launched with a programmatic dependency
-  // (fused/convt_pool_reduce.py): everything above (the input tile in flight, the step list) overlaps its tail; nothing
-  // above reads p.wp
-  ff_grid_dependency_wait();
+  // every block's packing done: the first read of p.wp follows
+  fb_pack_wait(p);
+  fb_pack_exit(p);
 #pragma unroll
   for (int i = 0; i < PF; ++i) load_step(i);
 

@@ -4,6 +4,7 @@
 #pragma once
 #include "device_std.h"
 #include "codes.h"
+#include "fused_convt_pack.cuh"
 
 constexpr int FB_ROWS = 3;      // q_h rows per MMA tile
 constexpr int FB_COLS = 32;     // q_w columns per tile row (row pitch of the input tile)
@@ -51,6 +52,14 @@ struct FBParams {
   int* ws_cnt;                   // [tail part] piece counters (zero between launches)
   int plane_bytes, tile_bytes, tile_alloc, max_steps;   // FB_X3: the x_lo tile starts at tile_bytes + FB_TILE_SLACK
   float inv_k;
+  // packing in the kernel (weight_pack.cuh): the weight as the caller has it, its layout, the chunks of the packing
+  // into wp, and the blocks that compute (blockIdx.x >= nblocks: packing only)
+  const void* w;
+  int* pack_cnt;                 // [3] counters in the zeroed workspace: chunks claimed, chunks packed, blocks done
+  fb_pack::Geometry pg;
+  long long pack_total;          // items of the whole packing
+  int pack_chunk, pack_chunks;   // items per chunk, chunks
+  int nblocks;
 };
 
 __device__ __forceinline__ int fb_floordiv(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }

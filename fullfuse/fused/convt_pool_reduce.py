@@ -1,7 +1,7 @@
 """Family B fused kernel (csrc/fused_convt_pool_reduce/): the transposed conv as sub-pixel implicit GEMMs on the
 tensor cores whose epilogue keeps the pooling-window maxima on chip, then one fixed-order channel reduction; only
 the pooled result is written.  Planned in Python (convt_pool_reduce_plan), compiled per instantiation at first use
-and launched through fullfuse.runtime; the weights are packed on the GPU before every launch (fb_pack)."""
+and launched through fullfuse.runtime; the kernel packs the weights itself in every launch (one kernel per call)."""
 from __future__ import annotations
 
 import ctypes
@@ -53,9 +53,9 @@ def plan(spec, x, mode) -> planner.Plan:
     return planner.plan(problem(spec, x, mode), runtime.device_props(launch.device_index(x.device)))
 
 
-def _kernels(p: planner.Plan, index: int):
-    """The plan's fused kernel and the packing kernel, loaded on device ``index`` (compiled on first use)."""
-    return runtime.kernel(abi.fused_variant(p.has_act, p.ks, p.kv), index), runtime.kernel(abi.PACK, index)
+def _kernel(p: planner.Plan, index: int):
+    """The plan's fused kernel, loaded on device ``index`` (compiled on first use)."""
+    return runtime.kernel(abi.fused_variant(p.has_act, p.ks, p.kv), index)
 
 
 def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool) -> Optional[str]:
@@ -69,7 +69,7 @@ def unsupported(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, determini
         p = plan(spec, x, mode)
         if p.why:
             return p.why
-        fused, _ = _kernels(p, launch.device_index(x.device))
+        fused = _kernel(p, launch.device_index(x.device))
     except Exception as exc:  # no NVRTC and no cached kernel, a compile failure, a kernel this GPU cannot load
         return f"fused kernel unavailable: {str(exc).splitlines()[0]}"
     if p.smem > fused.max_dynamic_smem:
@@ -142,72 +142,49 @@ def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) ->
     return g, nbytes
 
 
-class Packer:
-    """Family B's weight packing for one weight layout (pack_geometry): ``packer(weight, out)`` launches the packing
-    kernel on the caller's current stream, from the weight as it is now into ``out`` (at least ``nbytes``)."""
-
-    def __init__(self, spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str, index: int):
-        self.geometry, self.nbytes = pack_geometry(spec, weight, mode)
-        g = self.geometry
-        per = g.cpad * 64 + (g.cpad16 * 64 if g.op == abi.PACK_OPS["ieee"] else 0)   # items per slice
-        # ~4 items per thread: few blocks, so the fused kernel launched after it (launch_dependent) finds room on
-        # every SM for its first blocks while the packing runs
-        self.grid = (-(-per // (4 * abi.PACK_THREADS)), g.nslices, 1) if g.nslices and per else None
-        self.kernel = runtime.kernel(abi.PACK, index)
-        self._local = threading.local()   # .args: this thread's argument list (a launch copies it: free after)
-
-    def __call__(self, weight: torch.Tensor, out: torch.Tensor, stream: Optional[int] = None) -> None:
-        """Pack on ``stream`` (default: torch's current stream of the weight's device)."""
-        if self.grid is None:
-            return
-        args = getattr(self._local, "args", None)
-        if args is None:
-            args = self._local.args = runtime.Args(ctypes.c_void_p(), ctypes.c_void_p(), self.geometry)
-        args.values[0].value, args.values[1].value = weight.data_ptr(), out.data_ptr()
-        self.kernel.launch(self.grid, abi.PACK_THREADS, 0, args, stream)
-
-
 def packed_weights(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> torch.Tensor:
-    """The packed weights in a new buffer, made on the caller's current stream (tests, probes)."""
-    packer = Packer(spec, weight, mode, launch.device_index(weight.device))
-    out = torch.empty(packer.nbytes, dtype=torch.uint8, device=weight.device)
-    packer(weight, out)
+    """The packed weights in a new buffer, made on the caller's current stream by the packing alone
+    (fb_pack::pack_kernel: the fused kernel's own pack_item; tests, probes)."""
+    g, nbytes = pack_geometry(spec, weight, mode)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=weight.device)
+    per = g.cpad * 64 + (g.cpad16 * 64 if g.op == abi.PACK_OPS["ieee"] else 0)   # items per slice
+    if g.nslices and per:
+        kernel = runtime.kernel(abi.PACK, launch.device_index(weight.device))
+        args = runtime.Args(ctypes.c_void_p(weight.data_ptr()), ctypes.c_void_p(out.data_ptr()), g)
+        kernel.launch((-(-per // (4 * abi.PACK_THREADS)), g.nslices, 1), abi.PACK_THREADS, 0, args)
     return out
 
 
 def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device, alignment), everything that depends only on
     those worked out once (the plan, its kernel, grid, shared memory, a template of the kernel's parameters): returns
-    ``run(x, weight, bias) -> out`` (host time per call).  The weights are packed in every call (Packer, into this
-    thread's scratch buffer of the stream), the geometry of that once per weight layout."""
+    ``run(x, weight, bias) -> out`` (host time per call).  One launch per call: the kernel packs the weights as they
+    are now into this thread's scratch buffer of the stream before it reads them (csrc/fused_convt_pool_reduce/
+    weight_pack.cuh)."""
     copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d))
     xs = x.contiguous() if copy else x   # NCDHW / channels_last_3d read natively, else copied
     index = launch.device_index(x.device)
     p = planner.plan(problem(spec, xs, mode), runtime.device_props(index))
     if p.why:
         raise RuntimeError(f"fullfuse: {p.why}")
-    fused, _ = _kernels(p, index)
+    fused = _kernel(p, index)
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
     shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
     dtype, device = x.dtype, x.device
     channels_last = bool(p.params.channels_last)
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
-    template = bytes(p.params)   # every field but the pointers and ncdhw_vec
-    grid, threads, smem, ws_bytes, ws_cnt = p.blocks, p.threads, p.smem, p.ws_bytes, p.ws_cnt_offset
-    packers = {}   # weight strides -> Packer
+    template = bytes(p.params)   # every field but the pointers, the weight's strides and ncdhw_vec
+    grid, threads, smem, ws_cnt, ws_pack = p.blocks, p.threads, p.smem, p.ws_cnt_offset, p.ws_pack_offset
+    # window maxima and counters (zero; the kernel leaves them zero), this thread's buffer for the packed weights
+    wanted = ((p.ws_bytes, workspace.ZEROED),
+              (p.params.pg.nslices * planner.slice_bytes(p.kv, p.ks), workspace.PACKED))
     local = threading.local()   # .args: this thread's parameter struct (a launch copies it: free again after)
 
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
-        packer = packers.get(weight.stride())
-        if packer is None:
-            packer = packers[weight.stride()] = Packer(spec, weight, mode, index)
-        # window maxima and counters (zero; the kernel leaves them zero), this thread's packed weights
-        stream, (ws, packed) = workspace.for_launch(index, ((ws_bytes, workspace.ZEROED),
-                                                            (packer.nbytes, workspace.PACKED)))
-        packer(weight, packed, stream)
+        stream, (ws, packed) = workspace.for_launch(index, wanted)
         out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         bias = contiguous(bias)
         xp = x.data_ptr()
@@ -216,18 +193,17 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         args = getattr(local, "args", None)
         if args is None:
             args = local.args = runtime.Args(abi.FBParams.from_buffer_copy(template))
+            args.strides = None
         prm = args.values[0]
-        prm.x, prm.wp, prm.out = xp, None if packed is None else packed.data_ptr(), out.data_ptr()
+        strides = weight.stride()
+        if strides != args.strides:   # the packing reads the weight through its strides (any layout)
+            prm.pg.ws[:] = strides
+            args.strides = strides
+        prm.x, prm.w, prm.wp, prm.out = xp, weight.data_ptr(), packed.data_ptr(), out.data_ptr()
         prm.bias = None if bias is None else bias.data_ptr()
-        if ws is not None:
-            prm.ws, prm.ws_cnt = ws.data_ptr(), ws.data_ptr() + ws_cnt
+        wsp = ws.data_ptr()
+        prm.ws, prm.ws_cnt, prm.pack_cnt = wsp, wsp + ws_cnt, wsp + ws_pack
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
-        # a programmatic dependency on the packing kernel just launched: its input tile and step list overlap the
-        # packing.  Only there: the kernel reads x before griddepcontrol.wait, so the kernel before it must not be
-        # the one that wrote x.
-        if packer.grid is None:
-            fused.launch(grid, threads, smem, args, stream)
-        else:
-            fused.launch_dependent(grid, threads, smem, args, stream)
+        fused.launch(grid, threads, smem, args, stream)
         return out
     return run

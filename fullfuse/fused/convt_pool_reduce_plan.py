@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from cutlass_ops.convt_pool_reduce import KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, FBParams
+from cutlass_ops.convt_pool_reduce import KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, FBParams
 
 if TYPE_CHECKING:
     from ..runtime import DeviceProps
@@ -35,6 +35,7 @@ ROW_BYTES = COLS * 16                       # one tile row of one 16-byte channe
 TILE_SLACK = ROWS * COLS * 16 + 512         # a 3-row tile may read this far past its last row (FB_TILE_SLACK)
 SMEM_LIMIT = 227 * 1024                     # sm_90's opt-in shared memory per block (H100, H200)
 NBUF = {KV_F32: 3, KV_BF16: 4, KV_F16: 4, KV_X3: 3}   # weight buffers per warpgroup (FB_NBUF32 / 16 / X3)
+PACK_PER_THREAD = 8     # items of the weight packing per thread and chunk (weight_pack.cuh)
 PREFIX = "fused convT-pool-reduce: "
 
 
@@ -60,6 +61,12 @@ def ks16(ks: int) -> int:
 def slice_bytes(kv: int, ks: int) -> int:
     """One tap's packed weights: 2 KB per k step; "ieee" packs [w_hi tf32 | w_lo tf32 | bf16(w)] per tap."""
     return ks * 4096 + ks16(ks) * 2048 if kv == KV_X3 else ks * 2048
+
+
+def slice_items(kv: int, ks: int) -> int:
+    """Items of one packed slice, as fb_pack::slice_items counts them: C_pad x 64 (4-byte tf32 or 2-byte 16-bit
+    values); "ieee" C_pad x 64 (tf32 hi, lo pairs) + C_pad16 x 64 (bf16)."""
+    return ks * 512 + ks16(ks) * 1024 if kv == KV_X3 else ks * (512 if kv == KV_F32 else 1024)
 
 
 def ksteps(dtype: int, c: int) -> int:
@@ -91,15 +98,17 @@ def cols_needed(pw0: int, npw: int, win: int, s: int, pad: int, mmax: int) -> in
 class Plan:
     """A problem's launch: ``why`` is None where the kernel serves it (then every other field is set)."""
     why: Optional[str]
-    params: Optional[FBParams] = None   # every field but x, wp, bias, out, ws, ws_cnt and ncdhw_vec (per call)
+    # every field but x, wp, bias, out, ws, ws_cnt, w, pack_cnt, pg.ws and ncdhw_vec (per call)
+    params: Optional[FBParams] = None
     has_act: bool = False
     ks: int = 0
     kv: int = 0                         # kernel variant: KV_F32 / KV_BF16 / KV_F16 / KV_X3
     smem: int = 0                       # dynamic shared memory per block
-    blocks: int = 0                     # grid (x)
+    blocks: int = 0                     # grid (x): params.nblocks computing, the rest packing only
     threads: int = 0                    # block (x): 128 per warpgroup
-    ws_parts: int = 0                   # workspace: [ws_parts][wh][pwb][64] window maxima, then [ws_parts] counters
-    ws_bytes: int = 0                   # (zeroed once by the caller, left zeroed by every launch)
+    ws_parts: int = 0                   # workspace: [ws_parts][wh][pwb][64] window maxima, then [ws_parts] counters,
+    ws_bytes: int = 0                   # then at ws_pack_offset the packing's 3 counters (zeroed once by the caller,
+    ws_pack_offset: int = 0             # left zeroed by every launch)
 
     @property
     def ws_cnt_offset(self) -> int:
@@ -242,8 +251,23 @@ def plan(problem: Sequence[int], props: "DeviceProps") -> Plan:
     p.nfull = items - tail if (p.tail_nhalf > 1 or p.tail_g > 1) else items
     blocks = p.nfull + (items - p.nfull) * p.tail_nhalf * p.tail_g
     ws_parts = (items - p.nfull) * p.tail_nhalf if p.tail_g > 1 else 0   # tail parts combining in global memory
-    if blocks > 0x7FFFFFFF:
+    # the weight packing, done by the kernel's blocks in chunks (weight_pack.cuh); where the grid has fewer blocks
+    # than chunks and SMs, blocks that only pack join it
+    g = p.pg
+    g.op = PACK_OPS["ieee" if kv == KV_X3 else "tf32" if kv == KV_F32 else "copy16"]
+    g.C, g.K = c, k
+    g.cpad, g.cpad16 = (8 if kv in (KV_F32, KV_X3) else 16) * ks, 16 * ks16(ks) if kv == KV_X3 else 0
+    for a in range(3):
+        g.T[a], g.s[a] = T[a], s[a]
+    g.nslices = T[0] * T[1] * T[2]
+    p.pack_total = g.nslices * slice_items(kv, ks)
+    p.pack_chunk = PACK_PER_THREAD * 128 * nwg
+    p.pack_chunks = -(-p.pack_total // p.pack_chunk)
+    pack_blocks = max(0, min(sm_count, p.pack_chunks) - blocks)
+    p.nblocks = blocks
+    if blocks + pack_blocks > 0x7FFFFFFF:
         return _refuse("too many blocks")
-    return Plan(None, p, has_act=act != 0, ks=ks, kv=kv, smem=smem, blocks=blocks, threads=128 * nwg,
-                ws_parts=ws_parts, ws_bytes=ws_parts * (p.wh * pwb * 64 + 1) * 4)
+    ws_pack = -(-ws_parts * (p.wh * pwb * 64 + 1) * 4 // 16) * 16   # the packing's counters, after the tail's
+    return Plan(None, p, has_act=act != 0, ks=ks, kv=kv, smem=smem, blocks=blocks + pack_blocks, threads=128 * nwg,
+                ws_parts=ws_parts, ws_bytes=ws_pack + 16, ws_pack_offset=ws_pack)
 
