@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
   const int wg = tid >> 7;
   if (blockIdx.x >= p.nblocks) {   // packing only (weight_pack.cuh)
-    fb_pack_claimed<NTHR, fb_pack_op<DT>()>(p, s_claim);
-    fb_pack_exit(p);
+    fb_pack_share<NTHR, fb_pack_op<DT>(), false>(p, s_claim);
+    fb_pack_reset_if_last(p, fb_pack_done(p));
     return;
   }
 
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   int nwh = min(p.wh, p.P[1] - Ph);
   if (half >= 0) {
     if (half >= nwh) {   // the whole block: no barrier reached yet
-      fb_pack_exit(p);
+      fb_pack_reset_if_last(p, fb_pack_done(p));
       return;
     }
     Ph += half;
@@ -117,8 +117,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   // ---- per-class q ranges of this block, then the step list (class, tile group, tap) ----
   fb_build_steps<DT>(p, cinfo, steps, colwin, od0, oh0, nwh, ow_lo, ow_hi, part, cgroup, s_total, s_off, s_split);
 
-  // ---- this block's share of the weight packing, while its tile is in flight ----
-  fb_pack_claimed<NTHR, fb_pack_op<DT>()>(p, s_claim);
+  // ---- this block's share of the weight packing, and the wait for all of it, while its tile is in flight ----
+  fb_pack_share<NTHR, fb_pack_op<DT>(), true>(p, s_claim);
+  const int pack_done = fb_pack_done(p);
 
   // ---- tile ready (fp32: rounded to tf32 in place; "ieee": split into x_hi, x_lo) ----
   ff_cp_wait<0>();
@@ -139,9 +140,6 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const bool has = st < nseq;
     fb_load_step<KS, DT>(p.wp, wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES, has ? entry(st) : int4{}, has);
   };
-  // every block's packing done: the first read of p.wp follows
-  fb_pack_wait(p);
-  fb_pack_exit(p);
 #pragma unroll
   for (int i = 0; i < PF; ++i) load_step(i);
 
@@ -204,6 +202,7 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
   }
   __syncthreads();
   fb_channel_reduce<HAS_ACT, DT>(p, winmax, part, n, Pd, Ph, nwh, od0, oh0, pw0, npw, s_last);
+  fb_pack_reset_if_last(p, pack_done);
 #else
   __trap();
 #endif

@@ -4,9 +4,11 @@
 // of them (pack_cnt[1]), so the wait always ends: each claimed chunk is held by a running block, whatever the order and
 // number of resident blocks.  Blocks past the compute grid (blockIdx.x >= nblocks) only pack, so that a small grid
 // still spreads the packing over the SMs.  Every block counts itself once it no longer touches the counters
-// (pack_cnt[2]); the last one sets all three back to zero (the workspace invariant, fullfuse/workspace.py).
-// Ordering: a chunk's writes, a barrier, then thread 0's fence and count; the waiting thread 0's acquire load, a
-// fence, then a barrier before any thread reads the packed weights.
+// (pack_cnt[2]); the last one sets all three back to zero at its end (the workspace invariant, fullfuse/workspace.py).
+// A block that computes makes its round trips to these counters before it waits for its input tile (kernel.cuh), and
+// its count of pack_cnt[2] is read only at its end; later waves find the packing done with one load.
+// Ordering: a chunk's writes, a barrier, then thread 0's fence and count; thread 0's acquire load that sees every
+// chunk counted, a fence, then a barrier before any thread reads the packed weights.
 #pragma once
 #include "fused_convt_pack.cuh"
 #include "fused_convt_pool_reduce/params.cuh"
@@ -14,44 +16,56 @@
 template <int DT>   // the packing op of kernel variant DT
 constexpr int fb_pack_op() { return DT == FB_X3 ? fb_pack::IEEE : DT == FF_F32 ? fb_pack::TF32 : fb_pack::COPY16; }
 
-// claim and pack chunks until none is left (every thread of the block; s_claim: a shared int); OP: the packing of the
-// kernel variant (fb_pack::Op, p.pg.op)
-template <int NTHR, int OP>
-__device__ __forceinline__ void fb_pack_claimed(const FBParams& p, int& s_claim) {
-  for (;;) {
-    if (threadIdx.x == 0) s_claim = atomicAdd(p.pack_cnt, 1);
-    __syncthreads();
-    const int c = s_claim;
-    __syncthreads();   // s_claim is written again in the next round
-    if (c >= p.pack_chunks) return;
+// thread 0: every chunk is packed (its acquire load, then a fence: the block's barrier after it orders every thread's
+// reads of the packed weights after the packing)
+__device__ __forceinline__ bool fb_packed(const FBParams& p) {
+  int done;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(done) : "l"(p.pack_cnt + 1) : "memory");
+  if (done < p.pack_chunks) return false;
+  __threadfence();
+  return true;
+}
+
+// this block's share of the packing (every thread of the block; s_claim: a shared int; OP: the packing of the kernel
+// variant, fb_pack::Op): nothing where the packing is done already (one load: the later waves), else claim and pack
+// chunks until none is left, then (WAIT) wait until every chunk is packed
+template <int NTHR, int OP, bool WAIT>
+__device__ __forceinline__ void fb_pack_share(const FBParams& p, int& s_claim) {
+  if (threadIdx.x == 0) s_claim = fb_packed(p) ? -1 : atomicAdd(p.pack_cnt, 1);
+  __syncthreads();
+  int c = s_claim;
+  __syncthreads();   // s_claim is written again below
+  if (c < 0) return;
+  while (c < p.pack_chunks) {
     const long long first = (long long)c * p.pack_chunk;
     fb_pack::pack_items<OP>(p.w, const_cast<void*>(p.wp), p.pg, first + threadIdx.x,
-                        min(first + p.pack_chunk, p.pack_total), NTHR);
+                            min(first + p.pack_chunk, p.pack_total), NTHR);
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
       atomicAdd(p.pack_cnt + 1, 1);
+      s_claim = atomicAdd(p.pack_cnt, 1);
     }
+    __syncthreads();
+    c = s_claim;
+    __syncthreads();
+  }
+  if (WAIT) {
+    if (threadIdx.x == 0)
+      while (!fb_packed(p)) __nanosleep(32);
+    __syncthreads();
   }
 }
 
-// until every chunk is packed (every thread of the block)
-__device__ __forceinline__ void fb_pack_wait(const FBParams& p) {
-  if (threadIdx.x == 0) {
-    for (;;) {
-      int done;
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(done) : "l"(p.pack_cnt + 1) : "memory");
-      if (done >= p.pack_chunks) break;
-      __nanosleep(32);
-    }
-    __threadfence();
-  }
-  __syncthreads();
+// the block is done with the counters (thread 0 alone touches them; callable by all threads at any point after that):
+// its count, issued now, read by fb_pack_reset_if_last at the block's end, so that no thread waits for it here
+__device__ __forceinline__ int fb_pack_done(const FBParams& p) {
+  return threadIdx.x == 0 ? atomicAdd(p.pack_cnt + 2, 1) : 0;
 }
 
-// the block is done with the counters (thread 0 alone touches them: callable by all threads at any point after that)
-__device__ __forceinline__ void fb_pack_exit(const FBParams& p) {
-  if (threadIdx.x == 0 && atomicAdd(p.pack_cnt + 2, 1) == (int)gridDim.x - 1) {
+// at the block's end, with fb_pack_done's count: the last block sets the three counters back to zero
+__device__ __forceinline__ void fb_pack_reset_if_last(const FBParams& p, int done) {
+  if (threadIdx.x == 0 && done == (int)gridDim.x - 1) {
     p.pack_cnt[0] = 0;
     p.pack_cnt[1] = 0;
     p.pack_cnt[2] = 0;
