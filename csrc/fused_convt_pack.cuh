@@ -29,21 +29,27 @@ __device__ __forceinline__ uint32_t tf32_rna(uint32_t bits) { return (bits + 0x1
 
 __device__ __forceinline__ int taps(int T, int s, int r) { return r < T ? (T - r + s - 1) / s : 0; }
 
-// slice j -> its tap (td, th, tw): classes in (rd, rh, rw) order, taps md-major inside a class
-__device__ __forceinline__ void slice_tap(const Geometry& g, int j, int (&t)[3]) {
-  for (int rd = 0; rd < g.s[0]; ++rd)
-    for (int rh = 0; rh < g.s[1]; ++rh)
-      for (int rw = 0; rw < g.s[2]; ++rw) {
-        const int nd = taps(g.T[0], g.s[0], rd), nh = taps(g.T[1], g.s[1], rh), nw = taps(g.T[2], g.s[2], rw);
+// slice j -> its tap (td, th, tw) as td | th << 10 | tw << 20 (each < 1024): classes in (rd, rh, rw) order, taps
+// md-major inside a class.  Out of line, on scalars (no stack): the unrolled pack_items calls it from several places,
+// rarely.
+__device__ __noinline__ int slice_tap_bits(int j, int T0, int T1, int T2, int s0, int s1, int s2) {
+  for (int rd = 0; rd < s0; ++rd)
+    for (int rh = 0; rh < s1; ++rh)
+      for (int rw = 0; rw < s2; ++rw) {
+        const int nd = taps(T0, s0, rd), nh = taps(T1, s1, rh), nw = taps(T2, s2, rw);
         const int count = nd * nh * nw;
-        if (j < count) {
-          t[0] = rd + g.s[0] * (j / (nh * nw));
-          t[1] = rh + g.s[1] * ((j / nw) % nh);
-          t[2] = rw + g.s[2] * (j % nw);
-          return;
-        }
+        if (j < count)
+          return (rd + s0 * (j / (nh * nw))) | (rh + s1 * ((j / nw) % nh)) << 10 | (rw + s2 * (j % nw)) << 20;
         j -= count;
       }
+  return 0;
+}
+
+__device__ __forceinline__ void slice_tap(const Geometry& g, int j, int (&t)[3]) {
+  const int b = slice_tap_bits(j, g.T[0], g.T[1], g.T[2], g.s[0], g.s[1], g.s[2]);
+  t[0] = b & 1023;
+  t[1] = (b >> 10) & 1023;
+  t[2] = b >> 20;
 }
 
 // element e of a [cpad / G][64][G] slice -> the weight's offset, or -1 for padding
@@ -57,54 +63,86 @@ __device__ __forceinline__ int slice_items(const Geometry& g) {   // items per s
   return g.cpad * 64 + (g.op == IEEE ? g.cpad16 * 64 : 0);
 }
 
-// item e of slice j (tap t, slice_tap) from the weight w into out, for packing op OP (g.op)
+// the weight element item e of a slice of tap t reads (its offset; -1: padding, which packs as 0), for op OP (g.op)
 template <int OP>
-__device__ __forceinline__ void pack_item(const void* __restrict__ w, void* __restrict__ out, const Geometry& g, int j,
-                                          const int (&t)[3], int e, int per) {
+__device__ __forceinline__ long long pack_source(const Geometry& g, const int (&t)[3], int e) {
+  if (OP == COPY16) return source(g, t, e, 8);
+  if (OP == TF32) return source(g, t, e, 4);
+  return e < g.cpad * 64 ? source(g, t, e, 4) : source(g, t, e - g.cpad * 64, 8);   // IEEE: (hi, lo), then bf16
+}
+
+// the weight element at offset src (>= 0) as bits: fp32, or a 16-bit value (COPY16)
+template <int OP>
+__device__ __forceinline__ uint32_t pack_load(const void* __restrict__ w, long long src) {
+  return OP == COPY16 ? static_cast<const uint16_t*>(w)[src] : static_cast<const uint32_t*>(w)[src];
+}
+
+// item e of slice j into out, from its weight element's bits v (0 for padding)
+template <int OP>
+__device__ __forceinline__ void pack_store(void* __restrict__ out, const Geometry& g, int j, int e, int per,
+                                           uint32_t v) {
   const long long i = (long long)j * per + e;
   if (OP == COPY16) {
-    const long long src = source(g, t, e, 8);
-    static_cast<uint16_t*>(out)[i] = src < 0 ? 0 : static_cast<const uint16_t*>(w)[src];
+    static_cast<uint16_t*>(out)[i] = (uint16_t)v;
   } else if (OP == TF32) {
-    const long long src = source(g, t, e, 4);
-    static_cast<uint32_t*>(out)[i] = src < 0 ? 0u : tf32_rna(__float_as_uint(static_cast<const float*>(w)[src]));
+    static_cast<uint32_t*>(out)[i] = tf32_rna(v);
   } else {   // IEEE: a slice is cpad * 64 * 8 bytes of (hi, lo) then cpad16 * 64 * 2 of bf16
     char* slice = static_cast<char*>(out) + (long long)j * (g.cpad * 64 * 8 + g.cpad16 * 64 * 2);
+    const uint32_t hi = tf32_rna(v);
+    // a non-finite weight goes into w_hi alone (w_lo = bf16 part = 0), as fb_kernel puts a non-finite input into
+    // x_lo alone: Inf / NaN then meet finite factors only, never Inf - Inf or inf * 0 from the split
+    const bool fin = isfinite(__uint_as_float(hi));
     if (e < g.cpad * 64) {
-      const long long src = source(g, t, e, 4);
-      const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
-      const uint32_t hi = tf32_rna(__float_as_uint(v));
-      // a non-finite weight goes into w_hi alone (w_lo = bf16 part = 0), as fb_kernel puts a non-finite input
-      // into x_lo alone: Inf / NaN then meet finite factors only, never Inf - Inf or inf * 0 from the split
-      const bool fin = isfinite(__uint_as_float(hi));
       reinterpret_cast<uint32_t*>(slice)[e] = hi;
-      const uint32_t lo = fin ? tf32_rna(__float_as_uint(v - __uint_as_float(hi))) : 0u;
+      const uint32_t lo = fin ? tf32_rna(__float_as_uint(__uint_as_float(v) - __uint_as_float(hi))) : 0u;
       reinterpret_cast<uint32_t*>(slice + g.cpad * 64 * 4)[e] = lo;
     } else {
-      const int e16 = e - g.cpad * 64;
-      const long long src = source(g, t, e16, 8);
-      const float v = src < 0 ? 0.0f : static_cast<const float*>(w)[src];
-      const bool fin = isfinite(__uint_as_float(tf32_rna(__float_as_uint(v))));
-      reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e16] = __float2bfloat16_rn(fin ? v : 0.0f);
+      reinterpret_cast<__nv_bfloat16*>(slice + g.cpad * 64 * 8)[e - g.cpad * 64] =
+          __float2bfloat16_rn(fin ? __uint_as_float(v) : 0.0f);
     }
   }
 }
 
-// items [first, end) of the whole packing (slice-major), every `stride`-th: the fused kernel's share of it
-// (fused_convt_pool_reduce/weight_pack.cuh); the tap is worked out once per slice a thread enters
+// item e of slice j (tap t, slice_tap) from the weight w into out, for packing op OP (g.op)
 template <int OP>
+__device__ __forceinline__ void pack_item(const void* __restrict__ w, void* __restrict__ out, const Geometry& g, int j,
+                                          const int (&t)[3], int e, int per) {
+  const long long src = pack_source<OP>(g, t, e);
+  pack_store<OP>(out, g, j, e, per, src < 0 ? 0u : pack_load<OP>(w, src));
+}
+
+// items first + k * stride (k < N) of the whole packing (slice-major) below end: the fused kernel's share of a
+// chunk (fused_convt_pool_reduce/weight_pack.cuh).  Every source offset first, then all N loads, then the stores,
+// so that the N loads are in flight together; a slice's tap is worked out once per slice entered.
+template <int OP, int N>
 __device__ __forceinline__ void pack_items(const void* __restrict__ w, void* __restrict__ out, const Geometry& g,
                                            long long first, long long end, int stride) {
   const int per = slice_items(g);
-  int j = -1, t[3];
-  for (long long i = first; i < end; i += stride) {
-    const int js = (int)(i / per);
-    if (js != j) {
-      j = js;
-      slice_tap(g, j, t);
+  long long src[N];
+  int jk[N], ek[N];
+  int j = -1, t[3] = {0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const long long i = first + (long long)k * stride;
+    jk[k] = -1;
+    src[k] = -1;
+    if (i < end) {
+      const int js = (int)(i / per);
+      if (js != j) {
+        j = js;
+        slice_tap(g, j, t);
+      }
+      jk[k] = j;
+      ek[k] = (int)(i - (long long)j * per);
+      src[k] = pack_source<OP>(g, t, ek[k]);
     }
-    pack_item<OP>(w, out, g, j, t, (int)(i - (long long)j * per), per);
   }
+  uint32_t v[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = src[k] >= 0 ? pack_load<OP>(w, src[k]) : 0u;
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+    if (jk[k] >= 0) pack_store<OP>(out, g, jk[k], ek[k], per, v[k]);
 }
 
 }  // namespace fb_pack

@@ -51,7 +51,7 @@ class FBParams(ctypes.Structure):
         ("inv_k", c_float),
         # the packing in the kernel (weight_pack.cuh)
         ("w", c_void_p), ("pack_cnt", c_void_p), ("pg", PackGeometry),
-        ("pack_total", c_longlong), ("pack_chunk", c_int), ("pack_chunks", c_int), ("nblocks", c_int),
+        ("pack_total", c_longlong), ("pack_chunks", c_int), ("nblocks", c_int),
     ]
 
 

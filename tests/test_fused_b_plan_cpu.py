@@ -23,7 +23,7 @@ def _problem(**kw):
 
 def test_abi_struct_sizes():
     """The ctypes mirrors' sizes as the C++ structs had them (the compile units assert every offset)."""
-    assert ctypes.sizeof(abi.FBParams) == 1120 and ctypes.sizeof(abi.PackGeometry) == 96
+    assert ctypes.sizeof(abi.FBParams) == 1112 and ctypes.sizeof(abi.PackGeometry) == 96
     assert abi.FBParams.nfull.offset == 928 and abi.FBParams.inv_k.offset == 976
 
 
@@ -64,8 +64,7 @@ def test_seed_plan():
                                                                                                  165888, 8)
     assert abi.fused_variant(p.has_act, p.ks, p.kv).kernel == "fb_kernel<false, 4, 0>"
     # the packing: 125 slices of 32 x 64 tf32 values in chunks of 8 per thread; 856 blocks, none packing only
-    assert (prm.nblocks, prm.pack_total, prm.pack_chunk, prm.pack_chunks, p.ws_pack_offset) == (856, 256000, 2048,
-                                                                                              125, 81984)
+    assert (prm.nblocks, prm.pack_total, prm.pack_chunks, p.ws_pack_offset) == (856, 256000, 125, 81984)
     bf16 = planner.plan(_problem(dtype=1, channels_last=1), H200)
     assert (bf16.smem, bf16.blocks, bf16.ks, bf16.kv, bf16.ws_bytes) == (156208, 856, 2, 1, 82000)
     ieee = planner.plan(_problem(precision=1), H200)
@@ -104,8 +103,9 @@ def test_plan_invariants():
         assert prm.nblocks == prm.nfull + (items - prm.nfull) * prm.tail_nhalf * prm.tail_g
         assert items - prm.nfull in (0, items % props.sm_count)
         # the packing's chunks cover every item; blocks that only pack make the grid up to min(chunks, SMs)
-        assert (prm.pack_chunks - 1) * prm.pack_chunk < prm.pack_total <= prm.pack_chunks * prm.pack_chunk
-        assert prm.pack_chunk == 8 * p.threads and prm.pack_total == prm.pg.nslices * planner.slice_items(p.kv, p.ks)
+        chunk = 8 * p.threads   # FB_PACK_PER_THREAD items per thread
+        assert (prm.pack_chunks - 1) * chunk < prm.pack_total <= prm.pack_chunks * chunk
+        assert prm.pack_total == prm.pg.nslices * planner.slice_items(p.kv, p.ks)
         assert p.blocks == max(prm.nblocks, min(prm.pack_chunks, props.sm_count))
         assert p.ws_pack_offset >= p.ws_parts * (prm.wh * prm.pwb * 64 + 1) * 4 and p.ws_pack_offset % 16 == 0
         assert p.ws_bytes == p.ws_pack_offset + 16

@@ -29,6 +29,7 @@ constexpr int fb_ks16(int ks) { return (ks + 1) / 2; }          // bf16 k steps 
 constexpr int fb_slice_bytes(int dt, int ks) { return dt == FB_X3 ? ks * 4096 + fb_ks16(ks) * 2048 : ks * 2048; }
 static_assert(FB_NBUF32 - 1 - FB_WGDEPTH >= 1 && FB_NBUF16 - 1 - FB_WGDEPTH >= 1 && FB_NBUFX3 - 1 - FB_WGDEPTH >= 1,
               "too few buffers for FB_WGDEPTH");
+constexpr int FB_PACK_PER_THREAD = 8;   // items of the weight packing per thread and chunk (weight_pack.cuh)
 constexpr int FB_MAXCLS = 27;   // residue classes: s_d * s_h * s_w <= 27
 constexpr int FB_CINFO = 10;    // ints of per-class block info in shared memory
 constexpr int FB_ROW_BYTES = FB_COLS * 16;                      // one tile row of one 16-byte channel plane
@@ -58,7 +59,7 @@ struct FBParams {
   int* pack_cnt;                 // [3] counters in the zeroed workspace: chunks claimed, chunks packed, blocks done
   fb_pack::Geometry pg;
   long long pack_total;          // items of the whole packing
-  int pack_chunk, pack_chunks;   // items per chunk, chunks
+  int pack_chunks;               // chunks of FB_PACK_PER_THREAD items per thread
   int nblocks;
 };
 

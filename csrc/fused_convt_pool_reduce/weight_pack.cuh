@@ -1,6 +1,6 @@
 // Family B fused kernel: its weights packed by its own blocks in every launch, before the first weight read.
-// The packing (fused_convt_pack.cuh) is cut into pack_chunks chunks of pack_chunk items that blocks claim as they
-// start (counter pack_cnt[0] in the zeroed workspace).  A block packs every chunk it claimed before it waits for all
+// The packing (fused_convt_pack.cuh) is cut into pack_chunks chunks of FB_PACK_PER_THREAD items per thread that
+// blocks claim as they start (counter pack_cnt[0] in the zeroed workspace).  A block packs every chunk it claimed before it waits for all
 // of them (pack_cnt[1]), so the wait always ends: each claimed chunk is held by a running block, whatever the order and
 // number of resident blocks.  Blocks past the compute grid (blockIdx.x >= nblocks) only pack, so that a small grid
 // still spreads the packing over the SMs.  Every block counts itself once it no longer touches the counters
@@ -36,10 +36,11 @@ __device__ __forceinline__ void fb_pack_share(const FBParams& p, int& s_claim) {
   int c = s_claim;
   __syncthreads();   // s_claim is written again below
   if (c < 0) return;
+  constexpr int CHUNK = FB_PACK_PER_THREAD * NTHR;
   while (c < p.pack_chunks) {
-    const long long first = (long long)c * p.pack_chunk;
-    fb_pack::pack_items<OP>(p.w, const_cast<void*>(p.wp), p.pg, first + threadIdx.x,
-                            min(first + p.pack_chunk, p.pack_total), NTHR);
+    const long long first = (long long)c * CHUNK;
+    fb_pack::pack_items<OP, FB_PACK_PER_THREAD>(p.w, const_cast<void*>(p.wp), p.pg, first + threadIdx.x,
+                                                min(first + CHUNK, p.pack_total), NTHR);
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();

@@ -35,7 +35,7 @@ ROW_BYTES = COLS * 16                       # one tile row of one 16-byte channe
 TILE_SLACK = ROWS * COLS * 16 + 512         # a 3-row tile may read this far past its last row (FB_TILE_SLACK)
 SMEM_LIMIT = 227 * 1024                     # sm_90's opt-in shared memory per block (H100, H200)
 NBUF = {KV_F32: 3, KV_BF16: 4, KV_F16: 4, KV_X3: 3}   # weight buffers per warpgroup (FB_NBUF32 / 16 / X3)
-PACK_PER_THREAD = 8     # items of the weight packing per thread and chunk (weight_pack.cuh)
+PACK_PER_THREAD = 8     # items of the weight packing per thread and chunk (FB_PACK_PER_THREAD)
 PREFIX = "fused convT-pool-reduce: "
 
 
@@ -261,8 +261,7 @@ def plan(problem: Sequence[int], props: "DeviceProps") -> Plan:
         g.T[a], g.s[a] = T[a], s[a]
     g.nslices = T[0] * T[1] * T[2]
     p.pack_total = g.nslices * slice_items(kv, ks)
-    p.pack_chunk = PACK_PER_THREAD * 128 * nwg
-    p.pack_chunks = -(-p.pack_total // p.pack_chunk)
+    p.pack_chunks = -(-p.pack_total // (PACK_PER_THREAD * 128 * nwg))
     pack_blocks = max(0, min(sm_count, p.pack_chunks) - blocks)
     p.nblocks = blocks
     if blocks + pack_blocks > 0x7FFFFFFF:
