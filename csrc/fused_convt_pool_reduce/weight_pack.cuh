@@ -7,8 +7,8 @@
 // (pack_cnt[2]); the last one sets all three back to zero at its end (the workspace invariant, fullfuse/workspace.py).
 // A block that computes makes its round trips to these counters before it waits for its input tile (kernel.cuh), and
 // its count of pack_cnt[2] is read only at its end; later waves find the packing done with one load.
-// Ordering: a chunk's writes, a barrier, then thread 0's fence and count; thread 0's acquire load that sees every
-// chunk counted, a fence, then a barrier before any thread reads the packed weights.
+// Ordering (as CUTLASS's generic barrier): a chunk's writes, a barrier, then thread 0's count with release semantics;
+// thread 0's acquire load that sees every chunk counted, then a barrier before any thread reads the packed weights.
 #pragma once
 #include "fused_convt_pack.cuh"
 #include "fused_convt_pool_reduce/params.cuh"
@@ -16,14 +16,12 @@
 template <int DT>   // the packing op of kernel variant DT
 constexpr int fb_pack_op() { return DT == FB_X3 ? fb_pack::IEEE : DT == FF_F32 ? fb_pack::TF32 : fb_pack::COPY16; }
 
-// thread 0: every chunk is packed (its acquire load, then a fence: the block's barrier after it orders every thread's
-// reads of the packed weights after the packing)
+// thread 0: every chunk is packed (an acquire load: the block's barrier after it orders every thread's reads of the
+// packed weights after the packing; no fence, which would wait for thread 0's own tile loads)
 __device__ __forceinline__ bool fb_packed(const FBParams& p) {
   int done;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(done) : "l"(p.pack_cnt + 1) : "memory");
-  if (done < p.pack_chunks) return false;
-  __threadfence();
-  return true;
+  return done >= p.pack_chunks;
 }
 
 // this block's share of the packing (every thread of the block; s_claim: a shared int; OP: the packing of the kernel
@@ -42,9 +40,8 @@ __device__ __forceinline__ void fb_pack_share(const FBParams& p, int& s_claim) {
     fb_pack::pack_items<OP, FB_PACK_PER_THREAD>(p.w, const_cast<void*>(p.wp), p.pg, first + threadIdx.x,
                                                 min(first + CHUNK, p.pack_total), NTHR);
     __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(p.pack_cnt + 1, 1);
+    if (threadIdx.x == 0) {   // the chunk counted with release semantics, after the barrier above
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(p.pack_cnt + 1) : "memory");
       s_claim = atomicAdd(p.pack_cnt, 1);
     }
     __syncthreads();
