@@ -1,0 +1,44 @@
+"""Seed B through this tree's fused path: per-call time of a call started on an idle GPU (CUDA events around the call,
+median of 60; the seed is GPU-bound, so this is the kernels' time plus the launch latency), fp32 (TF32) and bf16,
+NCDHW and channels_last_3d; one line per cell.  An A/B of two source trees runs this in each, alternating processes
+(each tree with its own FULLFUSE_CACHE_DIR), as for fused B's in-kernel weight packing against the packing kernel
+(`benchmarks/results/ab_fused_b_packing_*.txt`).
+
+Usage: python3 benchmarks/probes/seed_b_time.py [label]   (a CUDA GPU)
+"""
+import statistics
+import sys
+
+import torch
+
+import fullfuse
+from fullfuse.seed_models import SEED_SHAPE, SeedB
+
+
+def main(label: str) -> None:
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = SeedB().cuda().to(dtype).eval()
+        fused = fullfuse.fused_model(model, path="fused", precision="tf32" if dtype == torch.float32 else "auto")
+        for channels_last in (False, True):
+            x = torch.randn(*SEED_SHAPE["B"], device="cuda", dtype=dtype)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last_3d)
+            times = []
+            with torch.no_grad():
+                for _ in range(5):
+                    fused(x)
+                for _ in range(60):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fused(x)
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+            layout = "channels_last" if channels_last else "NCDHW"
+            print(f"{label} {str(dtype)[6:]:8s} {layout:13s} median {1e3 * statistics.median(times):7.1f} us",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "this tree")
