@@ -125,7 +125,7 @@ def pack_weights(weight: torch.Tensor, stride, dtype: torch.dtype = torch.float3
 
 
 def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> Tuple[abi.PackGeometry, int]:
-    """(the packing kernel's geometry (csrc/fused_convt_pack.cuh, fb_pack::Geometry), packed bytes): the layout
+    """(the packing's geometry (csrc/fused_convt_pack.cuh, fb_pack::Geometry), packed bytes): the layout
     pack_weights builds, for a weight of this dtype and strides."""
     c_in, k_out = weight.shape[:2]
     if weight.dtype != torch.float32:
