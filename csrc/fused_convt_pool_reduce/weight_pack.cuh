@@ -2,9 +2,10 @@
 // The packing (fused_convt_pack.cuh) is cut into pack_chunks chunks of FB_PACK_PER_THREAD items per thread that
 // blocks claim as they start (counter pack_cnt[0] in the zeroed workspace).  A block packs every chunk it claimed
 // before it waits for all of them (pack_cnt[1]), so the wait always ends: each claimed chunk is held by a running
-// block, whatever the order and number of resident blocks.  Blocks past the compute grid (blockIdx.x >= nblocks) only pack, so that a small grid
-// still spreads the packing over the SMs.  Every block counts itself once it no longer touches the counters
-// (pack_cnt[2]); the last one sets all three back to zero at its end (the workspace invariant, fullfuse/workspace.py).
+// block, whatever the order and number of resident blocks.  Blocks past the compute grid (blockIdx.x >= nblocks)
+// only pack, so that a small grid still spreads the packing over the SMs.  Every block counts itself once it no
+// longer touches the counters (pack_cnt[2]); the last one sets all three back to zero at its end (the workspace
+// invariant, fullfuse/workspace.py).
 // A block that computes makes its round trips to these counters before it waits for its input tile (kernel.cuh), and
 // its count of pack_cnt[2] is read only at its end; later waves find the packing done with one load.
 // Ordering (as CUTLASS's generic barrier): a chunk's writes, a barrier, then thread 0's count with release semantics;

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -128,18 +127,12 @@ def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) ->
     """(the packing's geometry (csrc/fused_convt_pack.cuh, fb_pack::Geometry), packed bytes): the layout
     pack_weights builds, for a weight of this dtype and strides."""
     c_in, k_out = weight.shape[:2]
-    if weight.dtype != torch.float32:
-        op, c_pad, c_pad16, item_bytes = abi.PACK_OPS["copy16"], padded_channels(c_in, weight.dtype), 0, 2
-    elif mode == "ieee":
-        op, c_pad, c_pad16 = abi.PACK_OPS["ieee"], padded_channels(c_in), padded_channels(c_in, torch.bfloat16)
-        item_bytes = None
-    else:
-        op, c_pad, c_pad16, item_bytes = abi.PACK_OPS["tf32"], padded_channels(c_in), 0, 4
-    taps = math.prod(weight.shape[2:])
-    nbytes = taps * (c_pad * 64 * 8 + c_pad16 * 64 * 2 if item_bytes is None else c_pad * 64 * item_bytes)
-    g = abi.PackGeometry(op, c_in, k_out, c_pad, c_pad16, (ctypes.c_int * 3)(*weight.shape[2:]),
-                         (ctypes.c_int * 3)(*spec.stride), (ctypes.c_longlong * 5)(*weight.stride()), taps)
-    return g, nbytes
+    dtype = dtype_code(weight.dtype)
+    kv, ks = abi.KV_X3 if weight.dtype == torch.float32 and mode == "ieee" else dtype, planner.ksteps(dtype, c_in)
+    g = abi.PackGeometry()
+    planner.fill_pack_geometry(g, kv, ks, c_in, k_out, weight.shape[2:], spec.stride)
+    g.ws[:] = weight.stride()
+    return g, g.nslices * planner.slice_bytes(kv, ks)
 
 
 def packed_weights(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> torch.Tensor:

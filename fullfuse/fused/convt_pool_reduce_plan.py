@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from cutlass_ops.convt_pool_reduce import KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, FBParams
+from cutlass_ops.convt_pool_reduce import KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, FBParams, PackGeometry
 
 if TYPE_CHECKING:
     from ..runtime import DeviceProps
@@ -67,6 +67,17 @@ def slice_items(kv: int, ks: int) -> int:
     """Items of one packed slice, as fb_pack::slice_items counts them: C_pad x 64 (4-byte tf32 or 2-byte 16-bit
     values); "ieee" C_pad x 64 (tf32 hi, lo pairs) + C_pad16 x 64 (bf16)."""
     return ks * 512 + ks16(ks) * 1024 if kv == KV_X3 else ks * (512 if kv == KV_F32 else 1024)
+
+
+def fill_pack_geometry(g: PackGeometry, kv: int, ks: int, c: int, k: int, T: Sequence[int], s: Sequence[int]) -> None:
+    """Every field of the packing's geometry g (fb_pack::Geometry) but the weight's strides, for kernel variant kv at
+    ks k steps, C_in c, C_out k, taps T and strides s per dim."""
+    g.op = PACK_OPS["ieee" if kv == KV_X3 else "tf32" if kv == KV_F32 else "copy16"]
+    g.C, g.K = c, k
+    g.cpad, g.cpad16 = (8 if kv in (KV_F32, KV_X3) else 16) * ks, 16 * ks16(ks) if kv == KV_X3 else 0
+    for a in range(3):
+        g.T[a], g.s[a] = T[a], s[a]
+    g.nslices = T[0] * T[1] * T[2]
 
 
 def ksteps(dtype: int, c: int) -> int:
@@ -253,14 +264,8 @@ def plan(problem: Sequence[int], props: "DeviceProps") -> Plan:
     ws_parts = (items - p.nfull) * p.tail_nhalf if p.tail_g > 1 else 0   # tail parts combining in global memory
     # the weight packing, done by the kernel's blocks in chunks (weight_pack.cuh); where the grid has fewer blocks
     # than chunks and SMs, blocks that only pack join it
-    g = p.pg
-    g.op = PACK_OPS["ieee" if kv == KV_X3 else "tf32" if kv == KV_F32 else "copy16"]
-    g.C, g.K = c, k
-    g.cpad, g.cpad16 = (8 if kv in (KV_F32, KV_X3) else 16) * ks, 16 * ks16(ks) if kv == KV_X3 else 0
-    for a in range(3):
-        g.T[a], g.s[a] = T[a], s[a]
-    g.nslices = T[0] * T[1] * T[2]
-    p.pack_total = g.nslices * slice_items(kv, ks)
+    fill_pack_geometry(p.pg, kv, ks, c, k, T, s)
+    p.pack_total = p.pg.nslices * slice_items(kv, ks)
     p.pack_chunks = -(-p.pack_total // (PACK_PER_THREAD * 128 * nwg))
     pack_blocks = max(0, min(sm_count, p.pack_chunks) - blocks)
     p.nblocks = blocks
