@@ -3,6 +3,7 @@ misaligned pointers, builds and caches nothing under capture; the pipeline times
 order, skips the ones that do not fit and keeps the chosen one's result.  (The kernel cache's environment failures:
 tests/test_kernel_cache_cpu.py; the fallback kernels' availability: tests/test_fallback_kernels_cpu.py.)
 """
+import dataclasses
 import threading
 
 import pytest
@@ -76,18 +77,23 @@ class _FakeFrontend:
         pass
 
 
-@pytest.mark.parametrize("kind, x_dtype, out_dtype, torch_ms, given, frontend_serves", [
-    ("fprop", torch.float32, None, 1.05, True, False),          # PyTorch's call within 10 %: it serves (less host time)
-    ("fprop", torch.float32, None, 1.2, True, True),            # the best plan clearly faster: the frontend serves
-    ("fprop", torch.float16, torch.float32, 0.5, True, True),   # fp16's float32 output: only the frontend writes it
-    ("dgrad", torch.float32, None, 1.05, True, False),          # transposed convs: PyTorch's call compared too
-    ("dgrad", torch.float32, None, 1.2, True, True),
-    ("dgrad", torch.float32, None, 0.5, False, True),           # no call given: nothing to compare
+@pytest.mark.parametrize("kind, x_dtype, out_dtype, plan_gpu, plan_host, torch_cost, given, frontend_serves", [
+    ("fprop", torch.float32, None, 1.0, 0.1, 1.05, True, False),   # PyTorch's call within 10 %: it serves
+    ("fprop", torch.float32, None, 1.0, 0.1, 1.2, True, True),     # the best plan clearly cheaper: the frontend serves
+    ("fprop", torch.float32, None, 0.01, 0.1, 0.02, True, False),  # host-bound: the plan's execute costs more
+    ("fprop", torch.float32, None, 0.01, 0.1, 0.2, True, True),
+    ("fprop", torch.float16, torch.float32, 1.0, 0.1, 0.5, True, True),   # fp16's float32 output: only the frontend
+    ("dgrad", torch.float32, None, 1.0, 0.1, 1.05, True, False),   # transposed convs: PyTorch's call compared too
+    ("dgrad", torch.float32, None, 1.0, 0.1, 1.2, True, True),
+    ("dgrad", torch.float32, None, 0.02, 0.12, 0.03, True, False),
+    ("dgrad", torch.float32, None, 1.0, 0.1, 0.5, False, True),    # no call given: nothing to compare
 ])
-def test_frontend_serves_only_where_its_best_plan_beats_pytorchs_call(monkeypatch, kind, x_dtype, out_dtype, torch_ms,
-                                                                      given, frontend_serves):
-    """A problem's entry: cuDNN's best plan (1.0 ms here), or TORCH_CALL (PyTorch's own call) where that is as fast;
-    decided once per problem, and PyTorch's call is timed on the operands as the caller has them."""
+def test_frontend_serves_only_where_its_best_plan_costs_less_than_pytorchs_call(monkeypatch, kind, x_dtype, out_dtype,
+                                                                                plan_gpu, plan_host, torch_cost,
+                                                                                given, frontend_serves):
+    """A problem's entry: cuDNN's best plan, or TORCH_CALL (PyTorch's own call) where that costs no more per call (the
+    longer of GPU and host time, the plan's call with its layout copies); decided once per problem, and PyTorch's
+    call is timed on the operands as the caller has them."""
     monkeypatch.setattr(cudnn_conv, "frontend", lambda: _FakeFrontend())
     monkeypatch.setattr(cudnn_conv, "data_type", lambda cudnn, dtype: dtype)
     monkeypatch.setattr(cudnn_conv, "handle_for", lambda cudnn, device: object())
@@ -95,13 +101,15 @@ def test_frontend_serves_only_where_its_best_plan_beats_pytorchs_call(monkeypatc
     monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
     monkeypatch.setattr(launch, "device_index", lambda device: 0)
     monkeypatch.setattr(cudnn_conv, "_entries", {})
-    monkeypatch.setattr(cudnn_conv, "fastest_plan", lambda *args: (3, 1.0, 0, 7))
+    monkeypatch.setattr(cudnn_conv, "fastest_plan", lambda *args: (3, plan_gpu, 0, 7))
+    monkeypatch.setattr(cudnn_conv, "_best_ms", lambda fn, device, skip_slow=True: (fn(), plan_gpu)[1])
+    monkeypatch.setattr(cudnn_conv, "_host_ms", lambda fn, device: (fn(), plan_host)[1])
     timed = []
-    monkeypatch.setattr(cudnn_conv, "_torch_ms", lambda call, x, w, *args: timed.append((call, x, w)) or torch_ms)
+    monkeypatch.setattr(cudnn_conv, "_torch_cost_ms", lambda call, x, w: timed.append((call, x, w)) or torch_cost)
     x, w = torch.randn(2, 3, 8, 8, dtype=x_dtype), torch.randn(4, 3, 3, 3, dtype=x_dtype)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
-    call = (torch.nn.functional.conv2d, ((1, 1), (0, 0), (1, 1))) if given else None
+    call = (lambda a, b: torch.nn.functional.conv2d(a, b)) if given else None
     for _ in range(2):
         got = cudnn_conv.run(kind, x, w, (2, 4, 6, 6), (0, 0), (1, 1), (1, 1), "tf32", True, out_dtype, call)
         assert (got is cudnn_conv.TORCH_CALL) == (not frontend_serves) and got is not None
@@ -115,12 +123,38 @@ def test_frontend_serves_only_where_its_best_plan_beats_pytorchs_call(monkeypatc
         assert got.dtype == (out_dtype or x_dtype) and got.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_conv_forward_answers_none_where_pytorchs_call_serves(monkeypatch):
-    """conv_forward's contract: None where the caller runs PyTorch's call (TORCH_CALL included)."""
+def test_torch_serves_within_the_margin():
+    assert cudnn_conv.torch_serves(1.1, 1.0) and not cudnn_conv.torch_serves(1.11, 1.0)
+
+
+def test_signature_convs_look_a_problem_up_once_per_rows_and_weight_layout(monkeypatch):
+    """A prepared call's convs: the problem's entry is looked up once per (rows, weight strides, weight alignment)
+    and kept, except where the lookup's answer is not the problem's (a new problem under capture); TORCH_CALL and
+    None are answered as they are; nothing where the frontend is switched off."""
     from fullfuse.spec import ConvActPoolSpec
     spec = ConvActPoolSpec(2, 3, 4, (3, 3), (1, 1), (0, 0), (1, 1), True, "gelu_erf", "mean", True)
-    monkeypatch.setattr(cudnn_conv, "run", lambda *args, **kwargs: cudnn_conv.TORCH_CALL)
-    assert cudnn_conv.conv_forward(spec, torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), "tf32") is None
+    answers = {"plain": (cudnn_conv.TORCH_CALL, True), "captured": (None, False)}
+    looked = []
+
+    def lookup(kind, x, w, out_shape, *rest):
+        looked.append((kind, tuple(w.stride()), out_shape))
+        return answers["captured" if w.stride()[1] > w.stride()[0] else "plain"]   # (w_t below)
+    monkeypatch.setattr(cudnn_conv, "lookup", lookup)
+    convs = cudnn_conv.forward_convs(spec, "tf32", True, None, None, lambda rows: (rows, 4, 6, 6))
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    for _ in range(3):
+        assert convs(x, w, (0, 2)) is cudnn_conv.TORCH_CALL
+    assert looked == [("fprop", w.stride(), (2, 4, 6, 6))]
+    assert convs(x[:1], w, (0, 1)) is cudnn_conv.TORCH_CALL and len(looked) == 2       # other rows
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    assert convs(x, w_cl, (0, 2)) is cudnn_conv.TORCH_CALL and len(looked) == 3        # other weight strides
+    w_t = torch.randn(3, 4, 3, 3).transpose(0, 1)
+    for _ in range(2):
+        assert convs(x, w_t, (0, 2)) is None
+    assert len(looked) == 5                                                             # not kept: asked again
+    monkeypatch.setattr(cudnn_conv, "ENABLED", False)
+    assert convs(x, w, (0, 2)) is None and len(looked) == 5
+    assert cudnn_conv.forward_convs(dataclasses.replace(spec, groups=3), "tf32", True, None, None, None) is None
 
 
 @pytest.mark.parametrize("answer, dtype, expect", [
@@ -133,16 +167,16 @@ def test_transposed_conv_lays_out_operands_only_for_the_conv_that_needs_them(mon
     them); the sub-pixel convs and the no-plan PyTorch call get channels_last_3d copies.  The results are the conv."""
     import torch.nn.functional as F
     from fullfuse.fallback import convt_pool_reduce as fb
-    from fullfuse.fallback import subpixel
+    from fullfuse.fallback import subpixel, torch_conv
     from fullfuse.spec import ConvTPoolReduceSpec
     spec = ConvTPoolReduceSpec(3, 4, 6, (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1), False, (2, 2, 2),
                                "none", "sum", True)
     x = torch.randn(2, 4, 5, 5, 5).to(dtype)
     w = torch.randn(4, 6, 3, 3, 3).to(dtype)
-    monkeypatch.setattr(cudnn_conv, "conv_transpose", lambda *args: answer)
+    monkeypatch.setattr(cudnn_conv, "transpose_convs", lambda *args: lambda *call: answer)
     seen = []
-    conv_t, sub = fb.CONV_T[3], subpixel.conv_transpose
-    monkeypatch.setitem(fb.CONV_T, 3, lambda a, b, *rest: seen.append(("torch", a, b)) or conv_t(a, b, *rest))
+    conv_t, sub = torch_conv.CONV_T[3], subpixel.conv_transpose
+    monkeypatch.setitem(torch_conv.CONV_T, 3, lambda a, b, *rest: seen.append(("torch", a, b)) or conv_t(a, b, *rest))
     monkeypatch.setattr(subpixel, "conv_transpose", lambda a, b, *rest: seen.append(("subpixel", a, b)) or sub(a, b,
                                                                                                             *rest))
     y = fb.transposed_conv(spec, x, w, "tf32")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import fullfuse  # noqa: E402
 from fullfuse import launch, ops  # noqa: E402
-from fullfuse.fallback import pipeline  # noqa: E402
+from fullfuse.fallback import cudnn_conv, pipeline  # noqa: E402
 from fullfuse.precision import TOLERANCE, cudnn_conv_precision  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,7 @@ def fast_and_poisoned(monkeypatch):
     runtime, not correctness; the frontend's conv is checked by the other GPU tests)."""
     monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
     monkeypatch.setattr(pipeline, "AUTOTUNE", False)
-    monkeypatch.setenv("FULLFUSE_CUDNN_FRONTEND", "0")
+    monkeypatch.setattr(cudnn_conv, "ENABLED", False)
 
 
 def _mode_name(dtype_name, precision):

@@ -19,11 +19,9 @@ from cutlass_ops import fallback as kernels
 from .. import launch, workspace
 from ..codes import ACTIVATIONS, DTYPES, POOLS, dtype_code
 from ..errors import UnsupportedError
-from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec
-from ..torch_path import CONV
 from ..weights import float32_bias
-from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline
+from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline, torch_conv
 from .epilogue_launch import POINTER, PreparedLaunch
 
 CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
@@ -96,21 +94,21 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
     shape = spec.output_shape(n)
     reshape = shape != (n, k)
-    conv_fn = CONV[spec.dims]
+    # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the operands as
+    # the caller has them (where it costs no more per call, or without the frontend)
+    torch_call = torch_conv.conv(spec.dims, spec.stride, spec.padding, spec.dilation, mode, deterministic,
+                                 torch_conv.image_elements(x.shape), k * math.prod(spatial))
+    convs = cudnn_conv.forward_convs(spec, mode, deterministic, conv_dtype, torch_call,
+                                     lambda rows: (rows, k, *spatial))
 
     def run(x, weight, bias):
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
         out = launch.new_output(n, k, device=device)
 
         def conv(n0, n1):
-            # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the
-            # operands as the caller has them (where it is as fast, or without the frontend)
             xs = pipeline.rows(x, n0, n1)
-            y = cudnn_conv.conv_forward(spec, xs, weight, mode, deterministic, conv_dtype, (n1 - n0, k, *spatial))
-            if y is None:
-                with cudnn_settings(mode, deterministic):
-                    y = conv_fn(xs, weight, None, spec.stride, spec.padding, spec.dilation)
-            return y
+            y = None if convs is None else convs(xs, weight, (n0, n1))
+            return torch_call(xs, weight) if y is None or y is cudnn_conv.TORCH_CALL else y
 
         def finish(y, n0, n1):
             epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16_range=f16 and y.dtype == torch.float32)

@@ -20,9 +20,8 @@ from .. import launch
 from ..codes import ACTIVATIONS, DTYPES, REDUCTIONS, dtype_code
 from ..precision import cudnn_settings
 from ..spec import ConvTPoolReduceSpec
-from ..torch_path import CONV_T
 from ..weights import float32_bias
-from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline, subpixel
+from . import cudnn_conv, epilogue_launch, epilogue_plan, pipeline, subpixel, torch_conv
 from .conv_act_pool import CHANNELS_LAST, require
 from .epilogue_launch import POINTER, PreparedLaunch
 
@@ -36,21 +35,36 @@ def unavailable() -> Optional[str]:
 
 
 def transposed_conv(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
-                    deterministic: bool = True) -> torch.Tensor:
+                    deterministic: bool = True, calls=None, rows=None) -> torch.Tensor:
     """The bias-free transposed conv output, channels_last(_3d) where cuDNN gives it so: cuDNN's best plan; PyTorch's
-    own call on the operands as given where that is as fast on the GPU (it costs far less host time, and no layout
-    copies); without a plan, sub-pixel forward convs for float32 (PyTorch's call picks a 40 ms plan at seed B), else
-    PyTorch's call, both on channels_last(_3d) operands."""
-    y = cudnn_conv.conv_transpose(spec, x, weight, mode, deterministic)
-    if y is not None and y is not cudnn_conv.TORCH_CALL:
+    own call (torch_conv.conv) on the operands as given where that costs no more per call (far less host time, no
+    layout copies); without a plan, sub-pixel forward convs for float32 (PyTorch's call picks a 40 ms plan at seed
+    B), else PyTorch's call, both on channels_last(_3d) operands.  ``calls``: ``_Calls`` of the signature (made here
+    where not given); ``rows``: which rows of the signature's input ``x`` is (default: all)."""
+    calls = calls or _Calls(spec, x, mode, deterministic)
+    y = None if calls.convs is None else calls.convs(x, weight, rows or (0, x.shape[0]))
+    if y is cudnn_conv.TORCH_CALL:
+        return calls.torch_call(x, weight)
+    if y is not None:
         return y
-    with cudnn_settings(mode, deterministic):
-        if y is None:
-            memory_format = CHANNELS_LAST[spec.dims]
-            x, weight = x.contiguous(memory_format=memory_format), weight.contiguous(memory_format=memory_format)
-            if x.dtype == torch.float32 and all(d == 1 for d in spec.dilation):
-                return subpixel.conv_transpose(x, weight, spec.stride, spec.padding, spec.output_padding)
-        return CONV_T[spec.dims](x, weight, None, spec.stride, spec.padding, spec.output_padding, 1, spec.dilation)
+    memory_format = CHANNELS_LAST[spec.dims]
+    x, weight = x.contiguous(memory_format=memory_format), weight.contiguous(memory_format=memory_format)
+    if x.dtype == torch.float32 and all(d == 1 for d in spec.dilation):
+        with cudnn_settings(mode, deterministic):
+            return subpixel.conv_transpose(x, weight, spec.stride, spec.padding, spec.output_padding)
+    return calls.torch_call(x, weight)
+
+
+class _Calls:
+    """The transposed convs of a signature (inputs like ``x``): PyTorch's own call (torch_conv.conv) and the frontend's
+    (cudnn_conv.transpose_convs; None where it never serves)."""
+
+    def __init__(self, spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
+        out = (spec.out_channels, *spec.conv_output_spatial(tuple(x.shape[2:])))
+        self.torch_call = torch_conv.conv(spec.dims, spec.stride, spec.padding, spec.dilation, mode, deterministic,
+                                          torch_conv.image_elements(x.shape), math.prod(out), spec.output_padding)
+        self.convs = cudnn_conv.transpose_convs(spec, x.dtype, mode, deterministic, self.torch_call,
+                                                lambda rows: (rows, *out))
 
 
 def _as_5d(shape, strides):
@@ -102,13 +116,15 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
     key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
+    calls = _Calls(spec, x, mode, deterministic)
 
     def run(x, weight, bias):
         # the weight as the caller has it: transposed_conv lays it out where its conv needs that (per chunk)
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
         out = launch.new_output(n, *pooled, device=device)
         pipeline.run(device, key, n, per_image,
-                     lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic),
+                     lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic,
+                                                    calls, (n0, n1)),
                      lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
         if dtype != torch.float32:
             out = out.to(dtype)

@@ -4,8 +4,9 @@ strided ``conv_dgrad`` (= ConvTranspose, family B's conv).
 PyTorch's own call picks a slow plan for some problems (40.8 ms for seed B's fp32 ConvTranspose3d on an H200,
 against 1.2 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest is kept
 for the process.  Returns None whenever the frontend is missing or has no plan, and TORCH_CALL (convs in the input's
-dtype) where PyTorch's own call is within 10 % of the best plan on the GPU: the caller then runs PyTorch's call, which
-costs far less host time per call than the frontend's execute.  Set FULLFUSE_CUDNN_FRONTEND=0 to skip it.
+dtype) where PyTorch's own call (torch_conv.py) costs no more per call: a call costs the longer of its GPU time and
+its host time, and the frontend's execute takes ~100 us of host time against PyTorch's ~10, which decides small
+problems.  FULLFUSE_CUDNN_FRONTEND=0 in the environment of a process (read when this module loads) skips it there.
 
 Invariants:
 - A cuDNN handle is used by one thread only (one per (thread, device)): ``set_stream`` then ``execute`` are two
@@ -21,38 +22,45 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Dict, Optional
+import time
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from .. import launch
-from ..precision import cudnn_settings
 from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
-from ..torch_path import CONV, CONV_T
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
 _REPEATS = 3
 _ALIGN = 16              # bytes; the alignment the frontend's tensors declare by default
 _SPREADING_NOTES = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
 _WORKSPACE_FLOOR = 64 << 20   # a plan may take this much workspace, or as much as the conv's output if more
-# PyTorch's own call serves a forward conv where it is this close to cuDNN's best plan on the GPU: it costs far less
-# host time per call than the frontend's execute (~10 us against 100+ us), which decides small problems
+# PyTorch's own call serves where its cost per call (the longer of GPU and host time) is at most this share of the best
+# plan's: in a near-tie it is the one that needs no layout copies and no second cuDNN handle
 _TORCH_MARGIN = 1.1
+_HOST_CALLS = 5          # isolated calls whose median host time is a call's host time
 TORCH_CALL = "PyTorch's call"   # run()'s answer where PyTorch's own call serves (kept as the problem's entry)
 _entries: Dict[tuple, object] = {}   # problem -> _Entry, TORCH_CALL or None (no plan)
 _local = threading.local()   # .handles: device index -> this thread's cuDNN handle
 _lock = threading.Lock()     # builds (and times) one problem's plans at a time; guards _entries
 
 
-def frontend():
-    if os.environ.get("FULLFUSE_CUDNN_FRONTEND", "1") == "0":
-        return None
-    try:
-        import cudnn  # nvidia-cudnn-frontend
+ENABLED = os.environ.get("FULLFUSE_CUDNN_FRONTEND", "1") != "0"   # (tests switch it here)
+_module = _MISSING = object()
 
-        return cudnn
-    except Exception:
+
+def frontend():
+    """The cuDNN frontend's module (imported once), or None: not installed, not importable, or switched off."""
+    global _module
+    if not ENABLED:
         return None
+    if _module is _MISSING:
+        try:
+            import cudnn  # nvidia-cudnn-frontend
+        except Exception:
+            cudnn = None
+        _module = cudnn
+    return _module
 
 
 def available() -> bool:
@@ -60,9 +68,27 @@ def available() -> bool:
 
 
 class _Entry:
-    def __init__(self, graph, tensors, index: int, workspace_bytes: int, ms: float, plans: int):
-        self.graph, self.tensors, self.index, self.workspace_bytes = graph, tensors, index, workspace_bytes
-        self.ms, self.plans = ms, plans
+    """One problem's best plan, and how to run it."""
+
+    def __init__(self, cudnn, graph, tensors, index: int, workspace_bytes: int, ms: float, plans: int, out_shape,
+                 out_dtype):
+        self.cudnn, self.graph, self.tensors, self.index, self.workspace_bytes = cudnn, graph, tensors, index, \
+            workspace_bytes
+        self.ms, self.plans, self.out_shape, self.out_dtype = ms, plans, tuple(out_shape), out_dtype
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The conv of ``x`` and ``weight`` (as the caller has them) on the current stream of x's device."""
+        x, weight = _plan_layout(x), _plan_layout(weight)
+        index = launch.device_index(x.device)
+        # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
+        with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
+            y = _channels_last(self.out_shape, self.out_dtype, x.device)        # fresh memory: aligned
+            workspace = torch.empty(max(self.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
+            handle = handle_for(self.cudnn, x.device)                   # this thread's: nobody re-sets its stream
+            self.cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
+            tx, tw, ty = self.tensors
+            self.graph.execute_plan_at_index({tx: x, tw: weight, ty: y}, workspace, index=self.index, handle=handle)
+        return y
 
 
 def data_type(cudnn, dtype: torch.dtype):
@@ -178,21 +204,41 @@ def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilati
     cap = max(_WORKSPACE_FLOOR, y.numel() * y.element_size())
     index, ms, ws, count = fastest_plan(graph, {tx: x, tw: weight, ty: y}, handle, x.device, cap)
     del y
-    if torch_call is not None and out_dtype == x.dtype:
-        torch_ms = _torch_ms(torch_call, *original, mode, deterministic)
-        if torch_ms <= _TORCH_MARGIN * ms:
-            _debug(f"PyTorch's call {torch_ms:.3f} ms against the best plan's {ms:.3f} ms: PyTorch's call serves")
+    entry = _Entry(cudnn, graph, (tx, tw, ty), index, ws, ms, count, out_shape, out_dtype)
+    if torch_call is not None and out_dtype == original[0].dtype:
+        # the whole call as it would run: the operands' layout copies and the plan, GPU and host
+        plan_cost = max(_best_ms(lambda: entry(*original), x.device), _host_ms(lambda: entry(*original), x.device))
+        torch_cost = _torch_cost_ms(torch_call, *original)
+        if torch_serves(torch_cost, plan_cost):
+            _debug(f"PyTorch's call {torch_cost:.3f} ms per call against the best plan's {plan_cost:.3f} ms: "
+                   f"PyTorch's call serves")
             return TORCH_CALL
-    return _Entry(graph, (tx, tw, ty), index, ws, ms, count)
+    return entry
 
 
-def _torch_ms(torch_call, x, weight, mode: str, deterministic: bool) -> float:
-    """GPU time of PyTorch's own call ``torch_call = (fn, args)``, ``fn(x, weight, None, *args)``, for the same conv:
-    the best of _REPEATS runs, always all of them."""
-    fn, args = torch_call
-    with cudnn_settings(mode, deterministic):
-        fn(x, weight, None, *args)   # PyTorch's own algorithm choice, out of the timing
-        return _best_ms(lambda: fn(x, weight, None, *args), x.device, skip_slow=False)
+def torch_serves(torch_cost_ms: float, plan_cost_ms: float) -> bool:
+    """Whether PyTorch's call serves a problem: its cost per call within _TORCH_MARGIN of the best plan's."""
+    return torch_cost_ms <= _TORCH_MARGIN * plan_cost_ms
+
+
+def _host_ms(fn, device) -> float:
+    """Host time in ms of one isolated call of ``fn`` (the GPU idle when it starts): the median of _HOST_CALLS."""
+    times = []
+    for _ in range(_HOST_CALLS):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize(device)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def _torch_cost_ms(torch_call, x, weight) -> float:
+    """Cost per call in ms of PyTorch's own call ``torch_call(x, weight)`` for the same conv: the longer of its GPU
+    time (best of _REPEATS runs, always all of them) and its host time."""
+    torch_call(x, weight)   # PyTorch's own algorithm choice, out of the timing
+    gpu = _best_ms(lambda: torch_call(x, weight), x.device, skip_slow=False)
+    return max(gpu, _host_ms(lambda: torch_call(x, weight), x.device))
 
 
 def _debug(message: str) -> None:
@@ -218,15 +264,14 @@ def _plan_layout(t: torch.Tensor) -> torch.Tensor:
     return aligned(t)
 
 
-def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
-        deterministic: bool, out_dtype: Optional[torch.dtype] = None, torch_call=None):
-    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), of dtype ``out_dtype`` (default:
-    the input's); or None: no frontend or plan, a new problem under CUDA-graph capture; or TORCH_CALL: PyTorch's own
-    call ``torch_call`` = (fn, args), ``fn(x, weight, None, *args)`` on ``x`` and ``weight`` as given, serves as fast
-    on the GPU (compared once per problem, where given; the caller then runs that call)."""
+def lookup(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
+           deterministic: bool, out_dtype: Optional[torch.dtype] = None, torch_call=None):
+    """(entry, kept): the problem's entry (``run`` says what it answers: an _Entry runs the plan), made and timed on
+    first sight; kept: it is the problem's answer for the process (not so for a new problem under CUDA-graph capture,
+    which gets None this once)."""
     cudnn = frontend()
     if cudnn is None:
-        return None
+        return None, True
     out_dtype = out_dtype or x.dtype
     # (shapes as torch.Size: a tuple's hash and equality; strides and the spec's values are tuples already)
     key = (kind, out_dtype, x.shape, x.stride(), x.data_ptr() % _ALIGN, weight.shape, weight.stride(),
@@ -235,7 +280,7 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
     entry = _entries.get(key, _MISSING)
     if entry is _MISSING:
         if launch.capturing(x.device):
-            return None       # building / timing plans synchronises: PyTorch's call serves this one, nothing cached
+            return None, False   # building / timing plans synchronises: PyTorch's call serves this one
         with _lock:
             if key not in _entries:
                 try:
@@ -246,48 +291,68 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
                     _debug(f"{kind} unavailable for {tuple(out_shape)} ({mode}): {type(exc).__name__}: {exc}")
                     _entries[key] = None
             entry = _entries[key]
-    if entry is None or entry is TORCH_CALL:
-        return entry
-    x, weight = _plan_layout(x), _plan_layout(weight)
-    index = launch.device_index(x.device)
-    # cuDNN launches on the current device's context (no switch where it is current already: host time per call)
-    with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
-        y = _channels_last(out_shape, out_dtype, x.device)        # fresh memory: aligned
-        workspace = torch.empty(max(entry.workspace_bytes, 1), dtype=torch.uint8, device=x.device)
-        handle = handle_for(cudnn, x.device)                       # this thread's: nobody re-sets its stream
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
-        tx, tw, ty = entry.tensors
-        entry.graph.execute_plan_at_index({tx: x, tw: weight, ty: y}, workspace, index=entry.index, handle=handle)
-    return y
+    return entry, True
 
 
-_MISSING = object()
+def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, stride, dilation, mode: str,
+        deterministic: bool, out_dtype: Optional[torch.dtype] = None, torch_call=None):
+    """kind "fprop" or "dgrad"; returns the bias-free output in channels_last(_3d), of dtype ``out_dtype`` (default:
+    the input's); or None: no frontend or plan, a new problem under CUDA-graph capture; or TORCH_CALL: PyTorch's own
+    call ``torch_call(x, weight)`` on ``x`` and ``weight`` as given costs no more per call (compared once per problem,
+    where given; the caller then runs that call)."""
+    entry, _ = lookup(kind, x, weight, out_shape, padding, stride, dilation, mode, deterministic, out_dtype,
+                      torch_call)
+    return entry if entry is None or entry is TORCH_CALL else entry(x, weight)
 
 
-def conv_transpose(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor, mode: str,
-                   deterministic: bool = True):
-    """The transposed conv (no bias); or None (``run``), also for fp32 "ieee": cuDNN's non-tensor-core dgrad plans take
-    ~200 ms at seed B, where sub-pixel forward convs take ~9 ms; or TORCH_CALL: PyTorch's own call serves as fast."""
-    if spec.groups != 1 or (mode == "ieee" and x.dtype == torch.float32):
+class SignatureConvs:
+    """``run`` for the convs of one prepared fallback call, whose input shape, strides, dtype, device and alignment
+    are fixed (dispatch keys its prepared calls so): each problem's kept entry is found once per (rows of the batch,
+    weight strides, weight alignment) and then looked up by those alone (host time per call)."""
+    LIMIT = 64
+
+    def __init__(self, kind: str, padding, stride, dilation, mode: str, deterministic: bool,
+                 out_dtype: Optional[torch.dtype], torch_call, out_shape):
+        """``out_shape(rows)``: the conv output's shape for that many images; ``torch_call``: ``run``'s."""
+        self.kind, self.geometry, self.mode, self.deterministic = kind, (padding, stride, dilation), mode, deterministic
+        self.out_dtype, self.torch_call, self.out_shape = out_dtype, torch_call, out_shape
+        self._known: Dict[tuple, object] = {}
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, rows: Tuple[int, int]):
+        """``run`` for rows [n0, n1) = ``rows`` of the signature's input (``x``: those rows)."""
+        if not ENABLED:
+            return None
+        key = (rows, weight.stride(), weight.data_ptr() % _ALIGN)
+        entry = self._known.get(key, _MISSING)
+        if entry is _MISSING:
+            entry, kept = lookup(self.kind, x, weight, self.out_shape(x.shape[0]), *self.geometry, self.mode,
+                                 self.deterministic, self.out_dtype, self.torch_call)
+            if kept:
+                if len(self._known) >= self.LIMIT:
+                    self._known.clear()
+                self._known[key] = entry
+        return entry if entry is None or entry is TORCH_CALL else entry(x, weight)
+
+
+def transpose_convs(spec: ConvTPoolReduceSpec, dtype: torch.dtype, mode: str, deterministic: bool, torch_call,
+                    out_shape) -> Optional[SignatureConvs]:
+    """The transposed convs (no bias) of a family-B signature (``SignatureConvs``), or None where the frontend never
+    serves: groups != 1, and fp32 "ieee" (cuDNN's non-tensor-core dgrad plans take ~200 ms at seed B, where sub-pixel
+    forward convs take ~9 ms)."""
+    if spec.groups != 1 or (mode == "ieee" and dtype == torch.float32):
         return None
-    out_shape = (x.shape[0], weight.shape[1], *spec.conv_output_spatial(tuple(x.shape[2:])))
-    torch_call = (CONV_T[spec.dims], (spec.stride, spec.padding, spec.output_padding, 1, spec.dilation))
-    return run("dgrad", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic,
-               torch_call=torch_call)
+    return SignatureConvs("dgrad", spec.padding, spec.stride, spec.dilation, mode, deterministic, None, torch_call,
+                          out_shape)
 
 
-def conv_forward(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor, mode: str, deterministic: bool = True,
-                 out_dtype: Optional[torch.dtype] = None, out_shape=None) -> Optional[torch.Tensor]:
-    """The forward conv (no bias) with output dtype ``out_dtype`` (default: the input's), or None: the caller runs
-    PyTorch's own call (no frontend or plan, or that call is as fast).  ``out_shape``: its shape where the caller has
-    it (host time), else worked out here."""
+def forward_convs(spec: ConvActPoolSpec, mode: str, deterministic: bool, out_dtype: Optional[torch.dtype], torch_call,
+                  out_shape) -> Optional[SignatureConvs]:
+    """The forward convs (no bias) of a family-A signature with output dtype ``out_dtype`` (None: the input's), or
+    None where the frontend never serves (groups != 1)."""
     if spec.groups != 1:
         return None
-    if out_shape is None:
-        out_shape = (x.shape[0], weight.shape[0], *spec.output_spatial(tuple(x.shape[2:])))
-    y = run("fprop", x, weight, out_shape, spec.padding, spec.stride, spec.dilation, mode, deterministic, out_dtype,
-            (CONV[spec.dims], (spec.stride, spec.padding, spec.dilation)))
-    return None if y is TORCH_CALL else y
+    return SignatureConvs("fprop", spec.padding, spec.stride, spec.dilation, mode, deterministic, out_dtype, torch_call,
+                          out_shape)
 
 
 def describe() -> list:
