@@ -4,13 +4,17 @@ from __future__ import annotations
 import warnings
 from typing import List
 
+import torch
 from torch import nn
+from torch.nn.modules import module as _module
+
+from . import ops
 
 from .dispatch import check_path
 from .match import find_matches, trace
 from .plan import Plan, make_plan
 from .precision import check_precision
-from .region import FusedRegion
+from .region import FusedRegion, fx_tracing
 from .state_names import StateNames
 
 
@@ -27,10 +31,27 @@ class FusedModel(nn.Module):
         self._unchanged = graph_module is original
         StateNames(original, self).register(self)
 
+    def __call__(self, *args, **kwargs):
+        """``forward`` without nn.Module.__call__ where that would only add host time (~1 us per call): no hooks on
+        this module, no global module hooks, no ``Module.compile()``, and no tracing (fx, TorchScript) or
+        torch.compile, which all see the module call as usual."""
+        if (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+                or _GLOBAL_FORWARD or _GLOBAL_FORWARD_PRE or _GLOBAL_BACKWARD or _GLOBAL_BACKWARD_PRE
+                or self._compiled_call_impl is not None or _jit_tracing() or fx_tracing() or ops.compiling()):
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
     def forward(self, *args, **kwargs):
         if self._unchanged:
             return self._modules["graph_module"](*args, **kwargs)
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
+
+
+_jit_tracing = torch._C._get_tracing_state
+# torch's global module hooks (dicts that registration and removal change in place)
+_GLOBAL_FORWARD, _GLOBAL_FORWARD_PRE, _GLOBAL_BACKWARD, _GLOBAL_BACKWARD_PRE = (
+    getattr(_module, name, {}) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                            "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
 def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto",

@@ -11,7 +11,7 @@ from .plan import Plan
 
 
 _fx = torch.fx._symbolic_trace
-_fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
+fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 
 
 class FusedRegion(nn.Module):
@@ -37,7 +37,7 @@ class FusedRegion(nn.Module):
         """``forward`` without nn.Module.__call__'s hook checks (~1.5 us of host time per call; a region is
         fullfuse's own and has no hooks), except under fx tracing (a pickled fused model is re-traced when loaded)
         and torch.compile, which see the module call as usual."""
-        if _fx_tracing() or ops.compiling():
+        if fx_tracing() or ops.compiling():
             return super().__call__(*args, **kwargs)
         return self.forward(*args, **kwargs)
 

@@ -250,6 +250,57 @@ def test_torch_compile_fullgraph():
             _close(got, want)
 
 
+@pytest.mark.parametrize("hook", ["forward_pre", "forward", "global_forward", "global_forward_pre", "backward",
+                                  "compile", "jit_trace"])
+def test_fused_model_calls_keep_module_semantics(hook):
+    """The fused model's call skips nn.Module.__call__ only where nothing would see the difference: its hooks, torch's
+    global module hooks, Module.compile() and TorchScript tracing all run as for any module."""
+    torch.manual_seed(3)
+    model = SeedA().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    want = model(x).detach()
+    seen, handles = [], []
+    if hook == "forward_pre":
+        handles.append(fused.register_forward_pre_hook(lambda m, args: (seen.append(1) or args[0] * 2,)))
+        want = model(x * 2).detach()
+    elif hook == "forward":
+        handles.append(fused.register_forward_hook(lambda m, args, out: seen.append(1) or out + 1))
+        want = want + 1
+    elif hook == "global_forward":
+        handles.append(nn.modules.module.register_module_forward_hook(
+            lambda m, args, out: seen.append(1) if m is fused else None))
+    elif hook == "global_forward_pre":
+        handles.append(nn.modules.module.register_module_forward_pre_hook(
+            lambda m, args: seen.append(1) if m is fused else None))
+    elif hook == "backward":
+        handles.append(fused.register_full_backward_hook(lambda m, gin, gout: seen.append(1)))
+        x.requires_grad_(True)
+    try:
+        if hook == "compile":
+            fused.compile(backend="eager")
+            got = fused(x)
+            seen.append(fused._compiled_call_impl is not None)
+        elif hook == "jit_trace":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(fused, (x,), check_trace=False)
+            got = traced(x)
+            seen.append(len(list(traced.graph.nodes())) > 0)
+        else:
+            got = fused(x)
+            if hook == "backward":
+                got.sum().backward()
+        _close(got.detach(), want)
+        assert seen and all(seen)
+    finally:
+        for handle in handles:
+            handle.remove()
+    seen.clear()
+    _close(fused(x.detach()).detach(), model(x.detach()).detach())   # hooks gone: the plain call again
+    assert not seen
+
+
 def test_precision_auto_follows_torch(monkeypatch):
     with precision.cudnn_conv_precision("ieee"):
         assert precision.resolve("auto", torch.float32) == "ieee"

@@ -7,7 +7,12 @@ the stream, capture and precision queries, Kernel.launch and cuLaunchKernel itse
 through ctypes; the mma.sync kernel of the tiny shape and the wgmma kernel of (4, 8, 64, 64), whose parameter block
 is 3 KB), the fallback calls, one eager op and the eager model.
 
-Part 2, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
+Part 2, the fallback's per-call pieces at a tiny and a small shape of each family: the whole call, its prepared
+runner, its conv as it runs (PyTorch's cuDNN op called directly, torch_conv.py) against F.convNd under the flags, the
+frontend's execute where it has a plan, the conv-problem lookup, the epilogue launch and the output's allocation; and
+which conv each problem's first call chose (cudnn_conv).
+
+Part 3, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
 the span of one call from its first kernel's start to its last kernel's end.
 
 Usage: python3 benchmarks/probes/host_pieces.py   (a CUDA GPU)
@@ -20,7 +25,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fullfuse
-from fullfuse import dispatch, launch, ops, precision, runtime, workspace
+from fullfuse import dispatch, launch, ops, precision, runtime, torch_path, workspace
+from fullfuse.fallback import conv_act_pool as fallback_a
+from fullfuse.fallback import convt_pool_reduce as fallback_b
+from fullfuse.fallback import cudnn_conv, torch_conv
 from fullfuse.measure import isolated_host_us
 from fullfuse.seed_models import SEED_SHAPE, SeedA, SeedB, seed_model
 
@@ -119,6 +127,68 @@ def host_pieces() -> None:
         print(f"{name:40s} {iso:9.2f} {b2b:13.2f}", flush=True)
 
 
+def fallback_pieces() -> None:
+    """Part 2 (see the module's text)."""
+    print(f"\n{'fallback piece (µs)':58s} {'isolated':>9s} {'back to back':>13s}")
+    cases = (("A", SeedA, ((1, 8, 16, 16), (4, 8, 64, 64))), ("B", SeedB, ((1, 32, 4, 4, 4), (2, 32, 8, 8, 8))))
+    with torch.no_grad():
+        for family, make, shapes in cases:
+            model = make().cuda().eval()
+            fallback = fullfuse.fused_model(model, path="fallback")
+            conv = model.conv if family == "A" else model.conv_transpose
+            spec = fallback.plans[0].spec
+            for shape in shapes:
+                x = torch.randn(shape, device="cuda")
+                fallback(x)
+                runner = next(entry[2] for key, entry in dispatch._calls.items()
+                              if key[0] == id(spec) and key[7] == x.shape and key[1] == "fallback")
+                mode = precision.resolve("auto", x.dtype)
+                w = conv.weight
+                if family == "A":
+                    spatial = spec.output_spatial(tuple(shape[2:]))
+                    direct = torch_conv.conv(2, spec.stride, spec.padding, spec.dilation, mode, True,
+                                             torch_conv.image_elements(shape), 1)
+                    args = (spec.stride, spec.padding, spec.dilation)
+                    out_shape = (shape[0], spec.out_channels, *spatial)
+                else:
+                    direct = fallback_b._Calls(spec, x, mode, True).torch_call
+                    args = (spec.stride, spec.padding, spec.output_padding, 1, spec.dilation)
+                    out_shape = (shape[0], spec.out_channels, *spec.conv_output_spatial(tuple(shape[2:])))
+                conv_fn = (torch_path.CONV if family == "A" else torch_path.CONV_T)[spec.dims]
+
+                def flags_conv(x=x, w=w, conv_fn=conv_fn, args=args, mode=mode):
+                    with precision.cudnn_settings(mode, True):
+                        return conv_fn(x, w, None, *args)
+                y = direct(x, w)
+                out = torch.empty(shape[0], spec.out_channels if family == "A" else 1, device="cuda")
+                kind = "fprop" if family == "A" else "dgrad"
+                convs = cudnn_conv.SignatureConvs(kind, spec.padding, spec.stride, spec.dilation, mode, True, None,
+                                                  direct, lambda rows, s=out_shape: (rows, *s[1:]))
+                bias = conv.bias
+                if family == "A":
+                    epi = lambda y=y, bias=bias, out=out, spec=spec: fallback_a.epilogue(spec, y, bias, out)  # noqa
+                else:
+                    pooled = torch.empty(shape[0], *spec.pooled_spatial(tuple(shape[2:])), device="cuda")
+                    epi = lambda y=y, bias=bias, out=pooled, spec=spec: fallback_b.epilogue(spec, y, bias, out)  # noqa
+                pieces = {"fused_model(x)": lambda f=fallback, x=x: f(x),
+                          "prepared runner": lambda r=runner, x=x, w=w, b=bias: r(x, w, b),
+                          "conv: PyTorch's cuDNN op, direct": lambda d=direct, x=x, w=w: d(x, w),
+                          "conv: F.convNd under cudnn_settings": flags_conv,
+                          "conv problem lookup (SignatureConvs)": lambda c=convs, x=x, w=w, n=shape[0]: c(x, w, (0, n)),
+                          "epilogue launch": epi,
+                          "new_output": lambda n=shape[0], k=out.shape[1]: launch.new_output(n, k, device=x.device)}
+                entry, _ = cudnn_conv.lookup(kind, x, w, out_shape, spec.padding, spec.stride, spec.dilation, mode,
+                                             True, None, direct)
+                if isinstance(entry, cudnn_conv._Entry):
+                    pieces["conv: the frontend's plan (its execute)"] = lambda e=entry, x=x, w=w: e(x, w)
+                chose = "frontend plan" if isinstance(entry, cudnn_conv._Entry) else (entry or "no plan")
+                print(f"{family} {shape}: the conv's first call chose {chose}")
+                for name, fn in pieces.items():
+                    fn()
+                    print(f"  {name:56s} {isolated_host_us(fn, 300):9.2f} {back_to_back_us(fn, 500):13.2f}",
+                          flush=True)
+
+
 def seed_kernels() -> None:
     for family in ("A", "B"):
         for dtype in (torch.float32, torch.bfloat16):
@@ -147,4 +217,5 @@ def seed_kernels() -> None:
 
 if __name__ == "__main__":
     host_pieces()
+    fallback_pieces()
     seed_kernels()

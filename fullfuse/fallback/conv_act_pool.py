@@ -65,7 +65,7 @@ _prepared = epilogue_launch.Prepared()
 
 def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f16_range: bool = False) -> None:
     """out[n, k] = pool over space of act(y[n, k, ...] + bias[k]); y is the bias-free conv output, bias float32
-    (float32_bias) or None, out a float32 (N, K) view with rows of K contiguous floats.  f16_range: y is the float32
+    (float32_bias) or None, out float32 and contiguous, (N, K) or (N, K, 1, ...).  f16_range: y is the float32
     conv output of an fp16 model, and y + bias gets fp16's overflow (+-inf past 65504) as PyTorch's fp16 conv."""
     y, channels_last = layout_of(y, spec.dims)
     y_ptr, index = y.data_ptr(), y.get_device()
@@ -93,7 +93,9 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     per_image = k * math.prod(spatial) * (4 if f16 else x.element_size())
     key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
     shape = spec.output_shape(n)
-    reshape = shape != (n, k)
+    # out is made in the returned shape where that is (N, K, 1, ...): the same bytes as (N, K), and no view per call
+    made = shape if tuple(shape[:2]) == (n, k) else (n, k)
+    reshape = made != shape
     # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the operands as
     # the caller has them (where it costs no more per call, or without the frontend)
     torch_call = torch_conv.conv(spec.dims, spec.stride, spec.padding, spec.dilation, mode, deterministic,
@@ -103,7 +105,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
 
     def run(x, weight, bias):
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-        out = launch.new_output(n, k, device=device)
+        out = launch.new_output(*made, device=device)
 
         def conv(n0, n1):
             xs = pipeline.rows(x, n0, n1)
