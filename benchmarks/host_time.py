@@ -10,7 +10,8 @@ Two figures per path (µs):
 - ``<path>_us``: the wall time per call of back-to-back calls, synchronised at the end, best of 5 rounds: host and GPU
   time together (whichever is longer sets it; the seed shapes are GPU-bound).
 "auto" is what fused_model() runs by default (its first-call measurement done before timing); "auto ran" says which
-path it kept.
+path it kept.  ``eager_op``: one eager PyTorch op (F.gelu of 64 floats).  Per shape, the paths and the eager op take
+turns call by call (fullfuse.measure.interleaved_host_us): their ratios hold on a shared host whose speed drifts.
 """
 from __future__ import annotations
 
@@ -23,16 +24,11 @@ from pathlib import Path
 import torch
 
 import fullfuse
-from fullfuse.first_call import per_call_ms
-from fullfuse.measure import environment, isolated_host_us, result_stem
+from fullfuse.measure import environment, interleaved_host_us, result_stem
 from fullfuse.seed_models import SEED_SHAPE, seed_model
 
 SHAPES = {"A": [("tiny", (1, 8, 16, 16)), ("small", (4, 8, 64, 64)), ("seed", SEED_SHAPE["A"])],
           "B": [("tiny", (1, 32, 4, 4, 4)), ("small", (2, 32, 8, 8, 8)), ("seed", SEED_SHAPE["B"])]}
-
-
-def per_call_us(fn, calls: int) -> float:
-    return 1e3 * per_call_ms(fn, torch.device("cuda"), rounds=5, calls=calls)
 
 
 def untouched_rest(calls: int) -> dict:
@@ -47,8 +43,8 @@ def untouched_rest(calls: int) -> dict:
     x = torch.randn(SHAPES["A"][0][1], device="cuda")
     fused_model = fullfuse.fused_model(model)
     row = {"family": "A", "size": "tiny + head", "shape": list(x.shape)}
-    row["eager_host_us"] = isolated_host_us(lambda: model(x), calls)
-    row["auto_host_us"] = isolated_host_us(lambda: fused_model(x), calls)
+    measured = interleaved_host_us({"eager": lambda: model(x), "auto": lambda: fused_model(x)}, calls)
+    row["eager_host_us"], row["auto_host_us"] = measured["eager"][0], measured["auto"][0]
     row["auto_ran"] = fused_model.plans[0].last_path
     pooled = region.pool(region.act(region.conv(x)))
     squeezed = pooled.squeeze()
@@ -76,27 +72,25 @@ def main() -> int:
     one = torch.randn(64, device="cuda")
     rows = []
     with torch.inference_mode():
-        eager_op = per_call_us(lambda: torch.nn.functional.gelu(one), 500)
-        eager_op_host = isolated_host_us(lambda: torch.nn.functional.gelu(one), 500)
         for family, shapes in SHAPES.items():
             model = seed_model(family).cuda().eval()
             for size, shape in shapes:
                 x = torch.randn(shape, device="cuda")
                 calls = 20 if size == "seed" else 300
                 row = {"family": family, "size": size, "shape": list(shape)}
-                row["eager_host_us"] = isolated_host_us(lambda: model(x), calls)
-                row["eager_us"] = per_call_us(lambda: model(x), calls)
+                fns = {"eager_op": lambda: torch.nn.functional.gelu(one), "eager": lambda: model(x)}
+                fused_models = {}
                 for path in ("fused", "fallback", "auto"):
-                    fused = fullfuse.fused_model(model, path=path)
+                    fused = fused_models[path] = fullfuse.fused_model(model, path=path)
                     try:
-                        row[f"{path}_host_us"] = isolated_host_us(lambda: fused(x), calls)
-                        row[f"{path}_us"] = per_call_us(lambda: fused(x), calls)
+                        fused(x)   # auto: its first-call measurement, before any timing
+                        fns[path] = lambda fused=fused: fused(x)
                     except fullfuse.UnsupportedError as exc:
-                        row[f"{path}_us"] = None
                         row[f"{path}_why"] = str(exc)[:120]
-                    if path == "auto":
-                        row["auto_ran"] = fused.plans[0].last_path
-                row["eager_op_us"], row["eager_op_host_us"] = eager_op, eager_op_host
+                # the paths take turns call by call: a drift of the shared host's speed hits them all alike
+                for name, (iso, b2b) in interleaved_host_us(fns, calls).items():
+                    row[f"{name}_host_us"], row[f"{name}_us"] = iso, b2b
+                row["auto_ran"] = fused_models["auto"].plans[0].last_path
                 rows.append(row)
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),
                       flush=True)

@@ -8,7 +8,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -90,6 +90,33 @@ def isolated_host_us(fn: Callable[[], object], calls: int) -> float:
         times.append(time.perf_counter() - start)
     torch.cuda.synchronize()
     return 1e6 * statistics.median(times)
+
+
+def interleaved_host_us(fns: Dict[str, Callable[[], object]], calls: int, rounds: int = 5,
+                        back_to_back_calls: Optional[int] = None) -> Dict[str, Tuple[float, float]]:
+    """For each of ``fns``, side by side: (the median host time in µs of an isolated call, as isolated_host_us; the
+    best wall time in µs per call of ``back_to_back_calls`` back-to-back calls synchronised at the end, over
+    ``rounds``).  The functions take turns call by call (isolated) and round by round (back to back), so a drift of
+    the shared host's speed hits them all alike and their ratios hold."""
+    for fn in fns.values():
+        fn()
+    isolated: Dict[str, list] = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            isolated[name].append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(back_to_back_calls or calls):
+                fn()
+            torch.cuda.synchronize()
+            best[name] = min(best[name], (time.perf_counter() - start) / (back_to_back_calls or calls))
+    return {name: (1e6 * statistics.median(isolated[name]), 1e6 * best[name]) for name in fns}
 
 
 def peak_extra_memory(fn: Callable[[], object]) -> int:
