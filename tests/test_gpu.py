@@ -478,7 +478,9 @@ _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each mu
 ]
 
 
-_CONV3D_IEEE_REFUSED = {(3, 4, 7, 9, 270), (1, 2, 4, 5, 6)}   # (C x T 12 over 268-pixel rows; 10 with a 3-row filter)
+# ieee's ring leaves one block per SM: C x T 12 over 268-pixel rows, a grid of more blocks than SMs (refused); (1, 2, 4,
+# 5, 6), 10 with a 3-row filter, has 12 lines: one block per SM at most, served
+_CONV3D_IEEE_REFUSED = {(3, 4, 7, 9, 270)}
 
 
 @_every_mode_layout_pool_reduction
@@ -487,8 +489,8 @@ def test_fused_a_conv3d(shape, mode, channels_last, pool, deterministic):
     """Conv3d -> GELU -> global pool on the fused kernel (path "fused": it must serve these, no step down), every
     precision, both layouts, atomic and deterministic partials, against float64; the deterministic mode repeats bits.
     ieee's ring is twice as large: over more than one channel group (C_in x kernel depth > 8) it leaves one block per
-    SM and refuses (_CONV3D_IEEE_REFUSED), except where the ring is small — a one-row filter over 10-pixel rows (ring
-    slots of 128 + halo columns, docs/design.md)."""
+    SM and refuses where the grid has more blocks than SMs (_CONV3D_IEEE_REFUSED), except where the ring is small — a
+    one-row filter over 10-pixel rows (ring slots of 128 + halo columns, docs/design.md)."""
     xs, k_out, kernel, stride, padding, dilation = shape
     if mode == "ieee" and xs in _CONV3D_IEEE_REFUSED:
         model = nn.Sequential(nn.Conv3d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(),
@@ -553,8 +555,10 @@ _STRIDE2 = [   # (input shape, C_out, kernel, stride, padding, dilation, modes):
     ((2, 8, 9, 136), 16, 3, (1, 2), 1, 1, "all"),       # row stride 1
     ((1, 8, 10, 240), 24, 3, 2, 2, (1, 2), "all"),      # column dilation 2: every tap in the even columns
     # 5 channels (channels_last: read through an NCHW copy), an even filter width, two launches of 64 channels; ieee's
-    # 3xTF32 ring would leave one block per SM, and 12 K units are beyond the mma.sync kernel: ieee refuses it
-    ((2, 5, 7, 160), 72, (3, 4), 2, (1, 3), 1, "no ieee"),
+    # 3xTF32 ring leaves one block per SM, which its 8 lines' grid (one block per SM at most) takes
+    ((2, 5, 7, 160), 72, (3, 4), 2, (1, 3), 1, "all"),
+    # ieee's ring leaving one block per SM over more lines than SMs, and 12 K units beyond the mma.sync kernel: refused
+    ((8, 5, 40, 160), 72, (3, 4), 2, (1, 3), 1, "no ieee"),
 ]
 
 
@@ -618,7 +622,9 @@ _GROUP_PAIRS = [   # (input shape, C_out, kernel, stride, padding, dilation, ops
     ((2, 24, 8, 128), 64, 3, 1, 1, 1, 18, ()),          # 128-pixel rows (channels_last: 3 blocks per SM)
     ((2, 12, 7, 90), 40, 3, 1, 1, 1, 10, ()),           # 12 channels: the second group half empty (rows per element)
     ((2, 16, 9, 70), 64, (1, 5), 1, (0, 2), 1, 6, ()),  # a 1x5 row filter: 5 paired ops + the bias op
-    ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10, ()),         # stride 2 (even / odd columns; NCHW: one block per SM, refused)
+    ((2, 16, 10, 264), 32, 3, 2, 1, 1, 10, ()),         # stride 2 (even / odd columns; NCHW: one block per SM, which a
+                                                        # grid of 20 lines takes)
+    ((16, 16, 40, 264), 32, 3, 2, 1, 1, 10, ()),        # likewise over 320 lines (NCHW: refused)
     ((2, 16, 11, 80), 16, 3, 1, 2, 2, 10, ("NCHW", "CL")),   # dilation 2 (NCHW: the 16-byte copies; TNCHW's staging
                                                              # would cost a block per SM)
     ((2, 16, 6, 296), 64, 3, 1, 1, 1, 10, ("NCHW", "CL")),   # two segments per row (296 output pixels), both halves
@@ -643,7 +649,8 @@ def test_fused_a_16bit_channel_group_pairs(shape, mode, channels_last, determini
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
     model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding, dilation), nn.GELU(),
                           pool_layer).cuda().eval()
-    if stride == 2 and not channels_last:   # TNCHW's staging + the ring: one block per SM (tests/test_plan_cpu.py)
+    if stride == 2 and not channels_last and xs[0] > 2:   # TNCHW's staging + the ring: one block per SM, more lines
+                                                         # than SMs (tests/test_plan_cpu.py)
         dtype = getattr(torch, mode)
         with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="one block per SM"):
             fullfuse.fused_model(model.to(dtype), path="fused")(torch.randn(xs, device="cuda", dtype=dtype))
@@ -677,12 +684,26 @@ def test_fused_a_tf32_3x3_over_16_channels(shape, channels_last, deterministic, 
                              deterministic, kernel=f"19 ops per tile ({_issue(line, channels_last)})")
 
 
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("shape", [((1, 3, 20, 20), 64, 5, 2, 2)], ids=lambda s: "x".join(map(str, s[0])))
+def test_fused_a_one_block_per_sm_where_the_grid_has_no_more(shape, channels_last, deterministic, pool):
+    """A ring that leaves one block per SM is refused only where the grid has more blocks than SMs: a small problem
+    (a 5x5 stride-2 conv over 3 channels, TF32) takes the fused kernel at one block per SM, against float64."""
+    xs, k_out, kernel, stride, padding = shape
+    pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
+    model = nn.Sequential(nn.Conv2d(xs[1], k_out, kernel, stride, padding), nn.GELU(), pool_layer).cuda().eval()
+    _fused_a_matches_float64(model, xs, "tf32", torch.channels_last if channels_last else torch.contiguous_format,
+                             deterministic, kernel="1 blocks per SM")
+
+
 def test_fused_a_conv3d_beyond_the_kernel_says_why():
-    """A Conv3d whose (channel, depth tap) pairs make a ring too large for two blocks per SM: path "fused" refuses with
-    the reason, "auto" runs the fallback (or, where it measured the torch path faster at this tiny shape, torch) and
-    records the reason."""
+    """A Conv3d whose (channel, depth tap) pairs make a ring too large for two blocks per SM, over more lines than SMs:
+    path "fused" refuses with the reason, "auto" runs the fallback (or, where it measured the torch path faster here,
+    torch) and records the reason."""
     model = nn.Sequential(nn.Conv3d(8, 16, 3), nn.GELU(), nn.AdaptiveAvgPool3d(1)).cuda().eval()
-    x = torch.randn(1, 8, 5, 6, 7, device="cuda")
+    x = torch.randn(4, 8, 5, 40, 40, device="cuda")
     with torch.no_grad(), pytest.raises(fullfuse.UnsupportedError, match="shared memory|one block per SM"):
         fullfuse.fused_model(model, path="fused")(x)
     auto = fullfuse.fused_model(model)

@@ -97,6 +97,19 @@ def test_family_a_plan_as_on_an_h200(case):
         assert why is not None and refusal in why, (why, kernel)
 
 
+@pytest.mark.parametrize("n, served", [(1, True), (16, False)])
+def test_family_a_one_block_per_sm_only_where_the_grid_has_no_more_blocks_than_sms(n, served):
+    """A ring that leaves one block per SM (5x5 stride 2 over 3 channels, TF32): refused where the grid would have
+    more blocks than SMs (16 images: 160 lines), served at one block per SM where it has no more (1 image: 10)."""
+    case = ("5x5 s2", (n, 3, 20, 20), "float32", False, (64, 5, 2, 2, 1, 1), "tf32", None, None)
+    why, kernel, problem = _plan(case)
+    if served:
+        assert why is None and "1 blocks per SM" in kernel, (why, kernel)
+        assert fa._variant(problem, plan.choose_call(problem, H200)) in abi.VARIANTS
+    else:
+        assert why is not None and "one block per SM" in why
+
+
 def test_family_a_plan_on_an_a100():
     """Not sm_90: the mma.sync kernel where it fits (no wgmma plan), its reason where it does not."""
     a100 = DeviceProps(major=8, minor=0, sm_count=108, smem_optin=166912)

@@ -272,7 +272,8 @@ class WGPlan:
 # Blocks per SM the wgmma kernel is planned for: 3 (the 168-register builds: 0.584 / 0.743 ms NHWC / NCHW TF32 at the
 # seed against 0.674 / 0.847 for 4 blocks of 128 registers); 3xTF32 at most 2.  Fewer where a large filter's ring needs
 # the room, but never fewer than MIN_BPS: one block per SM, no other block to fill its MMA and epilogue gaps, measured
-# slower than cuDNN + the fused epilogue kernel (docs/design.md: 3x3 over 24 / 32 channels).
+# slower than cuDNN + the fused epilogue kernel (docs/design.md: 3x3 over 24 / 32 channels) — where the grid has more
+# blocks than SMs; a grid of at most one block per SM runs so whatever the plan.
 BPS, MIN_BPS = 3, 2
 MAX_RING = 8   # ring slots beyond the ones a row needs, where shared memory allows
 
@@ -417,7 +418,9 @@ def wg_plan_lm(pb: Problem, C: int, base: MmaPlan, lm: int, v: Vol, want_r2: boo
     bps_asked = bps
     while bps > 1 and total(need) > budget_of(bps):
         bps -= 1
-    if bps < min(bps_asked, MIN_BPS):
+    # (a grid of at most one block per SM, p.L lines <= SMs, has no second block to lose: small problems keep the
+    # fused kernel, whose one launch is what decides their time)
+    if bps < min(bps_asked, MIN_BPS) and p.L > props.sm_count:
         w.why = (_PREFIX + "the sm_90 kernel's weights and ring of input rows leave room for one block per SM "
                  "(filter height x channels x the row's columns): slower than the fallback")
         return w
