@@ -69,8 +69,7 @@ def test_elsewhere_the_call_is_pytorchs_conv_under_the_flags(monkeypatch, why, t
     """Where F.convNd would not pick cuDNN (or there is none), the call is F.convNd itself, inside
     precision.cudnn_settings: the mode's precision and the deterministic switch hold during it and are restored."""
     seen = _through_flags_recorder(monkeypatch, 2, transposed)
-    if why != "no cuDNN":
-        monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: why != "no cuDNN")
     monkeypatch.setattr(torch_conv, "_cudnn_enabled", lambda: why != "cudnn disabled")
     monkeypatch.setattr(torch, "cudnn_convolution", _Recorder())
     monkeypatch.setattr(torch, "cudnn_convolution_transpose", _Recorder())
