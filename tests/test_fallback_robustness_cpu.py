@@ -91,9 +91,9 @@ class _FakeFrontend:
 def test_frontend_serves_only_where_its_best_plan_costs_less_than_pytorchs_call(monkeypatch, kind, x_dtype, out_dtype,
                                                                                 plan_gpu, plan_host, torch_cost,
                                                                                 given, frontend_serves):
-    """A problem's entry: cuDNN's best plan, or TORCH_CALL (PyTorch's own call) where that costs no more per call (the
-    longer of GPU and host time, the plan's call with its layout copies); decided once per problem, and PyTorch's
-    call is timed on the operands as the caller has them."""
+    """A problem's entry: cuDNN's best plan, or TORCH_CALL (PyTorch's own call) where that costs no more per call (back
+    to back: the longer of GPU and host time; the plan's call with its layout copies); decided once per problem, and
+    PyTorch's call is timed on the operands as the caller has them."""
     monkeypatch.setattr(cudnn_conv, "frontend", lambda: _FakeFrontend())
     monkeypatch.setattr(cudnn_conv, "data_type", lambda cudnn, dtype: dtype)
     monkeypatch.setattr(cudnn_conv, "handle_for", lambda cudnn, device: object())
@@ -102,10 +102,11 @@ def test_frontend_serves_only_where_its_best_plan_costs_less_than_pytorchs_call(
     monkeypatch.setattr(launch, "device_index", lambda device: 0)
     monkeypatch.setattr(cudnn_conv, "_entries", {})
     monkeypatch.setattr(cudnn_conv, "fastest_plan", lambda *args: (3, plan_gpu, 0, 7))
-    monkeypatch.setattr(cudnn_conv, "_best_ms", lambda fn, device, skip_slow=True: (fn(), plan_gpu)[1])
-    monkeypatch.setattr(cudnn_conv, "_host_ms", lambda fn, device: (fn(), plan_host)[1])
+    plan_cost = max(plan_gpu, plan_host)   # back to back, the longer of the two sets a call's time
+    monkeypatch.setattr(cudnn_conv, "_plan_cost_ms", lambda entry, x, w: (entry(x, w), plan_cost)[1])
     timed = []
-    monkeypatch.setattr(cudnn_conv, "_torch_cost_ms", lambda call, x, w: timed.append((call, x, w)) or torch_cost)
+    monkeypatch.setattr(cudnn_conv, "_torch_cost_ms", lambda call, x, w, give_up: timed.append((call, x, w, give_up))
+                        or torch_cost)
     x, w = torch.randn(2, 3, 8, 8, dtype=x_dtype), torch.randn(4, 3, 3, 3, dtype=x_dtype)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
@@ -118,7 +119,8 @@ def test_frontend_serves_only_where_its_best_plan_costs_less_than_pytorchs_call(
     compared = given and out_dtype is None
     assert len(timed) == (1 if compared else 0)                  # timed once per problem, never for the others
     if compared:
-        assert timed[0] == (call, x, w) and timed[0][1] is x     # the caller's own operands (NCHW here)
+        assert timed[0][:3] == (call, x, w) and timed[0][1] is x  # the caller's own operands (NCHW here)
+        assert timed[0][3] == 3 * plan_cost                       # not timed further once clearly slower
     if frontend_serves:
         assert got.dtype == (out_dtype or x_dtype) and got.is_contiguous(memory_format=torch.channels_last)
 

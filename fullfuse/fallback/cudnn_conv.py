@@ -4,9 +4,9 @@ strided ``conv_dgrad`` (= ConvTranspose, family B's conv).
 PyTorch's own call picks a slow plan for some problems (40.8 ms for seed B's fp32 ConvTranspose3d on an H200,
 against 1.2 ms for cuDNN's best).  Here every plan cuDNN offers is timed once per problem and the fastest is kept
 for the process.  Returns None whenever the frontend is missing or has no plan, and TORCH_CALL (convs in the input's
-dtype) where PyTorch's own call (torch_conv.py) costs no more per call: a call costs the longer of its GPU time and
-its host time, and the frontend's execute takes ~100 us of host time against PyTorch's ~10, which decides small
-problems.  FULLFUSE_CUDNN_FRONTEND=0 in the environment of a process (read when this module loads) skips it there.
+dtype) where PyTorch's own call (torch_conv.py) costs no more per call, timed back to back (host and GPU time
+together): the frontend's execute takes ~100 us of host time against PyTorch's ~10, which decides small problems.
+FULLFUSE_CUDNN_FRONTEND=0 in the environment of a process (read when this module loads) skips it there.
 
 Invariants:
 - A cuDNN handle is used by one thread only (one per (thread, device)): ``set_stream`` then ``execute`` are two
@@ -22,12 +22,12 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from .. import launch
+from ..first_call import per_call_ms
 from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
@@ -35,10 +35,10 @@ _REPEATS = 3
 _ALIGN = 16              # bytes; the alignment the frontend's tensors declare by default
 _SPREADING_NOTES = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
 _WORKSPACE_FLOOR = 64 << 20   # a plan may take this much workspace, or as much as the conv's output if more
-# PyTorch's own call serves where its cost per call (the longer of GPU and host time) is at most this share of the best
-# plan's: in a near-tie it is the one that needs no layout copies and no second cuDNN handle
+# PyTorch's own call serves where its cost per call (back to back: the longer of GPU and host time) is at most this
+# share of the best plan's: in a near-tie it is the one that needs no layout copies and no second cuDNN handle
 _TORCH_MARGIN = 1.1
-_HOST_CALLS = 5          # isolated calls whose median host time is a call's host time
+_CLEARLY_SLOWER = 3.0    # a call this many times slower than the other's is not timed further
 TORCH_CALL = "PyTorch's call"   # run()'s answer where PyTorch's own call serves (kept as the problem's entry)
 _entries: Dict[tuple, object] = {}   # problem -> _Entry, TORCH_CALL or None (no plan)
 _local = threading.local()   # .handles: device index -> this thread's cuDNN handle
@@ -206,9 +206,10 @@ def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilati
     del y
     entry = _Entry(cudnn, graph, (tx, tw, ty), index, ws, ms, count, out_shape, out_dtype)
     if torch_call is not None and out_dtype == original[0].dtype:
-        # the whole call as it would run: the operands' layout copies and the plan, GPU and host
-        plan_cost = max(_best_ms(lambda: entry(*original), x.device), _host_ms(lambda: entry(*original), x.device))
-        torch_cost = _torch_cost_ms(torch_call, *original)
+        # each call as it would run (the plan's with the operands' layout copies), on the operands as the caller has
+        # them; the slower stops once clearly slower
+        plan_cost = _plan_cost_ms(entry, *original)
+        torch_cost = _torch_cost_ms(torch_call, *original, _CLEARLY_SLOWER * plan_cost)
         if torch_serves(torch_cost, plan_cost):
             _debug(f"PyTorch's call {torch_cost:.3f} ms per call against the best plan's {plan_cost:.3f} ms: "
                    f"PyTorch's call serves")
@@ -221,24 +222,17 @@ def torch_serves(torch_cost_ms: float, plan_cost_ms: float) -> bool:
     return torch_cost_ms <= _TORCH_MARGIN * plan_cost_ms
 
 
-def _host_ms(fn, device) -> float:
-    """Host time in ms of one isolated call of ``fn`` (the GPU idle when it starts): the median of _HOST_CALLS."""
-    times = []
-    for _ in range(_HOST_CALLS):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    torch.cuda.synchronize(device)
-    return 1e3 * sorted(times)[len(times) // 2]
+def _plan_cost_ms(entry: _Entry, x: torch.Tensor, weight: torch.Tensor) -> float:
+    """The cost in ms of the plan's call (layout copies included): the wall time per call of back-to-back calls
+    (first_call.per_call_ms: host and GPU time together, whichever is longer setting it, as in a model's run or the
+    pipeline's chunks)."""
+    return per_call_ms(lambda: entry(x, weight), x.device)
 
 
-def _torch_cost_ms(torch_call, x, weight) -> float:
-    """Cost per call in ms of PyTorch's own call ``torch_call(x, weight)`` for the same conv: the longer of its GPU
-    time (best of _REPEATS runs, always all of them) and its host time."""
-    torch_call(x, weight)   # PyTorch's own algorithm choice, out of the timing
-    gpu = _best_ms(lambda: torch_call(x, weight), x.device, skip_slow=False)
-    return max(gpu, _host_ms(lambda: torch_call(x, weight), x.device))
+def _torch_cost_ms(torch_call, x: torch.Tensor, weight: torch.Tensor, give_up_above: float) -> float:
+    """The cost in ms of PyTorch's own call ``torch_call(x, weight)``, as _plan_cost_ms (its first call, out of the
+    timing, makes PyTorch's algorithm choice); not timed further once above ``give_up_above``."""
+    return per_call_ms(lambda: torch_call(x, weight), x.device, give_up_above)
 
 
 def _debug(message: str) -> None:
