@@ -159,6 +159,21 @@ def test_signature_convs_look_a_problem_up_once_per_rows_and_weight_layout(monke
     assert cudnn_conv.forward_convs(dataclasses.replace(spec, groups=3), "tf32", True, None, None, None) is None
 
 
+def test_transposed_convs_skip_the_frontend_where_it_never_serves():
+    """No frontend for fp32 "ieee" transposed convs (cuDNN's non-tensor-core dgrad plans: ~200 ms at seed B, the
+    sub-pixel forward convs ~9) nor for groups != 1; TF32 and 16-bit ones look it up."""
+    from fullfuse.spec import ConvTPoolReduceSpec
+    spec = ConvTPoolReduceSpec(3, 4, 6, (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1), False, (2, 2, 2),
+                               "none", "sum", True)
+    shape = lambda rows: (rows, 6, 9, 9, 9)   # noqa: E731
+    assert cudnn_conv.transpose_convs(spec, torch.float32, "ieee", True, None, shape) is None
+    assert cudnn_conv.transpose_convs(dataclasses.replace(spec, groups=2), torch.float32, "tf32", True, None,
+                                      shape) is None
+    for dtype, mode in ((torch.float32, "tf32"), (torch.bfloat16, "bfloat16")):
+        convs = cudnn_conv.transpose_convs(spec, dtype, mode, True, None, shape)
+        assert convs.kind == "dgrad" and convs.out_shape(2) == (2, 6, 9, 9, 9)
+
+
 @pytest.mark.parametrize("answer, dtype, expect", [
     (cudnn_conv.TORCH_CALL, torch.float32, "torch, as given"),      # no layout copies where PyTorch's call serves
     (None, torch.float32, "subpixel, channels_last"),               # no plan: sub-pixel forward convs
