@@ -475,12 +475,15 @@ _CONV3D = [   # (input shape, C_out, kernel, stride, padding, dilation): each mu
     ((1, 2, 4, 5, 6), 7, (5, 3, 3), 1, (2, 1, 1), 1),          # kernel deeper (5) than the input (4): 4 output depths
     ((2, 2, 9, 6, 48), 16, 3, (2, 1, 1), 1, (2, 1, 1)),        # C 2 x 3 <= 8, W % 8 == 0: TMA rows, every 2nd slice
     ((2, 2, 5, 4, 72), 96, 3, 1, (1, 0, 1), 1),                # 96 output channels: two launches (64 + 32)
+    ((1, 8, 5, 6, 7), 16, 3, 1, 0, 1),                         # C 8 x 3: TF32's ring leaves one block per SM, which
+                                                               # a grid of 12 lines takes (ieee's does not fit)
 ]
 
 
 # ieee's ring leaves one block per SM: C x T 12 over 268-pixel rows, a grid of more blocks than SMs (refused); (1, 2, 4,
-# 5, 6), 10 with a 3-row filter, has 12 lines: one block per SM at most, served
-_CONV3D_IEEE_REFUSED = {(3, 4, 7, 9, 270)}
+# 5, 6), 10 with a 3-row filter, has 12 lines: one block per SM at most, served; C x T 24 at (1, 8, 5, 6, 7) does not
+# fit at all (refused)
+_CONV3D_IEEE_REFUSED = {(3, 4, 7, 9, 270), (1, 8, 5, 6, 7)}
 
 
 @_every_mode_layout_pool_reduction
