@@ -9,7 +9,6 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from . import ops
-
 from .dispatch import check_path
 from .match import find_matches, trace
 from .plan import Plan, make_plan

@@ -72,9 +72,9 @@ class _Entry:
 
     def __init__(self, cudnn, graph, tensors, index: int, workspace_bytes: int, ms: float, plans: int, out_shape,
                  out_dtype):
-        self.cudnn, self.graph, self.tensors, self.index, self.workspace_bytes = cudnn, graph, tensors, index, \
-            workspace_bytes
-        self.ms, self.plans, self.out_shape, self.out_dtype = ms, plans, tuple(out_shape), out_dtype
+        self.cudnn, self.graph, self.tensors, self.index = cudnn, graph, tensors, index
+        self.workspace_bytes, self.ms, self.plans = workspace_bytes, ms, plans
+        self.out_shape, self.out_dtype = tuple(out_shape), out_dtype
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The conv of ``x`` and ``weight`` (as the caller has them) on the current stream of x's device."""

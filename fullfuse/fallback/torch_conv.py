@@ -1,11 +1,11 @@
 """PyTorch's own cuDNN convolution for the fallbacks, with their precision and determinism passed as arguments.
 
 ``F.convNd`` / ``F.conv_transposeNd`` on a CUDA float input reach ``torch.cudnn_convolution(_transpose)`` (aten's
-``_convolution`` lays the input out as cuDNN suggests and passes torch's process-wide cuDNN flags); the fallbacks
-need their own precision ("tf32" / "ieee") and cuDNN's deterministic algorithms, which through ``F.convNd`` means
-changing those process-wide flags under a lock around the call.  Calling the cuDNN op directly with the flags as
-arguments gives the same algorithm choice and the same bits (tests/test_gpu_torch_conv.py compares them), changes
-nothing global, holds no lock, and skips ``_convolution``'s dispatch: less host time per call.
+``_convolution`` lays the input out as cuDNN suggests and passes torch's process-wide cuDNN flags); the fallbacks need
+their own precision ("tf32" / "ieee") and cuDNN's deterministic algorithms, which through ``F.convNd`` means changing
+those process-wide flags under a lock around the call.  Calling the cuDNN op directly with the flags as arguments gives
+the same algorithm choice and the same bits (tests/test_torch_conv.py compares them on the GPU), changes nothing global,
+holds no lock, and skips ``_convolution``'s dispatch: less host time per call.
 
 Invariants:
 - The direct op serves only where ``F.convNd`` would pick cuDNN for the same operands: cuDNN enabled now (read per
