@@ -89,6 +89,11 @@ __device__ __forceinline__ void ff_cp_wait_n(int n) {   // a run-time n: cp.asyn
 // reads / overwrites them after the next barrier
 __device__ __forceinline__ void ff_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// ---- programmatic dependent launch: ours.  Why: CUTLASS's (cutlass/arch/grid_dependency_control.h) emits the same
+// instruction, but that header pulls in the GEMM and conv dispatch policies.  Waits until the grids this one depends
+// on have completed and their memory is visible (a no-op in a grid launched without a programmatic dependency).
+__device__ __forceinline__ void ff_grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- mbarrier init / expect_tx: ours.  Why: CUTLASS's (cutlass/arch/barrier.h) give identical SASS, but that header
 // costs +1.1 s per unit (~45 %) and its asm drops our "memory" clobbers.
 __device__ __forceinline__ void ff_mbar_init(uint32_t a, unsigned count) {

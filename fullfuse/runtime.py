@@ -97,7 +97,8 @@ class Kernel:
         self._ctx = _primary_context(device)
         _in_context(self._ctx, self._load, drv, code, name, arch)
         self._occupancy: Dict[Tuple[int, int], int] = {}
-        self._launch = drv.cuLaunchKernel
+        self._launch, self._launch_ex = drv.cuLaunchKernel, drv.cuLaunchKernelEx
+        self._configs = threading.local()   # .by_shape: (grid, block, smem) -> this thread's CUlaunchConfig
 
     def _load(self, drv, code: bytes, name: str, arch: str) -> None:
         try:
@@ -134,6 +135,38 @@ class Kernel:
         err, = _launch_in_context(self, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
+
+    def launch_dependent(self, grid: Dim3, block: Dim3, smem: int, args: "Args", stream: Optional[int] = None) -> None:
+        """``launch`` with a programmatic dependency on the kernel before it in the stream
+        (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of that kernel
+        has signalled (griddepcontrol.launch_dependents), so its prologue overlaps that kernel's tail.  The kernel
+        must wait (griddepcontrol.wait) before it reads what that kernel writes; where the previous work in the
+        stream is not a kernel, or the GPU predates sm_90, the launch is an ordinary one."""
+        config = self._config(grid, block, smem)
+        config.hStream = stream_of(self.device) if stream is None else stream
+        err, = _launch_in_context(self, self._launch_ex, config, self._fn, args.address, 0)
+        if int(err) != 0:
+            _check((err,), f"launching {self.variant.label}")
+
+    def _config(self, grid: Dim3, block: Dim3, smem: int):
+        """This thread's launch configuration for these dimensions, the attribute set once (host time per call:
+        the stream only)."""
+        by_shape = getattr(self._configs, "by_shape", None)
+        if by_shape is None:
+            by_shape = self._configs.by_shape = {}
+        config = by_shape.get((grid, block, smem))
+        if config is None:
+            drv = _driver()
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = drv.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = (grid, 1, 1) if isinstance(grid, int) else grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = (block, 1, 1) if isinstance(block, int) else block
+            config.sharedMemBytes = smem
+            config.attrs, config.numAttrs = [attr], 1
+            by_shape[(grid, block, smem)] = config
+        return config
 
 
 class Args:

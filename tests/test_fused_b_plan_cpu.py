@@ -63,8 +63,10 @@ def test_seed_plan():
     assert (prm.nfull, prm.tail_nhalf, prm.tail_g, prm.max_steps, prm.tile_alloc, prm.ncls) == (792, 2, 4, 125,
                                                                                                  165888, 8)
     assert abi.fused_variant(p.has_act, p.ks, p.kv).kernel == "fb_kernel<false, 4, 0>"
-    # the packing: 125 slices of 32 x 64 tf32 values in chunks of 8 per thread; 856 blocks, none packing only
-    assert (prm.nblocks, prm.pack_total, prm.pack_chunks, p.ws_pack_offset) == (856, 256000, 125, 81984)
+    # the packing: 125 slices of 32 x 64 tf32 values; 856 blocks (6.5 waves): the packing kernel's grid before it
+    # (2048 items per slice, 4 per thread), no chunks in the kernel, none packing only
+    assert (prm.nblocks, prm.pack_total, prm.pack_chunks, p.ws_pack_offset) == (856, 256000, 0, 81984)
+    assert p.pack_grid == (2, 125, 1)
     bf16 = planner.plan(_problem(dtype=1, channels_last=1), H200)
     assert (bf16.smem, bf16.blocks, bf16.ks, bf16.kv, bf16.ws_bytes) == (156208, 856, 2, 1, 82000)
     ieee = planner.plan(_problem(precision=1), H200)
@@ -84,7 +86,7 @@ def _random_problem(r):
 def test_plan_invariants():
     r = random.Random(0)
     built = {v.kernel for v in abi.VARIANTS}
-    served = 0
+    served = multi_wave = 0
     for _ in range(1500):
         q = _random_problem(r)
         props = DeviceProps(9, 0, r.choice([1, 78, 114, 132]), 232448)
@@ -102,17 +104,26 @@ def test_plan_invariants():
         assert prm.nhb * prm.wh >= prm.P[1] > (prm.nhb - 1) * prm.wh
         assert prm.nblocks == prm.nfull + (items - prm.nfull) * prm.tail_nhalf * prm.tail_g
         assert items - prm.nfull in (0, items % props.sm_count)
-        # the packing's chunks cover every item; blocks that only pack make the grid up to min(chunks, SMs)
-        chunk = 8 * p.threads   # FB_PACK_PER_THREAD items per thread
-        assert (prm.pack_chunks - 1) * chunk < prm.pack_total <= prm.pack_chunks * chunk
         assert prm.pack_total == prm.pg.nslices * planner.slice_items(p.kv, p.ks)
-        assert p.blocks == max(prm.nblocks, min(prm.pack_chunks, props.sm_count))
+        per_slice = prm.pack_total // prm.pg.nslices
+        if prm.nblocks > props.sm_count:
+            # more than one wave: the packing kernel before it, its grid covering every slice's items
+            gx, gy, gz = p.pack_grid
+            assert prm.pack_chunks == 0 and p.blocks == prm.nblocks and (gy, gz) == (prm.pg.nslices, 1)
+            assert (gx - 1) * 4 * abi.PACK_THREADS < per_slice <= gx * 4 * abi.PACK_THREADS
+            multi_wave += 1
+        else:
+            # the kernel's chunks cover every item; blocks that only pack make the grid up to min(chunks, SMs)
+            assert p.pack_grid is None
+            chunk = 8 * p.threads   # FB_PACK_PER_THREAD items per thread
+            assert (prm.pack_chunks - 1) * chunk < prm.pack_total <= prm.pack_chunks * chunk
+            assert p.blocks == max(prm.nblocks, min(prm.pack_chunks, props.sm_count))
         assert p.ws_pack_offset >= p.ws_parts * (prm.wh * prm.pwb * 64 + 1) * 4 and p.ws_pack_offset % 16 == 0
         assert p.ws_bytes == p.ws_pack_offset + 16
         assert (p.ws_parts > 0) == (prm.tail_g > 1)
         assert sum(prm.cls_M[c][0] * prm.cls_M[c][1] * prm.cls_M[c][2] for c in range(prm.ncls)) == q[9] * q[10] * q[11]
         assert prm.ncls == q[12] * q[13] * q[14] and prm.x is None and prm.ws is None
-    assert served > 300
+    assert served > 300 and 30 < multi_wave < served - 30
 
 
 def test_problem_of_spec():

@@ -19,8 +19,9 @@ from fullfuse.precision import TOLERANCE, cudnn_conv_precision
 pytestmark = pytest.mark.gpu
 SEED = (int(os.environ["FULLFUSE_TEST_SEED"]) if "FULLFUSE_TEST_SEED" in os.environ
         else int.from_bytes(os.urandom(4), "little"))
-# shapes both fused kernels serve (tests/test_gpu.py, fullfuse/check.py)
-SHAPE = {"A": (4, 8, 64, 64), "B": (2, 32, 8, 8, 8)}
+# shapes both fused kernels serve (tests/test_gpu.py, fullfuse/check.py); "Bw": family B at a grid of more than one
+# wave on an H200 (240 blocks, a tail split), whose weights the packing kernel packs before the fused kernel
+SHAPE = {"A": (4, 8, 64, 64), "B": (2, 32, 8, 8, 8), "Bw": (10, 32, 16, 16, 16)}
 SLEEP_CYCLES = 200_000_000                              # torch.cuda._sleep: ~0.1 s of one busy block on an H200
 MODE_OF = {torch.float32: "tf32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -50,7 +51,7 @@ class ModelB(nn.Module):
 
 def make_model(family, dtype=torch.float32, seed=SEED, pool="mean", reduction="sum", device="cuda"):
     """Seed A (Conv2d 8->64 k3 -> GELU -> global mean / max pool) or seed B, default init from ``seed``."""
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)   # (family "Bw": seed B's model)
     if family == "A":
         pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "mean" else nn.AdaptiveMaxPool2d(1)
         model = nn.Sequential(nn.Conv2d(8, 64, 3), nn.GELU(), pool_layer)
@@ -88,6 +89,8 @@ def precision_of(dtype):
 STREAM_CASES = [   # (family, path, dtype, conv weight channels_last): each makes a re-laid-out weight or bias copy
     ("B", "fused", torch.float32, False),      # the fused kernel's packed weights
     ("B", "fused", torch.bfloat16, False),     # packed weights and the float32 bias copy
+    ("Bw", "fused", torch.float32, False),     # packed by the packing kernel before the fused kernel
+    ("Bw", "fused", torch.bfloat16, False),
     ("B", "fallback", torch.float32, False),   # channels_last_3d weight copy
     ("A", "fallback", torch.float32, False),   # channels_last weight copy
     ("A", "fallback", torch.bfloat16, False),  # ... and the float32 bias copy
@@ -147,10 +150,12 @@ def _mutate(how, model, fused, family, dtype):
         fused.load_state_dict(make_model(family, dtype, seed=SEED + 7).state_dict())
 
 
+STALE_CASES = [(f, p) for f in ("A", "B") for p in ("fused", "fallback")] + [("Bw", "fused")]
+
+
 @pytest.mark.parametrize("how", ["data_mul", "data_assign", "copy_no_grad", "load_state_dict"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("path", ["fused", "fallback"])
-@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("family, path", STALE_CASES, ids=[f"{f}-{p}" for f, p in STALE_CASES])
 def test_stale_weights_after_update(family, path, dtype, how):
     """After a first call (which caches any weight / bias copy), the parameters change in place or behind .data; the
     next call must give the original model's new answer on every path (old code: `.data.mul_` left the version
@@ -166,27 +171,36 @@ def test_stale_weights_after_update(family, path, dtype, how):
     assert_close(got, ref64(model, x), MODE_OF[dtype], f"after {how}")
 
 
-# ------------------------------------------------------------------ family B packs its weights in its own kernel
+# ------------------------------------------------------------------ family B packs its weights in every call
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12)],
-                         ids=["one-block", "small", "waves"])
-def test_fused_b_one_kernel_packs_any_weight_layout(shape, dtype, monkeypatch):
-    """Fused B is one launch per call, whose blocks pack the weights (csrc/fused_convt_pool_reduce/weight_pack.cuh):
-    with packing-only blocks beside one computing block, with a small grid, and with several waves.  The same
-    thread's calls then see the weight in other layouts (the packing reads it through its strides) and with other
-    values behind the same Parameter; each call matches float64."""
+@pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12), SHAPE["Bw"]],
+                         ids=["one-block", "small", "one-wave", "waves"])
+def test_fused_b_packs_any_weight_layout(shape, dtype, monkeypatch):
+    """Fused B packs the weights as they are in every call: within one launch, whose blocks pack
+    (csrc/fused_convt_pool_reduce/weight_pack.cuh; packing-only blocks beside one computing block, a small grid, a
+    full wave), or, where the grid has more than one wave, by the packing kernel launched just before the fused
+    kernel, which depends on it programmatically.  The same thread's calls then see the weight in other layouts (the
+    packing reads it through its strides) and with other values behind the same Parameter; each call matches
+    float64."""
     from fullfuse import runtime
+    from fullfuse.fused import convt_pool_reduce as fb
     model = make_model("B", dtype)
     fused = fullfuse.fused_model(model, path="fused", precision=precision_of(dtype))
     x = make_x("B", dtype, shape=shape)
+    waves = fb.plan(fused.plans[0].spec, x, "tf32").pack_grid is not None   # the packing kernel's grid, if any
+    assert waves == (shape == SHAPE["Bw"])   # (on an H200: 132 SMs)
     launches = []
-    real = runtime.Kernel.launch
 
-    def counted(kernel, *args, **kwargs):
-        launches.append(kernel.variant.label)
-        return real(kernel, *args, **kwargs)
+    def counting(name):
+        real = getattr(runtime.Kernel, name)
 
-    monkeypatch.setattr(runtime.Kernel, "launch", counted)
+        def counted(kernel, *args, **kwargs):
+            launches.append((name, kernel.variant.label))
+            return real(kernel, *args, **kwargs)
+        monkeypatch.setattr(runtime.Kernel, name, counted)
+
+    counting("launch")
+    counting("launch_dependent")
     weight = conv_of(model).weight
     layouts = [weight.data, weight.data.contiguous(memory_format=torch.channels_last_3d),
                weight.data.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2), weight.data * -0.5]
@@ -196,7 +210,11 @@ def test_fused_b_one_kernel_packs_any_weight_layout(shape, dtype, monkeypatch):
             launches.clear()
             got = fused(x)
             assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
-            assert len(launches) == 1 and launches[0].startswith("fb_kernel"), launches
+            kinds = [(name, label.split("<")[0]) for name, label in launches]
+            if waves:
+                assert kinds == [("launch", "fb_pack::pack_kernel"), ("launch_dependent", "fb_kernel")], launches
+            else:
+                assert kinds == [("launch", "fb_kernel")], launches
             assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
 
 
@@ -261,9 +279,11 @@ def _replay_checks(graph, static_x, static_out, model, family, dtype):
     assert_close(static_out, ref64(model, new_x), MODE_OF[dtype], "replay after weight.mul_(0.5)")
 
 
+GRAPH_CASES = [(f, p) for f in ("A", "B") for p in ("fused", "fallback", "auto")] + [("Bw", "fused")]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
-@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("family, path", GRAPH_CASES, ids=[f"{f}-{p}" for f, p in GRAPH_CASES])
 def test_cuda_graph_capture(family, path, dtype):
     """torch.cuda.graph capture after a side-stream warm-up: a replay gives the original's answer for a new input
     copied into the static input, and sees an in-place weight update made after the capture (old code: the graph held
@@ -362,17 +382,18 @@ def _alternating_job(fused, xs, results, iterations=6):
 def test_threads_mixed_problem_sizes():
     """8 threads at once, each alternating two problem sizes of its own: 4 on one fused family-A model (different
     output-row lengths take different kernels / shared-memory sizes), 2 on a fallback model over the same parameters,
-    2 on a fused family-B model; every result matches its float64 reference computed beforehand."""
+    2 on a fused family-B model (one of them also at a grid of several waves: the packing kernel before the fused
+    kernel); every result matches its float64 reference computed beforehand."""
     model_a, model_b = make_model("A"), make_model("B")
     fused_a = fullfuse.fused_model(model_a, path="fused", precision="tf32")
     fallback_a = fullfuse.fused_model(model_a, path="fallback", precision="tf32")
     fused_b = fullfuse.fused_model(model_b, path="fused", precision="tf32")
     a_shapes = [(2, 8, 24, 132), (2, 8, 24, 64), (3, 8, 20, 32), (1, 8, 16, 256)]
-    b_shapes = [(2, 32, 8, 8, 8), (1, 32, 12, 12, 12), (1, 32, 6, 10, 8)]
+    b_shapes = [(2, 32, 8, 8, 8), (1, 32, 12, 12, 12), (1, 32, 6, 10, 8), SHAPE["Bw"]]
     plan = [(fused_a, model_a, "A", (a_shapes[i], a_shapes[(i + 1) % 4])) for i in range(4)]
     plan += [(fallback_a, model_a, "A", (a_shapes[0], a_shapes[2])),
              (fallback_a, model_a, "A", (a_shapes[1], a_shapes[3]))]
-    plan += [(fused_b, model_b, "B", (b_shapes[0], b_shapes[1])), (fused_b, model_b, "B", (b_shapes[1], b_shapes[2]))]
+    plan += [(fused_b, model_b, "B", (b_shapes[0], b_shapes[1])), (fused_b, model_b, "B", (b_shapes[2], b_shapes[3]))]
     jobs, checks = [], []
     for t, (fused, model, family, shapes) in enumerate(plan):
         xs = [make_x(family, seed=SEED + 100 * t + j, shape=s) for j, s in enumerate(shapes)]
@@ -693,6 +714,7 @@ def test_kept_workspaces_stay_zero_across_kernels():
         torch.manual_seed(SEED + 32)
         cases.append(("B", ModelB(reduction), (16, 32, 8, 8, 8), "fused"))            # a tail split over parts
         cases.append(("B", ModelB(reduction), (1, 32, 4, 4, 4), "fused"))             # packing-only blocks
+        cases.append(("B", ModelB(reduction), SHAPE["Bw"], "fused"))                  # the packing kernel before it
     runs = []
     for family, model, shape, path in cases:
         model = model.cuda().eval()
@@ -740,15 +762,15 @@ def test_scratch_is_per_thread_and_stream():
         assert workspace.buffer(0, 4096).data_ptr() != workspace.buffer(0, 4096, workspace.PACKED).data_ptr()
     models = [make_model("B", seed=SEED + 40 + i) for i in range(2)]
     fused = [fullfuse.fused_model(m, path="fused", precision="tf32") for m in models]
-    x = make_x("B")
-    refs = [ref64(m, x) for m in models]
+    xs = [make_x("B"), make_x("Bw")]   # packed in the fused kernel / by the packing kernel before it
+    refs = [[ref64(m, x) for x in xs] for m in models]
     results, failures = [[] for _ in range(4)], []
 
     def job(t):
         try:
             with torch.no_grad():
-                for _ in range(8):
-                    results[t].append(fused[t % 2](x))
+                for i in range(8):
+                    results[t].append(fused[t % 2](xs[i % 2]))
         except Exception:
             failures.append(traceback.format_exc())
 
@@ -761,10 +783,10 @@ def test_scratch_is_per_thread_and_stream():
     assert not failures, "\n".join(failures)
     for t in range(4):
         for i, out in enumerate(results[t]):
-            assert_close(out, refs[t % 2], "tf32", f"thread {t} call {i}")
+            assert_close(out, refs[t % 2][i % 2], "tf32", f"thread {t} call {i}")
 
 
-@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("family", ["A", "B", "Bw"])
 def test_graph_replays_beside_eager_calls(family):
     """A captured fused call replays on one stream while eager calls of the same model run on another, both queued
     behind busy kernels so that they overlap: the graph's workspace is its own (old design risk: a kept workspace

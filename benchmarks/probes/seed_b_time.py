@@ -2,9 +2,11 @@
 median of 60; the seed is GPU-bound, so this is the kernels' time plus the launch latency), fp32 (TF32) and bf16,
 NCDHW and channels_last_3d; one line per cell.  An A/B of two source trees runs this in each, alternating processes
 (each tree with its own FULLFUSE_CACHE_DIR), as for fused B's in-kernel weight packing against the packing kernel
-(`benchmarks/results/ab_fused_b_packing_*.txt`).
+(`benchmarks/results/ab_fused_b_packing_*.txt`).  ``--in-kernel-packing``: the seed's grid (several waves) packs its
+weights in the fused kernel's blocks as a one-wave grid does (the planner's packing kernel withheld), for an A/B of the
+two within one tree.
 
-Usage: python3 benchmarks/probes/seed_b_time.py [label]   (a CUDA GPU)
+Usage: python3 benchmarks/probes/seed_b_time.py [label] [--in-kernel-packing]   (a CUDA GPU)
 """
 import statistics
 import sys
@@ -41,4 +43,8 @@ def main(label: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "this tree")
+    args = [a for a in sys.argv[1:] if a != "--in-kernel-packing"]
+    if "--in-kernel-packing" in sys.argv:
+        from fullfuse.fused import convt_pool_reduce_plan
+        convt_pool_reduce_plan.packing_grid = lambda g: None
+    main(args[0] if args else "this tree")

@@ -33,7 +33,9 @@
 // Instantiations: fb_kernel<HAS_ACT, KS, DT> per activation on / off, k steps (KS x 8 fp32 or 16 bf16 / fp16 input
 // channels: 1, 2, 4, and 8 for fp32) and kernel variant DT (FF_F32, FF_BF16, FF_F16, FB_X3); launch: grid = the
 // plan's blocks plus its packing-only blocks, 128 x fb_nwg(DT) threads, the plan's dynamic shared memory, FBParams by
-// value.  The weights are packed by the kernel's own blocks (weight_pack.cuh): one kernel per call.
+// value.  The weights are packed by the kernel's own blocks (weight_pack.cuh: one kernel per call), or, where the grid
+// has more than one wave (pack_chunks == 0), by the packing kernel just before this one (fused_convt_pack_kernel.cuh),
+// this kernel launched with a programmatic dependency on it.
 // Headers: params.cuh (constants, FBParams), primitives.cuh (encoding, cp.async, wgmma), tile.cuh (input tile),
 // steps.cuh (the block's step list), weight_pack.cuh (the packing's chunks), mainloop.cuh (a step's weights and
 // wgmmas), window_max.cuh (epilogue), channel_reduce.cuh (tail combine, channel reduction, output).
@@ -140,6 +142,9 @@ __global__ void __launch_bounds__(256, 1) fb_kernel(const __grid_constant__ FBPa
     const bool has = st < nseq;
     fb_load_step<KS, DT>(p.wp, wbuf_s + (wg * NBUF + st % NBUF) * STEP_BYTES, has ? entry(st) : int4{}, has);
   };
+  // the packing kernel's writes (a grid launched with a programmatic dependency on it: everything above overlaps the
+  // packing and reads nothing it writes; a no-op otherwise)
+  ff_grid_dependency_wait();
 #pragma unroll
   for (int i = 0; i < PF; ++i) load_step(i);
 

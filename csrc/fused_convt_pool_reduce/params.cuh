@@ -59,7 +59,7 @@ struct FBParams {
   int* pack_cnt;                 // [3] counters in the zeroed workspace: chunks claimed, chunks packed, blocks done
   fb_pack::Geometry pg;
   long long pack_total;          // items of the whole packing
-  int pack_chunks;               // chunks of FB_PACK_PER_THREAD items per thread
+  int pack_chunks;               // chunks of FB_PACK_PER_THREAD items per thread; 0: packed before the launch
   int nblocks;
 };
 

@@ -8,6 +8,8 @@
 // invariant, fullfuse/workspace.py).
 // A block that computes makes its round trips to these counters before it waits for its input tile (kernel.cuh), and
 // its count of pack_cnt[2] is read only at its end; later waves find the packing done with one load.
+// pack_chunks == 0: nothing here (the packing kernel ran before this grid; the kernel waits for it, kernel.cuh); no
+// block touches the counters.
 // Ordering (as CUTLASS's generic barrier): a chunk's writes, a barrier, then thread 0's count with release semantics;
 // thread 0's acquire load that sees every chunk counted, then a barrier before any thread reads the packed weights.
 #pragma once
@@ -30,6 +32,7 @@ __device__ __forceinline__ bool fb_packed(const FBParams& p) {
 // chunks until none is left, then (WAIT) wait until every chunk is packed
 template <int NTHR, int OP, bool WAIT>
 __device__ __forceinline__ void fb_pack_share(const FBParams& p, int& s_claim) {
+  if (p.pack_chunks == 0) return;
   if (threadIdx.x == 0) s_claim = fb_packed(p) ? -1 : atomicAdd(p.pack_cnt, 1);
   __syncthreads();
   int c = s_claim;
@@ -59,12 +62,12 @@ __device__ __forceinline__ void fb_pack_share(const FBParams& p, int& s_claim) {
 // the block is done with the counters (thread 0 alone touches them; callable by all threads at any point after that):
 // its count, issued now, read by fb_pack_reset_if_last at the block's end, so that no thread waits for it here
 __device__ __forceinline__ int fb_pack_done(const FBParams& p) {
-  return threadIdx.x == 0 ? atomicAdd(p.pack_cnt + 2, 1) : 0;
+  return threadIdx.x == 0 && p.pack_chunks ? atomicAdd(p.pack_cnt + 2, 1) : 0;
 }
 
 // at the block's end, with fb_pack_done's count: the last block sets the three counters back to zero
 __device__ __forceinline__ void fb_pack_reset_if_last(const FBParams& p, int done) {
-  if (threadIdx.x == 0 && done == (int)gridDim.x - 1) {
+  if (threadIdx.x == 0 && p.pack_chunks && done == (int)gridDim.x - 1) {
     p.pack_cnt[0] = 0;
     p.pack_cnt[1] = 0;
     p.pack_cnt[2] = 0;

@@ -1,7 +1,8 @@
 """Family B fused kernel (csrc/fused_convt_pool_reduce/): the transposed conv as sub-pixel implicit GEMMs on the
 tensor cores whose epilogue keeps the pooling-window maxima on chip, then one fixed-order channel reduction; only
 the pooled result is written.  Planned in Python (convt_pool_reduce_plan), compiled per instantiation at first use
-and launched through fullfuse.runtime; the kernel packs the weights itself in every launch (one kernel per call)."""
+and launched through fullfuse.runtime; the weights are packed in every call, by the kernel's own blocks (one launch)
+or, for a grid of more than one wave, by the packing kernel just before it."""
 from __future__ import annotations
 
 import ctypes
@@ -140,20 +141,26 @@ def packed_weights(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -
     (fb_pack::pack_kernel: the fused kernel's own pack_item; tests, probes)."""
     g, nbytes = pack_geometry(spec, weight, mode)
     out = torch.empty(nbytes, dtype=torch.uint8, device=weight.device)
-    per = g.cpad * 64 + (g.cpad16 * 64 if g.op == abi.PACK_OPS["ieee"] else 0)   # items per slice
-    if g.nslices and per:
+    grid = planner.packing_grid(g)
+    if grid is not None:
         kernel = runtime.kernel(abi.PACK, launch.device_index(weight.device))
-        args = runtime.Args(ctypes.c_void_p(weight.data_ptr()), ctypes.c_void_p(out.data_ptr()), g)
-        kernel.launch((-(-per // (4 * abi.PACK_THREADS)), g.nslices, 1), abi.PACK_THREADS, 0, args)
+        kernel.launch(grid, abi.PACK_THREADS, 0, _pack_args(g, weight, out))
     return out
+
+
+def _pack_args(g: abi.PackGeometry, weight: torch.Tensor, out: torch.Tensor) -> runtime.Args:
+    """The packing kernel's arguments: from ``weight`` into ``out`` with geometry ``g`` (copied)."""
+    return runtime.Args(ctypes.c_void_p(weight.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                        abi.PackGeometry.from_buffer_copy(g))
 
 
 def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device, alignment), everything that depends only on
     those worked out once (the plan, its kernel, grid, shared memory, a template of the kernel's parameters): returns
-    ``run(x, weight, bias) -> out`` (host time per call).  One launch per call: the kernel packs the weights as they
-    are now into this thread's scratch buffer of the stream before it reads them (csrc/fused_convt_pool_reduce/
-    weight_pack.cuh)."""
+    ``run(x, weight, bias) -> out`` (host time per call).  The weights as they are now are packed in every call into
+    this thread's scratch buffer of the stream: by the kernel's own blocks (csrc/fused_convt_pool_reduce/
+    weight_pack.cuh: one launch), or, for a grid of more than one wave, by the packing kernel launched just before it
+    with a programmatic dependency (the plan's pack_grid)."""
     copy = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last_3d))
     xs = x.contiguous() if copy else x   # NCDHW / channels_last_3d read natively, else copied
     index = launch.device_index(x.device)
@@ -161,6 +168,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     if p.why:
         raise RuntimeError(f"fullfuse: {p.why}")
     fused = _kernel(p, index)
+    packer = runtime.kernel(abi.PACK, index) if p.pack_grid else None
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
     shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
@@ -169,6 +177,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
     template = bytes(p.params)   # every field but the pointers, the weight's strides and ncdhw_vec
     grid, threads, smem, ws_cnt, ws_pack = p.blocks, p.threads, p.smem, p.ws_cnt_offset, p.ws_pack_offset
+    pack_grid = p.pack_grid
     # window maxima and counters (zero; the kernel leaves them zero), this thread's buffer for the packed weights
     wanted = ((p.ws_bytes, workspace.ZEROED),
               (p.params.pg.nslices * planner.slice_bytes(p.kv, p.ks), workspace.PACKED))
@@ -187,16 +196,29 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if args is None:
             args = local.args = runtime.Args(abi.FBParams.from_buffer_copy(template))
             args.strides = None
+            if packer is not None:
+                args.pack = _pack_args(args.values[0].pg, weight, packed)
         prm = args.values[0]
         strides = weight.stride()
         if strides != args.strides:   # the packing reads the weight through its strides (any layout)
             prm.pg.ws[:] = strides
             args.strides = strides
-        prm.x, prm.w, prm.wp, prm.out = xp, weight.data_ptr(), packed.data_ptr(), out.data_ptr()
+            if packer is not None:
+                args.pack.values[2].ws[:] = strides
+        wptr, wp = weight.data_ptr(), packed.data_ptr()
+        prm.x, prm.w, prm.wp, prm.out = xp, wptr, wp, out.data_ptr()
         prm.bias = None if bias is None else bias.data_ptr()
         wsp = ws.data_ptr()
         prm.ws, prm.ws_cnt, prm.pack_cnt = wsp, wsp + ws_cnt, wsp + ws_pack
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
-        fused.launch(grid, threads, smem, args, stream)
+        if packer is None:
+            fused.launch(grid, threads, smem, args, stream)
+            return out
+        pack = args.pack.values
+        pack[0].value, pack[1].value = wptr, wp
+        packer.launch(pack_grid, abi.PACK_THREADS, 0, args.pack, stream)
+        # the fused kernel's first blocks load their tiles while the packing runs and wait for it (griddepcontrol.wait)
+        # before their first weight read; whatever wrote x came before the packing, complete before it started
+        fused.launch_dependent(grid, threads, smem, args, stream)
         return out
     return run

@@ -13,9 +13,10 @@ split into pieces (window rows, then class groups) so that it fills the SMs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
-from cutlass_ops.convt_pool_reduce import KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, FBParams, PackGeometry
+from cutlass_ops.convt_pool_reduce import (KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, PACK_THREADS, FBParams,
+                                          PackGeometry)
 
 if TYPE_CHECKING:
     from ..runtime import DeviceProps
@@ -116,6 +117,7 @@ class Plan:
     kv: int = 0                         # kernel variant: KV_F32 / KV_BF16 / KV_F16 / KV_X3
     smem: int = 0                       # dynamic shared memory per block
     blocks: int = 0                     # grid (x): params.nblocks computing, the rest packing only
+    pack_grid: Optional[Tuple[int, int, int]] = None   # the packing kernel's grid where it runs before this kernel
     threads: int = 0                    # block (x): 128 per warpgroup
     ws_parts: int = 0                   # workspace: [ws_parts][wh][pwb][64] window maxima, then [ws_parts] counters,
     ws_bytes: int = 0                   # then at ws_pack_offset the packing's 3 counters (zeroed once by the caller,
@@ -262,16 +264,30 @@ def plan(problem: Sequence[int], props: "DeviceProps") -> Plan:
     p.nfull = items - tail if (p.tail_nhalf > 1 or p.tail_g > 1) else items
     blocks = p.nfull + (items - p.nfull) * p.tail_nhalf * p.tail_g
     ws_parts = (items - p.nfull) * p.tail_nhalf if p.tail_g > 1 else 0   # tail parts combining in global memory
-    # the weight packing, done by the kernel's blocks in chunks (weight_pack.cuh); where the grid has fewer blocks
-    # than chunks and SMs, blocks that only pack join it
+    # the weight packing (every launch: the weights as they are now).  A grid of more than one wave: the packing
+    # kernel just before (pack_grid; the fused kernel's first blocks load their tiles while it runs, then wait for it),
+    # so that no later block touches the packing's counters (in-kernel: +0.4 to +3.8 % at the seed).  Else the
+    # kernel's blocks pack in chunks (weight_pack.cuh; pack_chunks), with blocks that only pack where the grid has
+    # fewer blocks than chunks and SMs: one launch per call.
     fill_pack_geometry(p.pg, kv, ks, c, k, T, s)
     p.pack_total = p.pg.nslices * slice_items(kv, ks)
-    p.pack_chunks = -(-p.pack_total // (PACK_PER_THREAD * 128 * nwg))
+    pack_grid = packing_grid(p.pg) if blocks > sm_count else None
+    p.pack_chunks = 0 if pack_grid else -(-p.pack_total // (PACK_PER_THREAD * 128 * nwg))
     pack_blocks = max(0, min(sm_count, p.pack_chunks) - blocks)
     p.nblocks = blocks
     if blocks + pack_blocks > 0x7FFFFFFF:
         return _refuse("too many blocks")
     ws_pack = -(-ws_parts * (p.wh * pwb * 64 + 1) * 4 // 16) * 16   # the packing's counters, after the tail's
     return Plan(None, p, has_act=act != 0, ks=ks, kv=kv, smem=smem, blocks=blocks + pack_blocks, threads=128 * nwg,
-                ws_parts=ws_parts, ws_bytes=ws_pack + 16, ws_pack_offset=ws_pack)
+                pack_grid=pack_grid, ws_parts=ws_parts, ws_bytes=ws_pack + 16, ws_pack_offset=ws_pack)
+
+
+def packing_grid(g: PackGeometry) -> Optional[Tuple[int, int, int]]:
+    """The packing kernel's grid (fb_pack::pack_kernel, PACK_THREADS per block) for geometry ``g``: a slice per
+    blockIdx.y, ~4 items per thread over blockIdx.x (few blocks: the fused kernel's first wave finds room while it
+    runs); None where there is nothing to pack or the slices exceed grid.y."""
+    per = g.cpad * 64 + (g.cpad16 * 64 if g.op == PACK_OPS["ieee"] else 0)   # items per slice
+    if not (g.nslices and per) or g.nslices > 65535:
+        return None
+    return -(-per // (4 * PACK_THREADS)), g.nslices, 1
 
