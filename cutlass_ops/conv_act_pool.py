@@ -85,6 +85,7 @@ class WGParams(ctypes.Structure):
         ("vT vC vD vDout vsd vpd vdd lines_d", c_int),
         ("sw2_sub", c_int),
         ("r2", c_int),
+        ("wsc", c_int), ("wsk", _I64),
     )
 
 

@@ -218,6 +218,58 @@ def test_fused_b_packs_any_weight_layout(shape, dtype, monkeypatch):
             assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
 
 
+# ------------------------------------------------------------------ family A reads a weight as it lies
+A_LAYOUT_CASES = [   # (input shape, conv (in, out, kernel), dims)
+    ((1, 8, 16, 16), (8, 64, 3), 2),      # one image: a few blocks
+    ((4, 8, 64, 64), (8, 64, 3), 2),
+    ((2, 16, 40, 72), (16, 96, 3), 2),    # K > 64: two launches, the second's weights at 64 output channels' offset
+    ((1, 5, 30, 40), (5, 64, 5), 2),      # 5 channels, 5x5
+    ((2, 8, 5, 12, 40), (8, 64, 3), 3),   # Conv3d: a non-contiguous weight is read through a contiguous copy
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape, conv, dims", A_LAYOUT_CASES, ids=[str(c[0]) for c in A_LAYOUT_CASES])
+def test_fused_a_reads_any_weight_layout(shape, conv, dims, dtype, monkeypatch):
+    """Fused A's wgmma kernel reads a Conv2d's weight in its own layout (channels_last, taps transposed, input
+    channels outermost: fullfuse/fused/conv_act_pool.py Launches.blocks_for), with no copy per call; a Conv3d's, or any
+    weight the mma.sync kernel reads, through a contiguous copy.  The same thread's calls see the layouts in turn and
+    new values behind the same Parameter; each call matches float64."""
+    from fullfuse.fused import conv_act_pool as fa
+    copies = []
+    real = fa.contiguous
+
+    def counted(t):
+        if t is not None and not t.is_contiguous():
+            copies.append(tuple(t.shape))
+        return real(t)
+    monkeypatch.setattr(fa, "contiguous", counted)
+    torch.manual_seed(SEED)
+    c_in, c_out, kernel = conv
+    layer = (nn.Conv2d if dims == 2 else nn.Conv3d)(c_in, c_out, kernel)
+    pool = nn.AdaptiveAvgPool2d(1) if dims == 2 else nn.AdaptiveAvgPool3d(1)
+    model = nn.Sequential(layer, nn.GELU(), pool).cuda().to(dtype).eval()
+    fused = fullfuse.fused_model(model, path="fused", precision=precision_of(dtype))
+    x = make_x("A", dtype, shape=shape)
+    weight = layer.weight
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
+    layouts = [weight.data, weight.data.contiguous(memory_format=fmt),
+               weight.data.transpose(-1, -2).contiguous().transpose(-1, -2),
+               weight.data.transpose(0, 1).contiguous().transpose(0, 1), weight.data.contiguous() * -0.5]
+    with torch.no_grad():
+        for i, data in enumerate(layouts):
+            weight.data = data
+            copies.clear()
+            got = fused(x)
+            assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
+            wgmma = "wgmma" in fused.plans[0].last_reason
+            if dims == 2 and wgmma:
+                assert copies == [], f"weight layout {i}, strides {data.stride()}: copied"
+            elif not data.is_contiguous():
+                assert copies == [tuple(data.shape)], copies
+            assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
+
+
 # ------------------------------------------------------------------ inference_mode
 @pytest.mark.parametrize("params_in_inference_mode", [True, False], ids=["inference-params", "normal-params"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

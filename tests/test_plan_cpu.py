@@ -129,3 +129,55 @@ def test_family_a_seed_plan_parameters():
     assert (p.mTWa, p.sTWa) == plan._magic(p.TWa) and all((p.mTWa * n) >> p.sTWa == n // p.TWa for n in range(1 << 16))
     assert p.G == 3 * 132 and p.RB >= 4 and c.wp.smem <= 232448 // 3
     assert plan.workspace_bytes(problem, H200) == 203264
+
+
+WEIGHT_LAYOUT_CASES = [   # (shape, dtype, (K, R, stride, padding), precision): wgmma plans of several op forms
+    ((2, 8, 64, 64), "float32", (64, 3, 1, 0), "tf32"),       # the seed's conv, TF32
+    ((2, 8, 34, 130), "float32", (64, 3, 1, 0), "ieee"),
+    ((2, 8, 64, 64), "bfloat16", (64, 3, 1, 0), "tf32"),      # 16-bit: tap pairs, the column pair, the spare chunk
+    ((2, 16, 40, 72), "bfloat16", (96, 3, 1, 1), "tf32"),     # two channel groups, K > 64 (two launches)
+    ((2, 5, 30, 40), "float32", (64, 5, 1, 2), "tf32"),       # 5 channels (a partial K chunk), 5x5
+    ((1, 3, 20, 20), "float32", (64, 5, 2, 0), "tf32"),       # 3 channels, stride-2 columns
+]
+
+
+@pytest.mark.parametrize("case", WEIGHT_LAYOUT_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in WEIGHT_LAYOUT_CASES])
+def test_family_a_reads_a_weight_as_it_lies(case):
+    """The wgmma kernel reads weight element (m, c0 + e) of op j's K chunk h at m * wsk + op_wo[h][j] + e * wsc
+    (wgmma_block_setup.cuh).  Launches.blocks_for re-derives op_wo, wsc, wsk and each launch's offset for a weight's
+    own strides: every element it reads in a channels_last or permuted weight must be the one the contiguous plan reads
+    in the contiguous weight (values made unique by arange)."""
+    shape, dtype, (k, r, s, p), prec = case
+    spec = ConvActPoolSpec(dims=2, in_channels=shape[1], out_channels=k, kernel_size=(r, r), stride=(s, s),
+                           padding=(p, p), dilation=(1, 1), has_bias=True)
+    x = torch.empty(shape, dtype=getattr(torch, dtype))
+    _, problem = fa._problem(spec, x, prec, True)
+    choice = plan.choose_call(problem, H200)
+    assert choice.wp.ok, choice.why
+    launches = fa.Launches(problem, H200, choice)
+    weight = torch.arange(k * shape[1] * r * r, dtype=torch.float64).view(k, shape[1], r, r)
+    esize = launches.esize
+
+    def reads(w, blocks):
+        flat = torch.as_strided(w, (w.untyped_storage().nbytes() // 8,), (1,), 0)   # the storage in memory order
+        got = []
+        for template, k0, kk, woff in blocks:
+            q = abi.WGParams.from_buffer_copy(template)
+            assert woff % esize == 0
+            for h in range(2):
+                for j in range(q.na):
+                    for e in range(max(0, q.op_wn[h][j])):
+                        for m in range(kk):
+                            got.append(float(flat[woff // esize + m * q.wsk + q.op_wo[h][j] + e * q.wsc]))
+        return got
+
+    want = reads(weight, launches.blocks)
+    assert launches.blocks_for(weight.stride()) is launches.blocks
+    layouts = [weight.contiguous(memory_format=torch.channels_last),
+               weight.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2),     # taps transposed in memory
+               weight.permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)]     # input channels outermost
+    for w in layouts:
+        assert torch.equal(w, weight)
+        blocks = launches.blocks_for(w.stride())
+        assert blocks is not None and blocks is launches.blocks_for(w.stride())   # kept per layout
+        assert reads(w, blocks) == want, w.stride()

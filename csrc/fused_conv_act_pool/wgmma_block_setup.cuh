@@ -27,8 +27,8 @@ __device__ __forceinline__ void wg_setup_operands(const WGParams& p, unsigned ch
   // its cost is the instruction fetch — the per-value form (a K unit decoded with divisions per value, 28 KB of SASS)
   // took 14-25 us per block before the first row could start (docs/design.md).
   constexpr int KC = (DT == FF_F32) ? 4 : 8, OB = (DT == FF_F32) ? 4 : 2;
-  const int m = tid & 63, h = (tid >> 6) & 1, cs = p.R * p.S;
-  const long long mrow = (long long)min(m, p.K - 1) * p.C * cs;
+  const int m = tid & 63, h = (tid >> 6) & 1, cs = p.wsc;
+  const long long mrow = (long long)min(m, p.K - 1) * p.wsk;
 #pragma unroll 1
   for (int j0 = tid >> 7; j0 < p.na; j0 += OB * (nthr >> 7)) {
     float v[OB][KC];

@@ -102,6 +102,10 @@ struct WGParams {
   int sw2_sub;
   // two output rows per tile (R2; rows of 8..64 output pixels): 1, else 0
   int r2;
+  // the weights' strides in elements: input channel (wsc) and output channel (wsk); op_wo counts with these and the
+  // tap strides, so a weight is read as it lies (contiguous: R S and C R S; channels_last: 1 and R S C)
+  int wsc;
+  long long wsk;
 };
 
 // slot position (in 16-byte entries from the plane's start) of input column c relative to the segment's first (the

@@ -141,6 +141,41 @@ class Launches:
             k0 = 64 * kb
             q.K = min(pb.K - k0, 64)
             self.blocks.append((bytes(q), k0, q.K, k0 * wrow))
+        # the launches for each weight layout met (element strides -> blocks; None: read through a contiguous copy)
+        self._by_strides = {(q.C * pb.R * pb.S, pb.R * pb.S, pb.S, 1): self.blocks}
+
+    def blocks_for(self, strides: Tuple[int, ...]) -> Optional[List[Tuple[bytes, int, int, int]]]:
+        """The wgmma launches (as ``blocks``) for a weight with these element strides, read as it lies (a
+        channels_last filter: no copy per call); None where it must be made contiguous first: a Conv3d (its C x T
+        channels share one stride only when contiguous) or offsets past 32 bits."""
+        try:
+            return self._by_strides[strides]
+        except KeyError:
+            pass
+        blocks = self._restrided(strides)
+        self._by_strides[strides] = blocks   # (a race computes the same value twice: harmless)
+        return blocks
+
+    def _restrided(self, strides: Tuple[int, ...]) -> Optional[List[Tuple[bytes, int, int, int]]]:
+        pb = self.pb
+        if pb.D > 0 or len(strides) != 4 or min(strides) < 0:
+            return None
+        sk, sc, sr, ss = strides
+        if sc >= 2**31 or (pb.C - 1) * sc + (pb.R - 1) * sr + (pb.S - 1) * ss >= 2**31:
+            return None
+        blocks = []
+        for template, k0, kk, _ in self.blocks:
+            q = abi.WGParams.from_buffer_copy(template)
+            # op_wo of a contiguous weight is (c0 R + r) S + s (conv_act_pool_plan._wg_ops): the same element here
+            for h in range(2):
+                for j in range(len(q.op_wo[h])):
+                    if q.op_wn[h][j] > 0:
+                        c0, rs = divmod(q.op_wo[h][j], pb.R * pb.S)
+                        r, s = divmod(rs, pb.S)
+                        q.op_wo[h][j] = c0 * sc + r * sr + s * ss
+            q.wsc, q.wsk = sc, sk
+            blocks.append((bytes(q), k0, kk, k0 * sk * self.esize))
+        return blocks
 
     def _init_mma(self, pl: plan.MmaPlan):
         self.grid_blocks = self.pb.N * pl.nksl * pl.nbands * pl.nseg
@@ -173,14 +208,15 @@ class Launches:
         self._ws(q, ws, parts)
 
     def params(self, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
-               tmp: int = 0):
-        """The kernel parameters of each launch for these addresses (tmp: the workspace's tmp block, K > 64 only)."""
+               tmp: int = 0, blocks=None):
+        """The kernel parameters of each launch for these addresses (tmp: the workspace's tmp block, K > 64 only;
+        blocks: the weight layout's launches, blocks_for, default a contiguous weight's)."""
         if not self.wgmma:
             q = abi.FAParams.from_buffer_copy(self.template)
             self.fill(q, x, w, bias, out, ws, parts)
             return [q]
         out_list = []
-        for template, k0, _, woff in self.blocks:
+        for template, k0, _, woff in blocks or self.blocks:
             q = abi.WGParams.from_buffer(bytearray(template))
             self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + self.osize * self.pb.N * k0, ws, parts, tmap, k0,
                       woff)
@@ -207,16 +243,26 @@ class _Runner:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
                  ws, parts, stream: int, tmap: Optional[bytes] = None):
-        """Launch on ``stream`` (the one ``ws`` and ``parts`` serve)."""
+        """Launch on ``stream`` (the one ``ws`` and ``parts`` serve).  The wgmma kernel reads a Conv2d's weight in
+        its own layout (Launches.blocks_for); otherwise the weight is made contiguous for this call."""
         l = self.l
+        strides = weight.stride()
+        blocks = l.blocks_for(strides) if l.wgmma else None
+        if blocks is None:
+            weight = contiguous(weight)   # (held by this name until the launch is enqueued)
+            strides = weight.stride()
         ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                 0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
         if l.nkb == 1:
-            # one launch: this thread's own parameter struct, made once from the template, gets the call's pointers
-            # (a launch copies the parameters, so the struct is free again when launch() returns)
-            mine = getattr(self._local, "args", None)
+            # one launch: this thread's own parameter struct per weight layout, made once from the layout's template,
+            # gets the call's pointers (a launch copies the parameters, so the struct is free again when launch()
+            # returns)
+            by_strides = getattr(self._local, "args", None)
+            if by_strides is None:
+                by_strides = self._local.args = {}
+            mine = by_strides.get(strides)
             if mine is None:
-                mine = self._local.args = runtime.Args(l.params(*ptrs, tmap)[0])
+                mine = by_strides[strides] = runtime.Args(l.params(*ptrs, tmap, blocks=blocks)[0])
                 mine.tmap = tmap
             elif tmap is mine.tmap:
                 tmap = None   # the struct holds this map already (TensorMaps gives one object per address)
@@ -229,7 +275,7 @@ class _Runner:
         # adds into it), then the block into out's columns, all in stream order (torch's current stream: ``stream``)
         n = l.pb.N
         tmp = (torch.zeros if l.atomic else torch.empty)(n * l.nkb * 64, dtype=out.dtype, device=out.device)
-        for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr()), l.blocks):
+        for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr(), blocks), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
             self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q), stream)
             out.view(n, -1)[:, k0:k0 + kk].copy_(block)
@@ -279,8 +325,9 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
             out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
             out = launch.new_output(*shape, device=device, dtype=dtype)
-        # every tensor the kernel reads is held by a name until the launch is enqueued
-        weight, bias = contiguous(weight), contiguous(bias)
+        # every tensor the kernel reads is held by a name until the launch is enqueued (the weight: as it lies, or a
+        # contiguous copy made by the runner)
+        bias = contiguous(bias)
         # counters and maxima (zero; the kernel leaves them zero), the mean's partials (ws_bytes: an upper bound),
         # both for the stream the launch goes to
         stream, (ws, parts) = workspace.for_launch(index, wanted)

@@ -559,6 +559,7 @@ def _wg_ops(p, pb: Problem, C: int, plane: int, step_s: int, step_g: int, col16:
             c0 = cg * 8 + k0
             p.op_wn[h][j] = max(0, min(kc, C - c0))
             p.op_wo[h][j] = (c0 * R + r) * S + s
+    p.wsc, p.wsk = R * S, p.C * R * S   # a contiguous weight's (Launches.blocks_for: any other strides)
     return spare
 
 
