@@ -115,6 +115,7 @@ class FAParams(ctypes.Structure):
         ("nitems_total", _I64),
         ("inv_pq", c_float),
         ("ws_part ws_max ws_cnt", c_void_p),
+        ("wsk", _I64), ("wsc wsr wss", c_int),
     )
 
 

@@ -138,22 +138,24 @@ WEIGHT_LAYOUT_CASES = [   # (shape, dtype, (K, R, stride, padding), precision): 
     ((2, 16, 40, 72), "bfloat16", (96, 3, 1, 1), "tf32"),     # two channel groups, K > 64 (two launches)
     ((2, 5, 30, 40), "float32", (64, 5, 1, 2), "tf32"),       # 5 channels (a partial K chunk), 5x5
     ((1, 3, 20, 20), "float32", (64, 5, 2, 0), "tf32"),       # 3 channels, stride-2 columns
+    ((1, 8, 16, 16), "float32", (64, 3, 1, 0), "tf32"),       # the mma.sync kernel (every element through 4 strides)
+    ((1, 8, 16, 16), "bfloat16", (64, 3, 1, 0), "tf32"),
 ]
 
 
 @pytest.mark.parametrize("case", WEIGHT_LAYOUT_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in WEIGHT_LAYOUT_CASES])
 def test_family_a_reads_a_weight_as_it_lies(case):
     """The wgmma kernel reads weight element (m, c0 + e) of op j's K chunk h at m * wsk + op_wo[h][j] + e * wsc
-    (wgmma_block_setup.cuh).  Launches.blocks_for re-derives op_wo, wsc, wsk and each launch's offset for a weight's
-    own strides: every element it reads in a channels_last or permuted weight must be the one the contiguous plan reads
-    in the contiguous weight (values made unique by arange)."""
+    (wgmma_block_setup.cuh), the mma.sync kernel element (k, c, r, s) through four strides.  Launches.blocks_for
+    re-derives them and each launch's offset for a weight's own strides: every element read in a channels_last or
+    permuted weight must be the one the contiguous plan reads in the contiguous weight (values unique: arange)."""
     shape, dtype, (k, r, s, p), prec = case
     spec = ConvActPoolSpec(dims=2, in_channels=shape[1], out_channels=k, kernel_size=(r, r), stride=(s, s),
                            padding=(p, p), dilation=(1, 1), has_bias=True)
     x = torch.empty(shape, dtype=getattr(torch, dtype))
     _, problem = fa._problem(spec, x, prec, True)
     choice = plan.choose_call(problem, H200)
-    assert choice.wp.ok, choice.why
+    assert choice.wp.ok == (shape[2] > 16), (choice.why, choice.wp)
     launches = fa.Launches(problem, H200, choice)
     weight = torch.arange(k * shape[1] * r * r, dtype=torch.float64).view(k, shape[1], r, r)
     esize = launches.esize
@@ -162,8 +164,13 @@ def test_family_a_reads_a_weight_as_it_lies(case):
         flat = torch.as_strided(w, (w.untyped_storage().nbytes() // 8,), (1,), 0)   # the storage in memory order
         got = []
         for template, k0, kk, woff in blocks:
-            q = abi.WGParams.from_buffer_copy(template)
             assert woff % esize == 0
+            if not launches.wgmma:   # mma_sync_kernel.cuh wat(): k wsk + c wsc + r wsr + s wss
+                q = abi.FAParams.from_buffer_copy(template)
+                got += [float(flat[m * q.wsk + c * q.wsc + i * q.wsr + j * q.wss])
+                        for m in range(k) for c in range(shape[1]) for i in range(r) for j in range(r)]
+                continue
+            q = abi.WGParams.from_buffer_copy(template)
             for h in range(2):
                 for j in range(q.na):
                     for e in range(max(0, q.op_wn[h][j])):

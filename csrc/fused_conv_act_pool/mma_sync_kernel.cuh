@@ -19,6 +19,7 @@ struct FAParams {
   long long nitems_total;
   float inv_pq;
   float* ws_part; unsigned* ws_max; int* ws_cnt;
+  long long wsk; int wsc, wsr, wss;   // the weight's strides in elements (K, C, R, S): read as it lies
 };
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -50,18 +51,20 @@ __device__ __forceinline__ void mma_k8h(float (&d)[4], uint32_t a0, uint32_t a1,
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// weight element w[k][c][r][s] as float (0 outside K / C)
+// weight element w[k][c][r][s] as float (0 outside K / C), through the weight's strides
+__device__ __forceinline__ long long wat(const FAParams& p, int k, int c, int r, int s) {
+  return k * p.wsk + (long long)c * p.wsc + (long long)r * p.wsr + (long long)s * p.wss;
+}
 template <int DT> __device__ __forceinline__ float wget(const FAParams& p, int k, int c, int r, int s) {
   if (k >= p.K || c >= p.C) return 0.0f;
-  long long i = (((long long)k * p.C + c) * p.R + r) * p.S + s;
-  return ff_elem_f<DT>(p.w, i);
+  return ff_elem_f<DT>(p.w, wat(p, k, c, r, s));
 }
 template <int DT> __device__ __forceinline__ uint32_t wget_h2(const FAParams& p, int k, int c, int r, int s) {
   uint32_t lo = 0, hi = 0;
   if (k < p.K) {
-    long long i = (((long long)k * p.C + c) * p.R + r) * p.S + s;
+    const long long i = wat(p, k, c, r, s);
     if (c < p.C) lo = load_elem_h<DT>(p.w, i);
-    if (c + 1 < p.C) hi = load_elem_h<DT>(p.w, i + (long long)p.R * p.S);
+    if (c + 1 < p.C) hi = load_elem_h<DT>(p.w, i + p.wsc);
   }
   return lo | (hi << 16);
 }

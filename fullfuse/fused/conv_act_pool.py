@@ -120,6 +120,9 @@ class Launches:
             self._init_wgmma(choice.wp)
         else:
             self._init_mma(choice.pl)
+        # the launches for each weight layout met (element strides -> blocks; None: read through a contiguous copy)
+        self._by_strides = {(pb.C * pb.T * pb.R * pb.S, pb.T * pb.R * pb.S, pb.R * pb.S, pb.S, 1) if pb.D > 0 else
+                            (pb.C * pb.R * pb.S, pb.R * pb.S, pb.S, 1): self.blocks}
 
     def _init_wgmma(self, wp: plan.WGPlan):
         pb = self.pb
@@ -141,13 +144,11 @@ class Launches:
             k0 = 64 * kb
             q.K = min(pb.K - k0, 64)
             self.blocks.append((bytes(q), k0, q.K, k0 * wrow))
-        # the launches for each weight layout met (element strides -> blocks; None: read through a contiguous copy)
-        self._by_strides = {(q.C * pb.R * pb.S, pb.R * pb.S, pb.S, 1): self.blocks}
 
     def blocks_for(self, strides: Tuple[int, ...]) -> Optional[List[Tuple[bytes, int, int, int]]]:
-        """The wgmma launches (as ``blocks``) for a weight with these element strides, read as it lies (a
-        channels_last filter: no copy per call); None where it must be made contiguous first: a Conv3d (its C x T
-        channels share one stride only when contiguous) or offsets past 32 bits."""
+        """The launches (as ``blocks``) for a weight with these element strides, read as it lies (a channels_last
+        filter: no copy per call); None where it must be made contiguous first: a Conv3d's (its C x T channels share one
+        stride only when contiguous; the key above is its 5-d contiguous strides) or offsets past 32 bits."""
         try:
             return self._by_strides[strides]
         except KeyError:
@@ -163,6 +164,10 @@ class Launches:
         sk, sc, sr, ss = strides
         if sc >= 2**31 or (pb.C - 1) * sc + (pb.R - 1) * sr + (pb.S - 1) * ss >= 2**31:
             return None
+        if not self.wgmma:   # the mma.sync kernel reads every element through the four strides
+            q = abi.FAParams.from_buffer_copy(self.blocks[0][0])
+            q.wsk, q.wsc, q.wsr, q.wss = strides
+            return [(bytes(q), 0, pb.K, 0)]
         blocks = []
         for template, k0, kk, _ in self.blocks:
             q = abi.WGParams.from_buffer_copy(template)
@@ -182,7 +187,7 @@ class Launches:
         self.smem = pl.smem
         self.ws_cnt, self.ws_bytes = pl.ws_cnt_bytes, pl.ws_bytes
         self.nkb = 1
-        self.template = bytes(plan.mma_params(self.pb, pl, aligned=True))
+        self.blocks = [(bytes(plan.mma_params(self.pb, pl, aligned=True)), 0, self.pb.K, 0)]
 
     def _ws(self, q, ws: int, parts: int):
         """The workspace's counters and maxima in the zeroed buffer ``ws`` (kept zero by the kernel), its partials
@@ -212,7 +217,7 @@ class Launches:
         """The kernel parameters of each launch for these addresses (tmp: the workspace's tmp block, K > 64 only;
         blocks: the weight layout's launches, blocks_for, default a contiguous weight's)."""
         if not self.wgmma:
-            q = abi.FAParams.from_buffer_copy(self.template)
+            q = abi.FAParams.from_buffer_copy((blocks or self.blocks)[0][0])
             self.fill(q, x, w, bias, out, ws, parts)
             return [q]
         out_list = []
@@ -243,11 +248,11 @@ class _Runner:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
                  ws, parts, stream: int, tmap: Optional[bytes] = None):
-        """Launch on ``stream`` (the one ``ws`` and ``parts`` serve).  The wgmma kernel reads a Conv2d's weight in
-        its own layout (Launches.blocks_for); otherwise the weight is made contiguous for this call."""
+        """Launch on ``stream`` (the one ``ws`` and ``parts`` serve).  The kernels read a Conv2d's weight in its own
+        layout (Launches.blocks_for); a Conv3d's is made contiguous for this call where it is not."""
         l = self.l
         strides = weight.stride()
-        blocks = l.blocks_for(strides) if l.wgmma else None
+        blocks = l.blocks_for(strides)
         if blocks is None:
             weight = contiguous(weight)   # (held by this name until the launch is enqueued)
             strides = weight.stride()

@@ -214,6 +214,7 @@ def mma_params(pb: Problem, pl: MmaPlan, aligned: bool) -> abi.FAParams:
     p.mTR, p.sTR = _magic(pl.TR)
     p.nitems_total = pb.N * pl.nksl * pl.nbands * pl.nseg
     p.inv_pq = _f32(1.0 / (float(pl.P) * float(pl.Q)))
+    p.wsk, p.wsc, p.wsr, p.wss = pb.C * pb.R * pb.S, pb.R * pb.S, pb.S, 1   # a contiguous weight's
     return p
 
 
