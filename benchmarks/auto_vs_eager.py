@@ -69,7 +69,7 @@ def measure(family, shape, conv, dtype, channels_last, budget_s):
         torch.cuda.synchronize()
         per_call = (time.perf_counter() - t0) / 3
         calls = max(10, min(300, int(budget_s / per_call)))
-        measured = interleaved_host_us({"eager": lambda: model(x), "auto": lambda: auto(x)}, calls, rounds=3)
+        measured = interleaved_host_us({"eager": lambda: model(x), "auto": lambda: auto(x)}, calls, rounds=5)
     mode = resolve("auto", x.dtype)
     (eager_host, eager_us), (auto_host, auto_us) = measured["eager"], measured["auto"]
     return {"family": family, "shape": list(shape), "conv": list(conv) if conv else None, "dtype": dtype,

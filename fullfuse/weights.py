@@ -1,4 +1,6 @@
-"""Weight and bias re-layouts that kernels need (a channels_last filter, a float32 bias), derived on every call.
+"""Weight and bias re-layouts that kernels need (a contiguous filter or bias, a float32 bias), derived on every call.
+(The fused kernels read most filters as they lie: family A a Conv2d's through its strides, fused/conv_act_pool.py
+Launches.blocks_for; family B's packing through its strides.  A Conv3d's filter for family A is made contiguous.)
 
 Nothing derived from a parameter is cached: a copy made in the call, on the caller's current stream, is ordered
 after every earlier write to the parameter on that stream and sees every way a parameter changes (in-place ops,
