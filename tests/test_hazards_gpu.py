@@ -372,7 +372,7 @@ def test_cuda_graph_first_call_inside_capture(family, path):
     assert_close(static_out, ref64(model, new_x), "tf32", "replay after weight.mul_(0.5)")
 
 
-@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("family", ["A", "B", "Bw"])
 def test_torch_compile_reduce_overhead(family):
     """torch.compile(mode="reduce-overhead") (CUDA graphs through cudagraph trees) over the fused model: a few
     iterations with new inputs give the original's answers."""
@@ -690,7 +690,7 @@ def test_requires_grad_runs_torch_path(family, path):
 
 # ------------------------------------------------------------------ a second GPU
 @pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
-@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("family", ["A", "B", "Bw"])
 def test_second_gpu(family, path):
     """Model and input on cuda:1 while cuda:0 is current: every path gives the original's answer there."""
     if torch.cuda.device_count() < 2:
