@@ -204,18 +204,25 @@ def test_fused_b_packs_any_weight_layout(shape, dtype, monkeypatch):
     weight = conv_of(model).weight
     layouts = [weight.data, weight.data.contiguous(memory_format=torch.channels_last_3d),
                weight.data.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2), weight.data * -0.5]
+    for i, data, got in _fused_calls_over_weight_layouts(fused, x, weight, layouts, launches.clear):
+        kinds = [(name, label.split("<")[0]) for name, label in launches]
+        if waves:
+            assert kinds == [("launch", "fb_pack::pack_kernel"), ("launch_dependent", "fb_kernel")], launches
+        else:
+            assert kinds == [("launch", "fb_kernel")], launches
+        assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
+
+
+def _fused_calls_over_weight_layouts(fused, x, weight, layouts, before_call):
+    """Each of ``layouts`` behind the same Parameter in turn (weight.data = it), one call of ``fused`` each (no_grad;
+    before_call() first, e.g. a counter's reset): yields (index, data, output) once the call took the fused path."""
     with torch.no_grad():
         for i, data in enumerate(layouts):
             weight.data = data
-            launches.clear()
+            before_call()
             got = fused(x)
             assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
-            kinds = [(name, label.split("<")[0]) for name, label in launches]
-            if waves:
-                assert kinds == [("launch", "fb_pack::pack_kernel"), ("launch_dependent", "fb_kernel")], launches
-            else:
-                assert kinds == [("launch", "fb_kernel")], launches
-            assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
+            yield i, data, got
 
 
 # ------------------------------------------------------------------ family A reads a weight as it lies
@@ -256,17 +263,12 @@ def test_fused_a_reads_any_weight_layout(shape, conv, dims, dtype, monkeypatch):
     layouts = [weight.data, weight.data.contiguous(memory_format=fmt),
                weight.data.transpose(-1, -2).contiguous().transpose(-1, -2),
                weight.data.transpose(0, 1).contiguous().transpose(0, 1), weight.data.contiguous() * -0.5]
-    with torch.no_grad():
-        for i, data in enumerate(layouts):
-            weight.data = data
-            copies.clear()
-            got = fused(x)
-            assert fused.plans[0].last_path == "fused", fused.plans[0].last_reason
-            if dims == 2:
-                assert copies == [], f"weight layout {i}, strides {data.stride()}: copied"
-            elif not data.is_contiguous():
-                assert copies == [tuple(data.shape)], copies
-            assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
+    for i, data, got in _fused_calls_over_weight_layouts(fused, x, weight, layouts, copies.clear):
+        if dims == 2:
+            assert copies == [], f"weight layout {i}, strides {data.stride()}: copied"
+        elif not data.is_contiguous():
+            assert copies == [tuple(data.shape)], copies
+        assert_close(got, ref64(model, x), MODE_OF[dtype], f"weight layout {i}, strides {data.stride()}")
 
 
 # ------------------------------------------------------------------ inference_mode
