@@ -296,6 +296,11 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, out_shape, padding, st
     where given; the caller then runs that call)."""
     entry, _ = lookup(kind, x, weight, out_shape, padding, stride, dilation, mode, deterministic, out_dtype,
                       torch_call)
+    return _answer(entry, x, weight)
+
+
+def _answer(entry, x: torch.Tensor, weight: torch.Tensor):
+    """``run``'s answer from a problem's entry: None or TORCH_CALL as they are, an _Entry's plan run on the operands."""
     return entry if entry is None or entry is TORCH_CALL else entry(x, weight)
 
 
@@ -325,7 +330,7 @@ class SignatureConvs:
                 if len(self._known) >= self.LIMIT:
                     self._known.clear()
                 self._known[key] = entry
-        return entry if entry is None or entry is TORCH_CALL else entry(x, weight)
+        return _answer(entry, x, weight)
 
 
 def transpose_convs(spec: ConvTPoolReduceSpec, dtype: torch.dtype, mode: str, deterministic: bool, torch_call,

@@ -137,7 +137,7 @@ class Launches:
         # K > 64: one launch per 64 channels, launch kb's (N, K_kb) block of a tmp buffer copied into out's columns;
         # offsets in bytes of the weights (one output channel's: C x R x S elements) and of the bias (both in the
         # input's dtype)
-        wrow = q.C * pb.R * pb.S * self.esize
+        wrow = q.wsk * self.esize   # (the planner's template: a contiguous weight's strides)
         self.nkb = wp.nkb
         self.blocks: List[Tuple[bytes, int, int, int]] = []   # (template, first channel, channels, weight offset)
         for kb in range(wp.nkb):
