@@ -1,14 +1,15 @@
-// Family B's weight packing on the GPU, done by the fused kernel itself in every call, before its first weight read
-// (fused_convt_pool_reduce/weight_pack.cuh), so the packed copy is never stale, never crosses streams, and is part of
-// a captured CUDA graph: the ConvTranspose weight (C, K, Td, Th, Tw), any strides, into the layout fb_kernel streams
-// (fused_convt_pool_reduce/kernel.cuh): per residue class (rd, rh, rw), per tap (td, th, tw) = (rd + sd md, rh + sh
-// mh, rw + sw mw) (md outermost), one slice [C_pad / G][64][G] with G = 4 fp32 (TF32-rounded) or 8 16-bit values,
-// input channels zero-padded to C_pad, output channels to 64.
+// Family B's weight packing on the GPU in every call, before the fused kernel's first weight read (by its own blocks,
+// fused_convt_pool_reduce/weight_pack.cuh, or by the packing kernel just before it, fused_convt_pack_kernel.cuh), so
+// the packed copy is never stale, never crosses streams, and is part of a captured CUDA graph: the ConvTranspose weight
+// (C, K, Td, Th, Tw), any strides, into the layout fb_kernel streams (fused_convt_pool_reduce/kernel.cuh): per residue
+// class (rd, rh, rw), per tap (td, th, tw) = (rd + sd md, rh + sh mh, rw + sw mw) (md outermost), one slice
+// [C_pad / G][64][G] with G = 4 fp32 (TF32-rounded) or 8 16-bit values, input channels zero-padded to C_pad, output
+// channels to 64.
 // "ieee" (fp32 at fp32 accuracy): per tap [w_hi = tf32(w) | tf32(w - w_hi) | bf16(w) with C padded as for 16-bit];
 // a weight whose w_hi is not finite has 0 in the other two parts.
-// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which pack_kernel
-// (the same pack_item, alone: tests and probes) is tested; Geometry is mirrored by cutlass_ops/convt_pool_reduce.py
-// PackGeometry.
+// fullfuse/fused/convt_pool_reduce.py holds the same layout in torch ops (pack_weights), against which the packing
+// kernel (fused_convt_pack_kernel.cuh, the same pack_load / pack_store) is tested; Geometry is mirrored by
+// cutlass_ops/convt_pool_reduce.py PackGeometry.
 #pragma once
 #include <cuda_bf16.h>
 #include "device_std.h"
@@ -101,14 +102,6 @@ __device__ __forceinline__ void pack_store(void* __restrict__ out, const Geometr
           __float2bfloat16_rn(fin ? __uint_as_float(v) : 0.0f);
     }
   }
-}
-
-// item e of slice j (tap t, slice_tap) from the weight w into out, for packing op OP (g.op)
-template <int OP>
-__device__ __forceinline__ void pack_item(const void* __restrict__ w, void* __restrict__ out, const Geometry& g, int j,
-                                          const int (&t)[3], int e, int per) {
-  const long long src = pack_source<OP>(g, t, e);
-  pack_store<OP>(out, g, j, e, per, src < 0 ? 0u : pack_load<OP>(w, src));
 }
 
 // items first + k * stride (k < N) of the whole packing (slice-major) below end: the fused kernel's share of a

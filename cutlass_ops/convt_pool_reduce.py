@@ -56,7 +56,9 @@ class FBParams(ctypes.Structure):
 
 
 PACK_OPS = {"copy16": 0, "tf32": 1, "ieee": 2}   # fb_pack::Op
-PACK_THREADS = 256                               # threads per block of the packing kernel (tests, probes)
+PACK_THREADS = 256        # the packing kernel's block (fb_pack::PACK_THREADS), and its tile: PACK_TILE_ROWS (c, k)
+PACK_TILE_ROWS = 16       # rows over PACK_TILE_TAPS taps (fb_pack::TILE_ROWS, TILE_TAPS)
+PACK_TILE_TAPS = 128
 
 _CHECKS = layout_asserts(FBParams, "FBParams")
 # the k-step counts each kernel variant is built for: fp32 8-channel steps up to 64 channels; 16-bit 16-channel
@@ -71,7 +73,10 @@ def fused_variant(has_act: bool, ks: int, kv: int) -> Variant:
     return Variant(HEADER, f"fb_kernel<{'true' if has_act else 'false'}, {ks}, {kv}>", HOPPER, _CHECKS)
 
 
-PACK = Variant(PACK_HEADER, "fb_pack::pack_kernel", PORTABLE, layout_asserts(PackGeometry, "fb_pack::Geometry"))
+PACK_CHECKS = layout_asserts(PackGeometry, "fb_pack::Geometry") + "".join(
+    f'static_assert(fb_pack::{n} == {v}, "fb_pack::{n} differs from cutlass_ops/convt_pool_reduce.py");\n'
+    for n, v in (("PACK_THREADS", PACK_THREADS), ("TILE_ROWS", PACK_TILE_ROWS), ("TILE_TAPS", PACK_TILE_TAPS)))
+PACK = Variant(PACK_HEADER, "fb_pack::pack_kernel", PORTABLE, PACK_CHECKS)
 
 
 def _all() -> List[Variant]:

@@ -120,10 +120,13 @@ def test_packed_ieee_slices():
 @pytest.mark.parametrize("dtype,mode", [(torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfloat16, "bfloat16"),
                                         (torch.float16, "float16")])
 @pytest.mark.parametrize("c_in,k_out,kernel,stride", [(32, 64, (5, 5, 5), (2, 2, 2)), (12, 5, (3, 4, 2), (2, 3, 1)),
-                                                       (8, 64, (2, 2, 2), (3, 3, 3)), (40, 17, (1, 3, 3), (1, 2, 2))])
+                                                       (8, 64, (2, 2, 2), (3, 3, 3)), (40, 17, (1, 3, 3), (1, 2, 2)),
+                                                       (6, 33, (7, 5, 4), (2, 3, 2)), (3, 2, (9, 9, 4), (1, 2, 3))])
 def test_gpu_packing_equals_pack_weights(c_in, k_out, kernel, stride, dtype, mode, layout):
-    """The packing kernel (run before every fused launch) gives pack_weights' bytes exactly, for any weight strides;
-    inf / NaN weights keep their class in the high part and give 0 in the other two parts (ieee)."""
+    """The packing kernel (run before a fused launch of several waves) gives pack_weights' bytes exactly, for any
+    weight strides, tiles of channel groups that C only partly fills, output channels short of 64, taps past one
+    tile's 128 (140 and 324 taps) and stride classes with no tap; inf / NaN weights keep their class in the high part
+    and give 0 in the other two parts (ieee)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from fullfuse.fused.convt_pool_reduce import packed_weights

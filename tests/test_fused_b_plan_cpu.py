@@ -64,9 +64,10 @@ def test_seed_plan():
                                                                                                  165888, 8)
     assert abi.fused_variant(p.has_act, p.ks, p.kv).kernel == "fb_kernel<false, 4, 0>"
     # the packing: 125 slices of 32 x 64 tf32 values; 856 blocks (6.5 waves): the packing kernel's grid before it
-    # (2048 items per slice, 4 per thread), no chunks in the kernel, none packing only
+    # (8 groups of 4 channels x 16 tiles of 4 output channels, the 125 taps in one tile), no chunks in the kernel,
+    # none packing only
     assert (prm.nblocks, prm.pack_total, prm.pack_chunks, p.ws_pack_offset) == (856, 256000, 0, 81984)
-    assert p.pack_grid == (2, 125, 1)
+    assert p.pack_grid == (128, 1, 1)
     bf16 = planner.plan(_problem(dtype=1, channels_last=1), H200)
     assert (bf16.smem, bf16.blocks, bf16.ks, bf16.kv, bf16.ws_bytes) == (156208, 856, 2, 1, 82000)
     ieee = planner.plan(_problem(precision=1), H200)
@@ -107,10 +108,11 @@ def test_plan_invariants():
         assert prm.pack_total == prm.pg.nslices * planner.slice_items(p.kv, p.ks)
         per_slice = prm.pack_total // prm.pg.nslices
         if prm.nblocks > props.sm_count:
-            # more than one wave: the packing kernel before it, its grid covering every slice's items
+            # more than one wave: the packing kernel before it, one block per tile of 16 (c, k) rows x 128 taps
             gx, gy, gz = p.pack_grid
-            assert prm.pack_chunks == 0 and p.blocks == prm.nblocks and (gy, gz) == (prm.pg.nslices, 1)
-            assert (gx - 1) * 4 * abi.PACK_THREADS < per_slice <= gx * 4 * abi.PACK_THREADS
+            assert prm.pack_chunks == 0 and p.blocks == prm.nblocks and (gy, gz) == (1, 1)
+            assert gx * abi.PACK_TILE_ROWS * abi.PACK_TILE_TAPS >= per_slice * prm.pg.nslices
+            assert gx == -(-prm.pg.nslices // abi.PACK_TILE_TAPS) * per_slice // abi.PACK_TILE_ROWS
             multi_wave += 1
         else:
             # the kernel's chunks cover every item; blocks that only pack make the grid up to min(chunks, SMs)

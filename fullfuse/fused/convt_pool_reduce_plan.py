@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
-from cutlass_ops.convt_pool_reduce import (KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, PACK_THREADS, FBParams,
-                                          PackGeometry)
+from cutlass_ops.convt_pool_reduce import (KV_BF16, KV_F16, KV_F32, KV_X3, MAXCLS, PACK_OPS, PACK_TILE_ROWS,
+                                          PACK_TILE_TAPS, FBParams, PackGeometry)
 
 if TYPE_CHECKING:
     from ..runtime import DeviceProps
@@ -283,11 +283,16 @@ def plan(problem: Sequence[int], props: "DeviceProps") -> Plan:
 
 
 def packing_grid(g: PackGeometry) -> Optional[Tuple[int, int, int]]:
-    """The packing kernel's grid (fb_pack::pack_kernel, PACK_THREADS per block) for geometry ``g``: a slice per
-    blockIdx.y, ~4 items per thread over blockIdx.x (few blocks: the fused kernel's first wave finds room while it
-    runs); None where there is nothing to pack or the slices exceed grid.y."""
-    per = g.cpad * 64 + (g.cpad16 * 64 if g.op == PACK_OPS["ieee"] else 0)   # items per slice
-    if not (g.nslices and per) or g.nslices > 65535:
+    """The packing kernel's grid (fb_pack::pack_kernel, PACK_THREADS per block) for geometry ``g``: one block per
+    tile of PACK_TILE_ROWS (c, k) rows of one slice channel group over up to PACK_TILE_TAPS taps, per part of a slice
+    (16-bit or tf32 values; "ieee" also its bf16 values, in channel groups of 8); None where there is nothing to
+    pack."""
+    if not (g.nslices and g.cpad):
         return None
-    return -(-per // (4 * PACK_THREADS)), g.nslices, 1
+    chunks = -(-g.nslices // PACK_TILE_TAPS)
+    group = 8 if g.op == PACK_OPS["copy16"] else 4
+    tiles = g.cpad // group * (64 * group // PACK_TILE_ROWS) * chunks
+    if g.op == PACK_OPS["ieee"]:
+        tiles += g.cpad16 // 8 * (64 * 8 // PACK_TILE_ROWS) * chunks
+    return tiles, 1, 1
 
