@@ -22,18 +22,24 @@ constexpr int TILE_PITCH = TILE_TAPS + 2;                      // a row's pitch 
                                                                // fall into distinct banks
 static_assert(PACK_THREADS % TILE_TAPS == 0 && TILE_ROWS % ROW_STEP == 0, "a tile's reads: whole rows per thread");
 
-// the slice that holds tap (td, th, tw): slice_tap_bits' inverse (classes in (rd, rh, rw) order, taps md-major)
-__device__ __noinline__ int tap_slice(int td, int th, int tw, int T0, int T1, int T2, int s0, int s1, int s2) {
-  const int cd = td % s0, ch = th % s1, cw = tw % s2;
-  int base = 0;
-  for (int rd = 0; rd < s0; ++rd)
-    for (int rh = 0; rh < s1; ++rh)
-      for (int rw = 0; rw < s2; ++rw) {
-        const int nd = taps(T0, s0, rd), nh = taps(T1, s1, rh), nw = taps(T2, s2, rw);
-        if (rd == cd && rh == ch && rw == cw) return base + ((td / s0) * nh + th / s1) * nw + tw / s2;
-        base += nd * nh * nw;
-      }
-  return 0;
+// taps t < T with t % s < c, and with t % s == c (c < s): q c + min(m, c) and q + (c < m), q = T / s, m = T % s
+__device__ __forceinline__ void class_taps(int T, int s, int c, int& before, int& in) {
+  const int q = T / s, m = T - q * s;
+  before = q * c + min(m, c);
+  in = q + (c < m);
+}
+
+// the slice that holds tap (td, th, tw): slice_tap_bits' inverse.  Classes go in (rd, rh, rw) order, taps md-major in
+// each, so the slices before class (cd, ch, cw) are those of classes rd < cd (A_d T1 T2 taps, A_d: taps with
+// t % s0 < cd), then rd = cd, rh < ch (N_d A_h T2), then rd = cd, rh = ch, rw < cw (N_d N_h A_w): closed forms, where
+// a loop over the classes took three divisions per class
+__device__ __forceinline__ int tap_slice(int td, int th, int tw, const Geometry& g) {
+  const int md = td / g.s[0], mh = th / g.s[1], mw = tw / g.s[2];
+  int ad, nd, ah, nh, aw, nw;
+  class_taps(g.T[0], g.s[0], td - md * g.s[0], ad, nd);
+  class_taps(g.T[1], g.s[1], th - mh * g.s[1], ah, nh);
+  class_taps(g.T[2], g.s[2], tw - mw * g.s[2], aw, nw);
+  return (ad * g.T[1] + nd * ah) * g.T[2] + nd * nh * aw + (md * nh + mh) * nw + mw;
 }
 
 // tiles of one part of the packing: a slice's items [ebase, ebase + cpad * 64) as [cpad / G][64][G], in taps chunks
@@ -72,7 +78,7 @@ __device__ __forceinline__ void pack_tile(const void* __restrict__ w, void* __re
       const int r = r0 + ROW_STEP * i, c = c0 + r / KPER, k = k0 + r % KPER;
       v[i] = c < g.C && k < g.K ? pack_load<OP>(w, c * g.ws[0] + k * g.ws[1] + off) : 0u;
     }
-    if (r0 == 0) sm.tap_at[t] = tap_slice(td, th, tw, g.T[0], g.T[1], g.T[2], g.s[0], g.s[1], g.s[2]);
+    if (r0 == 0) sm.tap_at[t] = tap_slice(td, th, tw, g);
 #pragma unroll
     for (int i = 0; i < TILE_ROWS / ROW_STEP; ++i) sm.vals[(r0 + ROW_STEP * i) * TILE_PITCH + t] = v[i];
   }
