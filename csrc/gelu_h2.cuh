@@ -81,6 +81,14 @@ __device__ __forceinline__ void wg_h2_mma(float (&dm)[4], const uint32_t (&a)[4]
                : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3c003c00u));
 }
+// this thread's share of a fragment's two row sums in fp16, as f16x2 (row m0, row m0 + 8): its pixel pairs added
+__device__ __forceinline__ uint32_t wg_h2_frag_rows(const uint32_t (&a)[4]) {
+  uint32_t p, q, s;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(a[0]), "r"(a[2]));   // row m0
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(q) : "r"(a[1]), "r"(a[3]));   // row m0 + 8
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(s) : "r"(__byte_perm(p, q, 0x5410)), "r"(__byte_perm(p, q, 0x7632)));
+  return s;
+}
 template <class G>
 __device__ __forceinline__ void wg_epi_h2_with(const float (&acc)[64], float (&dm)[4], G&& gelu) {
 #pragma unroll

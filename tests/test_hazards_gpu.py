@@ -548,12 +548,14 @@ def test_autocast_matches_original(family, kind, dtype, path):
     assert_close(got, ref64(rounded, x.to(dtype)), MODE_OF[dtype], f"{path} under autocast")
 
 
-@pytest.mark.parametrize("scale", [1e-7, 1e-5])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("scale", [1e-7, 1e-5, 1e-3, 1e-2])
 @pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
-def test_bf16_gelu_mean_tiny_activations(path, scale):
-    """bf16 family A, GELU -> mean, with the conv weight and bias scaled so the conv outputs are ~scale (far below
-    fp16's normal range, where a half-precision epilogue loses them): relative error vs float64 within bf16's tolerance
-    (old fused kernel: 0.3-1.0)."""
+def test_bf16_gelu_mean_tiny_activations(path, scale, channels_last):
+    """bf16 family A, GELU -> mean, with the conv weight and bias scaled so the conv outputs are ~scale (1e-7, 1e-5:
+    far below fp16's normal range, where a half-precision epilogue loses them; 1e-3, 1e-2: tiles whose row sums lie
+    around the fused epilogue's redo threshold 2^-8): relative error vs float64 within bf16's tolerance (a fused
+    kernel without the redo: 0.3-1.0)."""
     model = make_model("A")
     with torch.no_grad():
         for p in conv_of(model).parameters():
@@ -561,6 +563,8 @@ def test_bf16_gelu_mean_tiny_activations(path, scale):
     model = model.to(torch.bfloat16)
     fused = fullfuse.fused_model(model, path=path)
     x = make_x("A", torch.bfloat16)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         got = fused(x)
     assert_close(got, ref64(model, x), "bfloat16", f"conv outputs ~{scale}")
