@@ -1,9 +1,9 @@
-// Variants of the fused A kernel's 16-bit GELU (csrc/gelu_h2.cuh h2_gelu) that the microbenchmarks price against it
-// (probe_epilogue_a.cu: the seed's tile work; probe_wgmma_smem.cu: what runs beside a wgmma chain).  Each returns, like
-// h2_gelu, g = relu(x) - |x| Phi(-|x|) of a pair of fp32 values as f16x2; the epilogue around them (h2_var_epi)
-// reduces,
-// like wg_epi_h2, over the tile's 128 pixels per channel by mma.sync against ones.  Measured in docs/design.md:
-//   V 0  the product form (P3, relu by HMNMX2)
+// Variants of the fused A kernel's 16-bit GELU (csrc/gelu_h2.cuh h2_gelu2) that the microbenchmarks price against it
+// (probe_epilogue_a.cu: the seed's tile work; probe_wgmma_smem.cu: what runs beside a wgmma chain).  Each returns
+// g = relu(x) - |x| Phi(-|x|) of a pair of fp32 values as f16x2 (V 0, the product's, returns 2g: these probes time,
+// they do not check values); the epilogue around them (h2_var_epi) reduces, like wg_epi_h2, over the tile's 128
+// pixels per channel by mma.sync.  Measured in docs/design.md, where V 0 was the product's earlier ex2 form:
+//   V 0  the product form (h2_gelu2; the measurements: P3 with ex2, relu by HMNMX2)
 //   V 1  an earlier form (fast_gelu.md's degree-5 P, relu by a second F2FP, cvt.rn.relu)
 //   V 2  no MUFU: r' = -P5 clamped to <= 14, m = round(r') by the 1536 magic number, 2^-(r' - m) by a degree-3
 //        polynomial (minimax on [-1/2, 1/2]), 2^-m by subtracting m << 10 from each half's exponent field
@@ -97,14 +97,14 @@ __device__ __forceinline__ uint32_t h2_gelu_p6(float lo, float hi) {
 
 template <int V>
 __device__ __forceinline__ uint32_t h2_var(int f, float lo, float hi) {   // f: the pair's place in its A fragment
-  if (V == 0) return h2_gelu(lo, hi);
+  if (V == 0) return h2_gelu2(lo, hi);
   if (V == 1 || (V == 6 && !(f & 1))) return h2_gelu_x<false, 0>(lo, hi);
   if (V == 2 || V == 6) return h2_gelu_poly(lo, hi);
   if (V == 3) return h2_gelu_x<false, 1>(lo, hi);
   if (V == 4) return h2_gelu_x<false, 2>(lo, hi);
   if (V == 7 || V == 8) return h2_gelu_p6<V == 8>(lo, hi);
-  if (V == 9) return (f & 1) ? h2_gelu_p6<false>(lo, hi) : h2_gelu(lo, hi);
-  if (V == 10) return (f == 3) ? h2_gelu_p6<false>(lo, hi) : h2_gelu(lo, hi);
+  if (V == 9) return (f & 1) ? h2_gelu_p6<false>(lo, hi) : h2_gelu2(lo, hi);
+  if (V == 10) return (f == 3) ? h2_gelu_p6<false>(lo, hi) : h2_gelu2(lo, hi);
   return h2_gelu_x<true, 0>(lo, hi);
 }
 template <int V>

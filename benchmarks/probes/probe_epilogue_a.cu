@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 / NWG) tiles(float* out, int ntil
     if (EPI == E_H2DEFER) {
 #pragma unroll
       for (int gi = 0; gi < H2_SUM_GROUPS; ++gi)
-        wg_h2_frag(acc, gi, fr[gi], [](int, float lo, float hi) { return h2_gelu(lo, hi); });
+        wg_h2_frag(acc, gi, fr[gi], [](int, float lo, float hi) { return h2_gelu2(lo, hi); });
       if (!MMA) add_fr();
     } else if (EPI == E_H2VAR) {
       wg_epi_h2(acc, dm);
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(128 * (NM + NE), 1) split_tiles(float* out, in
           uint32_t v[4];
 #pragma unroll
           for (int tt = 0; tt < 4; ++tt) {
-            const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu_pair(hx[2 * i + (f & 1)]);
+            const int i = 2 * (gi + 2 * tt) + (f >> 1); v[tt] = h2_gelu2_pair(hx[2 * i + (f & 1)]);
           }
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[0]) : "r"(v[2]));
           asm("add.rn.f16x2 %0, %0, %1;" : "+r"(v[1]) : "r"(v[3]));

@@ -71,44 +71,29 @@ __device__ __forceinline__ void wg_epi_dispatch(int act, const float (&acc)[64],
   }
 }
 
-// The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs inside fp16's range, and any
-// other (|x| >= 65520 rounds to inf; inf; NaN) turns its pair's g into NaN (nu q = -inf * 0, or NaN in, NaN out; finite
-// fp16 x always give a finite g; fp16 partial sums of 4 g that overflow give inf).  The check reads the tile's row sums
-// as the quad adds them in fp16 from the same fragments (two shuffles): a non-finite one takes the tile back — dm as
-// before it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the ones matrix) — and runs it through the
-// exact GELU (ff_gelu_erf) into red instead.  The check does not wait for the mma.sync's sums, which queue behind
-// the other warpgroups' wgmmas.  An fp16 check sum past 65504 of finite g redoes a tile that did not need it: time,
-// never accuracy.  fp16 input: that redo sees the conv outputs through ff_f16_sat, so |x| >= 65520 gives PyTorch's
-// GELU(+-inf) = inf / NaN.
-// bf16 input (DT == FF_BF16) is also redone when the tile adds less than T = 2^-8 to either row sum (128 pixels): the
-// fp16 rounding of x and of g keeps an absolute floor of ~2^-25 per value (fp16's subnormal step), where PyTorch's bf16
-// (fp32's exponent range) keeps ~3 significant digits, so small activations (~1e-7) lost everything.  That floor adds
-// at most ~128 * 2^-24 to a row's sum, 2e-3 of a sum >= 2^-8 (bf16's own rounding is 2^-9); rows below it are exact
-// here.  Normal-range values (|x| >= 2^-14) keep fp16's relative 2^-11 either way.  Only a few tiles of real data fall
-// below T, and a redo costs its whole warpgroup a fp32 epilogue: T is not larger than that bound needs.
-// fp16 input keeps the fp16 rounding, which is what PyTorch itself does.
+// The 16-bit GELU mean epilogue, checked: wg_epi_h2 holds its bound only for conv outputs whose double rounds to a
+// finite fp16 or that are <= -32752, and any other (x >= 32752; +-inf; NaN) turns its pair's 2g into inf or NaN, and
+// with it the quad's row sum in dm, which is otherwise finite (a sum of at most ~1e4 tiles of 128 values <= 65504; fp16
+// partial sums of 4 2g's that overflow give inf).  So a non-finite dm after the tile takes the tile back — dm as before
+// it (dm[1], dm[3] are the same sums as dm[0], dm[2]: every column of the B matrix) — and runs it through the exact
+// GELU (ff_gelu_erf) into red instead.  fp16 input: that redo sees the conv outputs through ff_f16_sat, so |x| >= 65520
+// gives PyTorch's GELU(+-inf) = inf / NaN.  The check costs four compares per tile (it replaced a guard on the staged
+// inputs whose running bound cost a pass over every row, docs/design.md).
+// A tile is also redone when it adds less than T = 2^-4 to either row sum (128 pixels).  fp16 keeps a relative 2^-11
+// down to |x| ~ 2^-12 in h2_gelu2, but 2g = x + c1 x^2 rounds to fp16 at the step of x, so for |x| below ~1e-3 the
+// quadratic term is lost against it — and the quadratic term is all a mean of zero-mean activations keeps (PyTorch in
+// bf16 / fp16 rounds g itself, relatively).  Zero-mean rows of |x| <= 2e-3 sum to ~0.5 |x| sqrt(128) <= 1.1e-2, 5.5
+// sigma under T; from |x| ~ 3e-3 up the tanh form's means are within ~1e-3 (tests/test_gelu_h2.py).  Rows of real data
+// rarely fall below T (seed data: row sums ~40), and a redo costs its warpgroup one fp32 epilogue.
 template <int DT>
 __device__ __forceinline__ void wg_epi_h2_checked(const float (&acc)[64], float (&red)[2][2], float (&dm)[4], int tig) {
+  constexpr float T = 0x1p-4f;
   const float d0 = dm[0], d2 = dm[2];
-  uint32_t rows = 0u;   // the thread's share of the tile's row sums, f16x2 (m0, m0 + 8)
-#pragma unroll
-  for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) {
-    uint32_t a[4];
-    wg_h2_frag(acc, gi, a, [](int, float lo, float hi) { return h2_gelu(lo, hi); });
-    wg_h2_mma(dm, a);
-    const uint32_t r = wg_h2_frag_rows(a);
-    if (gi == 0) rows = r;
-    else asm("add.rn.f16x2 %0, %0, %1;" : "+r"(rows) : "r"(r));
-  }
-#pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {   // the quad's sums: every lane of it gets the same bits (fp16 addition commutes)
-    const uint32_t o = __shfl_xor_sync(0xffffffffu, rows, x);
-    asm("add.rn.f16x2 %0, %0, %1;" : "+r"(rows) : "r"(o));
-  }
-  const uint32_t m_lo = rows & 0x7fffu, m_hi = (rows >> 16) & 0x7fffu;   // |sum| as fp16 bits
-  bool redo = m_lo >= 0x7c00u || m_hi >= 0x7c00u;                          // inf, NaN
-  if constexpr (DT == FF_BF16) redo = redo || m_lo < 0x1c00u || m_hi < 0x1c00u;   // |sum| < 2^-8
-  if (redo) {
+  wg_epi_h2(acc, dm);
+  // (NaN fails both compares)
+  const bool keep = fabsf(dm[0] - d0) >= T && fabsf(dm[2] - d2) >= T && fabsf(dm[0]) < __int_as_float(0x7f800000) &&
+                    fabsf(dm[2]) < __int_as_float(0x7f800000);
+  if (!keep) {
     dm[0] = dm[1] = d0;
     dm[2] = dm[3] = d2;
     wg_epi_pass<FF_ACT_GELU_ERF, FF_POOL_MEAN, false, true, DT == FF_F16>(acc, red, WG_NT / 2, tig);
