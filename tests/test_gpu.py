@@ -326,6 +326,16 @@ def test_fused_a_gelu_dense_sweep(pool):
         assert "wgmma" in fused.plans[0].last_reason, fused.plans[0].last_reason
 
 
+def _identity_gelu_mean(dtype):
+    """The fused model of a 1x1 conv of weight 1 (the identity over one channel), GELU (erf), global mean pool: each
+    image's output is the mean GELU of its own values."""
+    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval().to(dtype)
+    return fullfuse.fused_model(model, path="fused")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_a_16bit_gelu_dense_sweep(dtype):
     """16-bit input, GELU, mean: the fused A kernel's half-precision epilogue (wg_epi_h2; its arithmetic is emulated
@@ -333,11 +343,7 @@ def test_fused_a_16bit_gelu_dense_sweep(dtype):
     [-20, 20] plus large ones (fp16 up to 6.5e4 stay in the half-precision epilogue; bf16's 1e6 and 1e20 leave fp16's
     range, so the epilogue's check sends those tiles through the fp32 GELU):
     |out - gelu(x)| <= (1.5e-3 + the output's rounding to the dtype) * max(1, |x|) against float64."""
-    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
-    with torch.no_grad():
-        conv.weight.fill_(1.0)
-    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval().to(dtype)
-    fused = fullfuse.fused_model(model, path="fused")
+    fused = _identity_gelu_mean(dtype)
     vals = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
     vals = vals[torch.isfinite(vals) & (vals.abs() <= 20)]
     big = torch.tensor([100.0, 1000.0, 3e4, 5.9e4, 6e4, 6.5e4] + ([1e6, 1e20] if dtype == torch.bfloat16 else []),
@@ -364,11 +370,7 @@ def test_fused_a_16bit_gelu_mean_of_small_inputs(dtype, mix):
     quarter of each row's pixels 100x larger.  Relative error of the 16 means vs float64 within the dtype's tolerance
     plus one step of the output dtype per mean (small fp16 means are subnormal) — the ex2 form missed scale 1e-2 by
     30 %."""
-    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
-    with torch.no_grad():
-        conv.weight.fill_(1.0)
-    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval().to(dtype)
-    fused = fullfuse.fused_model(model, path="fused")
+    fused = _identity_gelu_mean(dtype)
     g = torch.Generator("cuda").manual_seed(SEED)
     for scale in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 1.0):
         x = torch.randn(16, 1, 8, 256, device="cuda", generator=g) * scale
@@ -429,11 +431,7 @@ def test_fused_a_16bit_partial_sums_beyond_fp16(dtype, channels_last):
     """Every conv output inside fp16's range (2e4..3e4) but the half-precision epilogue's fp16 partial sums of 4 values
     beyond it: its check must catch the overflow and run those tiles through the fp32 GELU (GELU(x) = x there, so the
     mean is the mean of x); images of mixed small and large values too."""
-    conv = nn.Conv2d(1, 1, 1, bias=False).cuda()
-    with torch.no_grad():
-        conv.weight.fill_(1.0)
-    model = nn.Sequential(conv, nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval().to(dtype)
-    fused = fullfuse.fused_model(model, path="fused")
+    fused = _identity_gelu_mean(dtype)
     g = torch.Generator("cuda").manual_seed(SEED)
     x = 2e4 + 1e4 * torch.rand(3, 1, 5, 300, device="cuda", generator=g)
     x[1] = torch.randn(1, 5, 300, device="cuda", generator=g)        # small values: the epilogue's own path
