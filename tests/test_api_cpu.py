@@ -405,3 +405,56 @@ def test_called_submodules_bound_for_the_generated_forward():
         assert vars(tgm).get("fullfuse_region_0", region) is region
         gm.head.__setattr__("1", nn.Linear(64, 3))                    # re-assigned: the new one runs
         assert fused(x).shape == (2, 3) and twin(x).shape == (2, 10)
+
+
+def test_lone_region_runs_directly():
+    """A fused model whose graph is one region called on its one input calls that region's forward directly (no
+    generated forward, ~1 us of host time), re-derives that from the graph whenever the graph's forward changes
+    (deepcopy, recompile), and takes the graph as before for keyword calls, for a region replaced by another module
+    and for graphs with anything else in them."""
+    import copy
+
+    from fullfuse.model import lone_region
+
+    model = nn.Sequential(nn.Conv2d(8, 16, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval()
+    fused = fullfuse.fused_model(model)
+    gm = fused.graph_module
+    assert lone_region(gm) == "fullfuse_region_0"
+    x = torch.randn(2, 8, 10, 10)
+    with torch.no_grad():
+        want = model(x)
+        calls = []
+        real_forward = type(gm).forward
+
+        def counted(self, *args, **kwargs):
+            calls.append(1)
+            return real_forward(self, *args, **kwargs)
+        type(gm).forward = counted                                     # (a new forward: looked at again)
+        torch.testing.assert_close(fused(x), want)
+        assert calls == []                                             # the region ran directly
+        keyword = next(iter(gm.graph.nodes)).target                     # the input's name (Sequential: "input")
+        torch.testing.assert_close(fused(**{keyword: x}), want)
+        assert calls == [1]                                            # keywords: the generated forward
+        twin = copy.deepcopy(fused)
+        twin.graph_module._modules["fullfuse_region_0"].conv.weight.mul_(2)
+        assert not torch.allclose(twin(x), want) and torch.allclose(fused(x), want)   # each its own region
+        gm.fullfuse_region_0 = nn.Flatten()                            # replaced: the graph calls the new module
+        assert fused(x).shape == (2, 8 * 10 * 10)
+        gm.graph.call_function(torch.relu, (next(iter(gm.graph.nodes)),))   # anything else in the graph: not lone
+        gm.recompile()
+        assert lone_region(gm) is None and fused(x).shape == (2, 8 * 10 * 10)
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(8, 16, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1))
+            self.fc = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc(self.body(x).flatten(1))
+
+    head = Head().eval()
+    fused_head = fullfuse.fused_model(head)
+    assert lone_region(fused_head.graph_module) is None and lone_region(head) is None
+    with torch.no_grad():
+        torch.testing.assert_close(fused_head(x), head(x))
