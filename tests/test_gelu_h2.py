@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 C1, C2 = 0x3A62, 0x289C   # fp16 bits of c1 = sqrt(2 / pi) and c2 in 2g = x (1 + tanh(x (c1 + c2 x^2)))
-BOUND = 1.5e-3            # |g - gelu(x)| <= BOUND * max(1, |x|), the figure stated in the kernel's comment and the README
+BOUND = 1.5e-3            # |g - gelu(x)| <= BOUND * max(1, |x|), as stated in the kernel's comment and the README
 T = 2.0 ** -4             # the epilogue's redo threshold on a tile's row sum (wg_epi_h2_checked)
 TANH_REL = 2.0 ** -10.987
 SRC = Path(__file__).resolve().parents[1] / "csrc"
