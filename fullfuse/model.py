@@ -54,6 +54,13 @@ class FusedModel(nn.Module):
                     return region.forward(args[0])
         return self.forward(*args, **kwargs)
 
+    def __getstate__(self):
+        """Pickling and deepcopy: without the generated forward looked at last (a function fx made, which pickle cannot
+        name); the copy looks at its own graph again."""
+        state = dict(super().__getstate__())
+        state["_lone_checked"] = state["_lone_name"] = None
+        return state
+
     def forward(self, *args, **kwargs):
         if self._unchanged:
             return self._modules["graph_module"](*args, **kwargs)

@@ -410,9 +410,10 @@ def test_called_submodules_bound_for_the_generated_forward():
 def test_lone_region_runs_directly():
     """A fused model whose graph is one region called on its one input calls that region's forward directly (no
     generated forward, ~1 us of host time), re-derives that from the graph whenever the graph's forward changes
-    (deepcopy, recompile), and takes the graph as before for keyword calls, for a region replaced by another module
-    and for graphs with anything else in them."""
+    (deepcopy, recompile, pickling: torch.save after calls works), and takes the graph as before for keyword calls,
+    for a region replaced by another module and for graphs with anything else in them."""
     import copy
+    import io
 
     from fullfuse.model import lone_region
 
@@ -435,6 +436,10 @@ def test_lone_region_runs_directly():
         keyword = next(iter(gm.graph.nodes)).target                     # the input's name (Sequential: "input")
         torch.testing.assert_close(fused(**{keyword: x}), want)
         assert calls == [1]                                            # keywords: the generated forward
+        buf = io.BytesIO()
+        torch.save(fused, buf)                                         # after calls: pickles (no fx function kept)
+        buf.seek(0)
+        torch.testing.assert_close(torch.load(buf, weights_only=False)(x), want)
         twin = copy.deepcopy(fused)
         twin.graph_module._modules["fullfuse_region_0"].conv.weight.mul_(2)
         assert not torch.allclose(twin(x), want) and torch.allclose(fused(x), want)   # each its own region
