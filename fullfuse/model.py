@@ -116,10 +116,9 @@ def lone_region(gm: nn.Module) -> Optional[str]:
     """The name of the FusedRegion that traced graph ``gm`` consists of, where it is nothing else — one input (no
     default), that region called on it alone, its result returned, as for a model that is one fused pipeline — else
     None (any other module, graph or signature)."""
-    graph = getattr(gm, "graph", None)
-    if not isinstance(gm, torch.fx.GraphModule) or graph is None:
+    if not isinstance(gm, torch.fx.GraphModule):   # (a user's model: none of its attributes read)
         return None
-    nodes = list(graph.nodes)
+    nodes = list(gm.graph.nodes)
     if len(nodes) != 3:
         return None
     x, call, out = nodes
