@@ -65,14 +65,11 @@ __device__ __forceinline__ void pack_tile(const void* __restrict__ w, void* __re
   // reads: the thread's tap t, rows r0 + ROW_STEP i; row r = (channel c0 + r / KPER, output channel k0 + r % KPER):
   // consecutive threads read one row's consecutive taps, and a channel's rows follow each other in a contiguous filter
   const int t = threadIdx.x % TILE_TAPS, r0 = threadIdx.x / TILE_TAPS;
-  int td = 0, th = 0, tw = 0;
-  uint32_t v[TILE_ROWS / ROW_STEP];
   if (t < nt) {
     const int tap = tap0 + t;
-    td = tap / (g.T[1] * g.T[2]);
-    th = tap / g.T[2] % g.T[1];
-    tw = tap % g.T[2];
+    const int td = tap / (g.T[1] * g.T[2]), th = tap / g.T[2] % g.T[1], tw = tap % g.T[2];
     const long long off = td * g.ws[2] + th * g.ws[3] + tw * g.ws[4];
+    uint32_t v[TILE_ROWS / ROW_STEP];
 #pragma unroll
     for (int i = 0; i < TILE_ROWS / ROW_STEP; ++i) {
       const int r = r0 + ROW_STEP * i, c = c0 + r / KPER, k = k0 + r % KPER;

@@ -57,8 +57,7 @@ __device__ __forceinline__ uint32_t h2_gelu2(float lo, float hi) {
 // log2 H2_SUM_BLOCKS levels adds <= 2^-11 of its partial sums, unbiased), so a tile takes 2 mma.sync instead of 8: the
 // legacy tensor-core op waits for the other blocks' wgmmas (ncu: 'math' stalls), and 8 of them were 1/2 of one wgmma's
 // work.  Measured A / B (docs/design.md): 8 -> 4 -> 2 mma.sync -2 / -2 % per step, one (8 blocks, 28 HADD2) +1 to +3 %.
-// gelu(f, lo, hi): the pair's 2g as f16x2 (f = its place in the A fragment; the microbenchmarks pass variants, and
-// B = 1.0 for a variant that gives g).
+// gelu(f, lo, hi): the pair's 2g as f16x2 (f = its place in the A fragment; the microbenchmarks pass variants).
 constexpr int H2_SUM_BLOCKS = 4;
 constexpr int H2_SUM_GROUPS = 8 / H2_SUM_BLOCKS;   // mma.sync per tile
 // the A fragment of sum group gi: the g pairs of pixel blocks 2j, 2j + 1 (16 pixels) for j = gi + H2_SUM_GROUPS t,
@@ -81,20 +80,19 @@ __device__ __forceinline__ void wg_h2_frag(const float (&acc)[64], int gi, uint3
     a[f] = v[0];
   }
 }
-// dm += B x the fragment's row sums (one mma.sync against a B of that value, as f16x2: 1/2 for the 2g of h2_gelu2)
-template <uint32_t B = H2_HALF>
+// dm += half the fragment's row sums (one mma.sync against a B of 1/2: the g's of h2_gelu2's 2g)
 __device__ __forceinline__ void wg_h2_mma(float (&dm)[4], const uint32_t (&a)[4]) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, {%0,%1,%2,%3};"
                : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(B));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(H2_HALF));
 }
-template <uint32_t B = H2_HALF, class G>
+template <class G>
 __device__ __forceinline__ void wg_epi_h2_with(const float (&acc)[64], float (&dm)[4], G&& gelu) {
 #pragma unroll
   for (int gi = 0; gi < H2_SUM_GROUPS; ++gi) {
     uint32_t a[4];
     wg_h2_frag(acc, gi, a, gelu);
-    wg_h2_mma<B>(dm, a);
+    wg_h2_mma(dm, a);
   }
 }
 __device__ __forceinline__ void wg_epi_h2(const float (&acc)[64], float (&dm)[4]) {

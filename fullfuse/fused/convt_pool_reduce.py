@@ -138,7 +138,7 @@ def pack_geometry(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) ->
 
 def packed_weights(spec: ConvTPoolReduceSpec, weight: torch.Tensor, mode: str) -> torch.Tensor:
     """The packed weights in a new buffer, made on the caller's current stream by the packing alone
-    (fb_pack::pack_kernel: the fused kernel's own pack_item; tests, probes)."""
+    (fb_pack::pack_kernel: the fused kernel's own pack_load / pack_store; tests, probes)."""
     g, nbytes = pack_geometry(spec, weight, mode)
     out = torch.empty(nbytes, dtype=torch.uint8, device=weight.device)
     grid = planner.packing_grid(g)
