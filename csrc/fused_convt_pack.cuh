@@ -28,22 +28,40 @@ struct Geometry {
 // tf32 to nearest, ties away from zero (cvt.rna.tf32.f32), as bits: inf / NaN keep their class
 __device__ __forceinline__ uint32_t tf32_rna(uint32_t bits) { return (bits + 0x1000u) & ~0x1fffu; }
 
-__device__ __forceinline__ int taps(int T, int s, int r) { return r < T ? (T - r + s - 1) / s : 0; }
+// Slice order: classes (rd, rh, rw) = tap % stride in (rd, rh, rw) order, taps (md, mh, mw) = tap / stride md-major
+// inside a class.  Along one axis of T taps at stride s, with q = T / s and m = T % s, classes c < m hold q + 1 taps
+// and the others q.
 
-// slice j -> its tap (td, th, tw) as td | th << 10 | tw << 20 (each < 1024): classes in (rd, rh, rw) order, taps
-// md-major inside a class.  Out of line, on scalars (no stack): the unrolled pack_items calls it from several places,
-// rarely.
+// taps t < T with t % s < c (before) and with t % s == c (in), c < s: q c + min(m, c) and q + (c < m)
+__device__ __forceinline__ void class_taps(int T, int s, int c, int& before, int& in) {
+  const int q = T / s, m = T - q * s;
+  before = q * c + min(m, c);
+  in = q + (c < m);
+}
+
+// the class of the u-th tap (u < T) when one axis's taps are ordered by class: class_taps' inverse
+__device__ __forceinline__ int tap_class(int T, int s, int u) {
+  const int q = T / s, m = T - q * s, big = m * (q + 1);   // taps of the m classes of q + 1; q > 0 where u >= big
+  return u < big ? u / (q + 1) : m + (u - big) / q;
+}
+
+// slice j -> its tap (td, th, tw) as td | th << 10 | tw << 20 (each < 1024), in closed form (no loop over the
+// classes): the classes rd' < rd hold A_d T1 T2 slices and class rd N_d T1 T2, so j / (T1 T2) is a d-tap index whose
+// class is rd; inside it, the classes rh' < rh hold N_d A_h T2 slices, and inside (rd, rh) the classes rw' < rw hold
+// N_d N_h A_w (A: class_taps' before, N: its in).  Out of line, on scalars (no stack): the unrolled pack_items calls
+// it from several places, rarely.
 __device__ __noinline__ int slice_tap_bits(int j, int T0, int T1, int T2, int s0, int s1, int s2) {
-  for (int rd = 0; rd < s0; ++rd)
-    for (int rh = 0; rh < s1; ++rh)
-      for (int rw = 0; rw < s2; ++rw) {
-        const int nd = taps(T0, s0, rd), nh = taps(T1, s1, rh), nw = taps(T2, s2, rw);
-        const int count = nd * nh * nw;
-        if (j < count)
-          return (rd + s0 * (j / (nh * nw))) | (rh + s1 * ((j / nw) % nh)) << 10 | (rw + s2 * (j % nw)) << 20;
-        j -= count;
-      }
-  return 0;
+  int ad, nd, ah, nh, aw, nw;
+  const int rd = tap_class(T0, s0, j / (T1 * T2));
+  class_taps(T0, s0, rd, ad, nd);
+  j -= ad * T1 * T2;
+  const int rh = tap_class(T1, s1, j / (nd * T2));
+  class_taps(T1, s1, rh, ah, nh);
+  j -= nd * ah * T2;
+  const int rw = tap_class(T2, s2, j / (nd * nh));
+  class_taps(T2, s2, rw, aw, nw);
+  j -= nd * nh * aw;
+  return (rd + s0 * (j / (nh * nw))) | (rh + s1 * ((j / nw) % nh)) << 10 | (rw + s2 * (j % nw)) << 20;
 }
 
 __device__ __forceinline__ void slice_tap(const Geometry& g, int j, int (&t)[3]) {

@@ -22,17 +22,7 @@ constexpr int TILE_PITCH = TILE_TAPS + 2;                      // a row's pitch 
                                                                // fall into distinct banks
 static_assert(PACK_THREADS % TILE_TAPS == 0 && TILE_ROWS % ROW_STEP == 0, "a tile's reads: whole rows per thread");
 
-// taps t < T with t % s < c, and with t % s == c (c < s): q c + min(m, c) and q + (c < m), q = T / s, m = T % s
-__device__ __forceinline__ void class_taps(int T, int s, int c, int& before, int& in) {
-  const int q = T / s, m = T - q * s;
-  before = q * c + min(m, c);
-  in = q + (c < m);
-}
-
-// the slice that holds tap (td, th, tw): slice_tap_bits' inverse.  Classes go in (rd, rh, rw) order, taps md-major in
-// each, so the slices before class (cd, ch, cw) are those of classes rd < cd (A_d T1 T2 taps, A_d: taps with
-// t % s0 < cd), then rd = cd, rh < ch (N_d A_h T2), then rd = cd, rh = ch, rw < cw (N_d N_h A_w): closed forms, where
-// a loop over the classes took three divisions per class
+// the slice that holds tap (td, th, tw): slice_tap_bits' inverse (the slices before class (cd, ch, cw) as there)
 __device__ __forceinline__ int tap_slice(int td, int th, int tw, const Geometry& g) {
   const int md = td / g.s[0], mh = th / g.s[1], mw = tw / g.s[2];
   int ad, nd, ah, nh, aw, nw;

@@ -162,3 +162,60 @@ def test_gpu_packing_equals_pack_weights(c_in, k_out, kernel, stride, dtype, mod
     bad = ~torch.isfinite(bf_want)
     assert not torch.isnan(bf_got).any() and torch.equal(bf_got[bad], torch.zeros_like(bf_got[bad]))
     assert torch.equal(bf_got[~bad], bf_want[~bad])
+
+
+def _device_function(source: str, name: str) -> str:
+    """The text of one __device__ function of a csrc header, from its declaration line to its closing brace."""
+    at = source.index(f" {name}(")
+    start = source.rfind("\n", 0, source.rfind("__device__", 0, at)) + 1
+    depth = 0
+    for end in range(source.index("{", at), len(source)):
+        depth += {"{": 1, "}": -1}.get(source[end], 0)
+        if depth == 0:
+            return source[start:end + 1]
+    raise ValueError(name)
+
+
+_SLICE_ORDER_CHECK = r"""
+#include <algorithm>
+#include <cstdio>
+using std::min;
+struct Geometry { int T[3], s[3]; };
+%s
+int main() {   // every slice of every geometry with taps <= (9, 7, 7), strides <= 4, against pack_weights' loop order
+  long bad = 0, n = 0;
+  for (int T0 = 1; T0 <= 9; ++T0) for (int T1 = 1; T1 <= 7; ++T1) for (int T2 = 1; T2 <= 7; ++T2)
+  for (int s0 = 1; s0 <= 4; ++s0) for (int s1 = 1; s1 <= 4; ++s1) for (int s2 = 1; s2 <= 4; ++s2) {
+    const Geometry g{{T0, T1, T2}, {s0, s1, s2}};
+    int j = 0;
+    for (int rd = 0; rd < s0; ++rd) for (int rh = 0; rh < s1; ++rh) for (int rw = 0; rw < s2; ++rw)
+    for (int td = rd; td < T0; td += s0) for (int th = rh; th < T1; th += s1) for (int tw = rw; tw < T2; tw += s2) {
+      bad += slice_tap_bits(j, T0, T1, T2, s0, s1, s2) != (td | th << 10 | tw << 20) || tap_slice(td, th, tw, g) != j;
+      ++j, ++n;
+    }
+  }
+  std::printf("%%ld %%ld\n", n, bad);
+  return 0;
+}
+"""
+
+
+def test_slice_order_closed_forms(tmp_path):
+    """The packing's slice <-> tap maps in closed form (slice_tap_bits for the fused kernel's own packing, tap_slice
+    for the packing kernel), compiled from csrc by the host's C++ compiler: the same order as pack_weights' loops."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("needs a host C++ compiler")
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    common, kernel = ((csrc / f).read_text() for f in ("fused_convt_pack.cuh", "fused_convt_pack_kernel.cuh"))
+    functions = [_device_function(common, n) for n in ("class_taps", "tap_class", "slice_tap_bits")]
+    functions.append(_device_function(kernel, "tap_slice"))
+    (tmp_path / "order.cpp").write_text(_SLICE_ORDER_CHECK % "\n".join(functions))
+    subprocess.run([cxx, "-O1", "-D__device__=", "-D__forceinline__=inline", "-D__noinline__=", "-o",
+                    str(tmp_path / "order"), str(tmp_path / "order.cpp")], check=True)
+    checked, bad = map(int, subprocess.run([str(tmp_path / "order")], check=True, capture_output=True,
+                                           text=True).stdout.split())
+    assert checked == 2257920 and bad == 0
