@@ -6,8 +6,9 @@ NCDHW and channels_last_3d; one line per cell.  An A/B of two source trees runs 
 weights in the fused kernel's blocks as a one-wave grid does (the planner's packing kernel withheld), for an A/B of the
 two within one tree.  ``--prepacked``: the packing kernel runs in the first call of each signature only, later calls
 reuse what it packed (stale after a weight update: a floor for the per-call packing's cost, never a product path).
+``--flush``: L2 flushed before each call (a 256 MB write), as `fullfuse bench` times end to end.
 
-Usage: python3 benchmarks/probes/seed_b_time.py [label] [--in-kernel-packing | --prepacked]   (a CUDA GPU)
+Usage: python3 benchmarks/probes/seed_b_time.py [label] [--in-kernel-packing | --prepacked] [--flush]   (a CUDA GPU)
 """
 import statistics
 import sys
@@ -18,8 +19,9 @@ import fullfuse
 from fullfuse.seed_models import SEED_SHAPE, SeedB
 
 
-def main(label: str) -> None:
+def main(label: str, flush: bool) -> None:
     torch.manual_seed(0)
+    scratch = torch.empty(64 << 20, dtype=torch.float32, device="cuda") if flush else None
     for dtype in (torch.float32, torch.bfloat16):
         model = SeedB().cuda().to(dtype).eval()
         fused = fullfuse.fused_model(model, path="fused", precision="tf32" if dtype == torch.float32 else "auto")
@@ -32,6 +34,8 @@ def main(label: str) -> None:
                 for _ in range(5):
                     fused(x)
                 for _ in range(60):
+                    if scratch is not None:
+                        scratch.zero_()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     fused(x)
@@ -72,4 +76,4 @@ if __name__ == "__main__":
         convt_pool_reduce_plan.packing_grid = lambda g: None
     if "--prepacked" in sys.argv:
         _prepacked()
-    main(args[0] if args else "this tree")
+    main(args[0] if args else "this tree", "--flush" in sys.argv)
