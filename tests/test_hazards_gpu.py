@@ -623,6 +623,37 @@ def test_nan_inf_masks_match_torch(family, kind, mode, path):
     assert_close(got.float().cpu()[finite], exact[finite], mode, "finite outputs")
 
 
+@pytest.mark.parametrize("mode", ["tf32", "bfloat16"])
+@pytest.mark.parametrize("reduction", ["sum", "amax"])
+@pytest.mark.parametrize("k_out", [5, 33])
+@pytest.mark.parametrize("shape", [(2, 32, 8, 8, 8), (10, 32, 16, 16, 16)], ids=["tail-parts", "waves"])
+def test_fused_b_padding_channels_stay_out(shape, k_out, reduction, mode):
+    """Fused B with fewer than 64 output channels writes all 64 channel slots of its window maxima (the padding
+    channels' zero weights times a NaN / inf input give NaN there, in shared memory and in a tail part's workspace);
+    only the K real channels reach the output.  The NaN / +inf / -inf masks equal PyTorch's (or the direct sum's),
+    finite outputs stay within the mode's tolerance, and a second call gives the same bits (the workspace was left
+    zero)."""
+    dtype = torch.bfloat16 if mode == "bfloat16" else torch.float32
+    torch.manual_seed(SEED)
+    model = ModelB(reduction)
+    model.conv_transpose = nn.ConvTranspose3d(32, k_out, 5, stride=2, padding=2)
+    model = model.to(device="cuda", dtype=dtype).eval()
+    fused = fullfuse.fused_model(model, path="fused", precision=precision_of(dtype))
+    x = make_x("B", dtype, shape=shape)
+    x[0, 4, 3, 4, 5], x[1, 0, 0, 0, 0], x[-1, 7, 2, 2, 2] = float("nan"), float("inf"), float("-inf")
+    with torch.no_grad():
+        got, again = fused(x), fused(x)
+        with cudnn_conv_precision(mode):
+            want = model(x)
+    exact = ref64(model, x, device="cpu")
+    assert _masks(want)[0].any()
+    assert _same_masks(got, want) or _same_masks(got, exact), (
+        f"masks differ (seed {SEED}) at {_mask_differences(got, want, exact)}")
+    finite = torch.isfinite(want.float().cpu()) & torch.isfinite(exact)
+    assert_close(got.float().cpu()[finite], exact[finite], mode, "finite outputs")
+    assert torch.equal(got.nan_to_num(), again.nan_to_num()) and _same_masks(got, again)
+
+
 @pytest.mark.parametrize("pool", ["mean", "max"])
 @pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
 def test_fp16_conv_output_beyond_range(path, pool):
