@@ -7,10 +7,11 @@ the stream, capture and precision queries, Kernel.launch and cuLaunchKernel itse
 through ctypes; the mma.sync kernel of the tiny shape and the wgmma kernel of (4, 8, 64, 64), whose parameter block
 is 3 KB), the fallback calls, one eager op and the eager model.
 
-Part 2, the fallback's per-call pieces at a tiny and a small shape of each family: the whole call, its prepared
-runner, its conv as it runs (PyTorch's cuDNN op called directly, torch_conv.py) against F.convNd under the flags, the
-frontend's execute where it has a plan, the conv-problem lookup, the epilogue launch and the output's allocation; and
-which conv each problem's first call chose (cudnn_conv).
+Part 2, the fallback's per-call pieces at a tiny and a small shape of each family: the whole call, the layers down to
+its prepared runner (the region's forward, ops.run_spec, the dispatcher), the runner, its conv as it runs (PyTorch's
+cuDNN op called directly, torch_conv.py) against F.convNd under the flags, the frontend's execute where it has a plan,
+the conv-problem lookup, the epilogue launch and the output's allocation; and which conv each problem's first call chose
+(cudnn_conv).
 
 Part 3, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
 the span of one call from its first kernel's start to its last kernel's end.
@@ -170,7 +171,11 @@ def fallback_pieces() -> None:
                 else:
                     pooled = torch.empty(shape[0], *spec.pooled_spatial(tuple(shape[2:])), device="cuda")
                     epi = lambda y=y, bias=bias, out=pooled, spec=spec: fallback_b.epilogue(spec, y, bias, out)  # noqa
+                region = fallback.graph_module._modules["fullfuse_region_0"]
                 pieces = {"fused_model(x)": lambda f=fallback, x=x: f(x),
+                          "region.forward(x)": lambda r=region, x=x: r.forward(x),
+                          "ops.run_spec": lambda x=x, w=w, b=bias, s=spec: ops.run_spec(s, x, w, b, "fallback"),
+                          "dispatch.run": lambda x=x, w=w, b=bias, s=spec: dispatch.run(s, x, w, b, "fallback", "auto"),
                           "prepared runner": lambda r=runner, x=x, w=w, b=bias: r(x, w, b),
                           "conv: PyTorch's cuDNN op, direct": lambda d=direct, x=x, w=w: d(x, w),
                           "conv: F.convNd under cudnn_settings": flags_conv,
