@@ -7,8 +7,10 @@ weights in the fused kernel's blocks as a one-wave grid does (the planner's pack
 two within one tree.  ``--prepacked``: the packing kernel runs in the first call of each signature only, later calls
 reuse what it packed (stale after a weight update: a floor for the per-call packing's cost, never a product path).
 ``--flush``: L2 flushed before each call (a 256 MB write), as `fullfuse bench` times end to end.
+``--out-channels K``: the seed's model with K output channels (K < 64: the kernel's padded channels).
 
-Usage: python3 benchmarks/probes/seed_b_time.py [label] [--in-kernel-packing | --prepacked] [--flush]   (a CUDA GPU)
+Usage (a CUDA GPU):
+    python3 benchmarks/probes/seed_b_time.py [label] [--in-kernel-packing | --prepacked] [--flush] [--out-channels K]
 """
 import statistics
 import sys
@@ -19,11 +21,11 @@ import fullfuse
 from fullfuse.seed_models import SEED_SHAPE, SeedB
 
 
-def main(label: str, flush: bool) -> None:
+def main(label: str, flush: bool, out_channels: int) -> None:
     torch.manual_seed(0)
     scratch = torch.empty(64 << 20, dtype=torch.float32, device="cuda") if flush else None
     for dtype in (torch.float32, torch.bfloat16):
-        model = SeedB().cuda().to(dtype).eval()
+        model = SeedB(out_channels=out_channels).cuda().to(dtype).eval()
         fused = fullfuse.fused_model(model, path="fused", precision="tf32" if dtype == torch.float32 else "auto")
         for channels_last in (False, True):
             x = torch.randn(*SEED_SHAPE["B"], device="cuda", dtype=dtype)
@@ -70,10 +72,16 @@ def _prepacked() -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
+    k_out = 64
+    if "--out-channels" in argv:
+        at = argv.index("--out-channels")
+        k_out = int(argv[at + 1])
+        del argv[at:at + 2]
+    args = [a for a in argv if not a.startswith("--")]
     if "--in-kernel-packing" in sys.argv:
         from fullfuse.fused import convt_pool_reduce_plan
         convt_pool_reduce_plan.packing_grid = lambda g: None
     if "--prepacked" in sys.argv:
         _prepacked()
-    main(args[0] if args else "this tree", "--flush" in sys.argv)
+    main(args[0] if args else "this tree", "--flush" in sys.argv, k_out)
