@@ -64,6 +64,17 @@ __device__ __noinline__ int slice_tap_bits(int j, int T0, int T1, int T2, int s0
   return (rd + s0 * (j / (nh * nw))) | (rh + s1 * ((j / nw) % nh)) << 10 | (rw + s2 * (j % nw)) << 20;
 }
 
+// the slice that holds tap (td, th, tw): slice_tap_bits' inverse (the slices before class (cd, ch, cw) as there), for
+// the packing kernel (fused_convt_pack_kernel.cuh)
+__device__ __forceinline__ int tap_slice(int td, int th, int tw, const Geometry& g) {
+  const int md = td / g.s[0], mh = th / g.s[1], mw = tw / g.s[2];
+  int ad, nd, ah, nh, aw, nw;
+  class_taps(g.T[0], g.s[0], td - md * g.s[0], ad, nd);
+  class_taps(g.T[1], g.s[1], th - mh * g.s[1], ah, nh);
+  class_taps(g.T[2], g.s[2], tw - mw * g.s[2], aw, nw);
+  return (ad * g.T[1] + nd * ah) * g.T[2] + nd * nh * aw + (md * nh + mh) * nw + mw;
+}
+
 __device__ __forceinline__ void slice_tap(const Geometry& g, int j, int (&t)[3]) {
   const int b = slice_tap_bits(j, g.T[0], g.T[1], g.T[2], g.s[0], g.s[1], g.s[2]);
   t[0] = b & 1023;

@@ -22,16 +22,6 @@ constexpr int TILE_PITCH = TILE_TAPS + 2;                      // a row's pitch 
                                                                // fall into distinct banks
 static_assert(PACK_THREADS % TILE_TAPS == 0 && TILE_ROWS % ROW_STEP == 0, "a tile's reads: whole rows per thread");
 
-// the slice that holds tap (td, th, tw): slice_tap_bits' inverse (the slices before class (cd, ch, cw) as there)
-__device__ __forceinline__ int tap_slice(int td, int th, int tw, const Geometry& g) {
-  const int md = td / g.s[0], mh = th / g.s[1], mw = tw / g.s[2];
-  int ad, nd, ah, nh, aw, nw;
-  class_taps(g.T[0], g.s[0], td - md * g.s[0], ad, nd);
-  class_taps(g.T[1], g.s[1], th - mh * g.s[1], ah, nh);
-  class_taps(g.T[2], g.s[2], tw - mw * g.s[2], aw, nw);
-  return (ad * g.T[1] + nd * ah) * g.T[2] + nd * nh * aw + (md * nh + mh) * nw + mw;
-}
-
 // tiles of one part of the packing: a slice's items [ebase, ebase + cpad * 64) as [cpad / G][64][G], in taps chunks
 __device__ __forceinline__ int part_tiles(int cpad, int G, int nchunks) {
   return cpad / G * (64 * G / TILE_ROWS) * nchunks;

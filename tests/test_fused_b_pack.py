@@ -209,10 +209,8 @@ def test_slice_order_closed_forms(tmp_path):
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("needs a host C++ compiler")
-    csrc = Path(__file__).resolve().parents[1] / "csrc"
-    common, kernel = ((csrc / f).read_text() for f in ("fused_convt_pack.cuh", "fused_convt_pack_kernel.cuh"))
-    functions = [_device_function(common, n) for n in ("class_taps", "tap_class", "slice_tap_bits")]
-    functions.append(_device_function(kernel, "tap_slice"))
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "fused_convt_pack.cuh").read_text()
+    functions = [_device_function(header, n) for n in ("class_taps", "tap_class", "slice_tap_bits", "tap_slice")]
     (tmp_path / "order.cpp").write_text(_SLICE_ORDER_CHECK % "\n".join(functions))
     subprocess.run([cxx, "-O1", "-D__device__=", "-D__forceinline__=inline", "-D__noinline__=", "-o",
                     str(tmp_path / "order"), str(tmp_path / "order.cpp")], check=True)

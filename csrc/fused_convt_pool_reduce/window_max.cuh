@@ -82,9 +82,8 @@ __device__ __forceinline__ void fb_window_max(const FBParams& p, unsigned* winma
       if (w >= nwh) continue;
 #pragma unroll
       for (int kh = 0; kh < 2; ++kh) {
-        // every one of the 64 channel slots, K's padding too (zero weights: their values go unread, fb_channel_reduce
-        // reads k < K only, and a tail part's workspace is zeroed whole): no test of k against K, whose parameter
-        // load before each atomic cost 2.6 % of the seed's bf16 kernel cycles (1.1 % TF32)
+        // the warp's channel slots past K too (zero weights: their values go unread, fb_channel_reduce reads k < K
+        // only, and a tail part's workspace is zeroed whole): no per-atomic test against K (above)
         unsigned* row = winmax + w * p.pwb * 64 + m0 + 8 * kh;
         float v0 = mx[w][4 * ii + 2 * kh], v1 = mx[w][4 * ii + 2 * kh + 1];
         if (cw0 == cw1) { v0 = ff_max_nan(v0, v1); v1 = -__int_as_float(0x7f800000); }
