@@ -6,7 +6,7 @@ raises UnsupportedError, "auto" steps down (fused -> fallback -> torch) and reco
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -22,10 +22,6 @@ from .spec import ConvActPoolSpec
 
 PATH_CHOICES = ("auto", "fused", "fallback", "torch")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-# spec -> (path, reason) of its most recent call, shown by FusedModel.plans
-last_decision: Dict[object, Tuple[str, str]] = {}
-
 
 def check_path(path: str) -> None:
     if path not in PATH_CHOICES:
@@ -99,12 +95,6 @@ def choose(spec, requested: str, x, weight, bias, mode: str, deterministic: bool
     return "fallback", why or "requested"
 
 
-# call signature (``run`` says what it holds; its first item is id(spec)) -> (spec, (path, reason), run(x, weight,
-# bias)): the choice and everything that depends only on the signature are worked out once, so the host work per
-# call stays small next to the kernels
-_calls: Dict[tuple, tuple] = {}
-
-
 def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch: bool = False):
     """The prepared call of a path.  follows_torch: the mode is PyTorch's own current setting (precision "auto"), so
     the torch path runs PyTorch's ops as they are, with no flag to hold."""
@@ -135,23 +125,13 @@ def _measured(spec, decision, runner, x, weight, bias, mode: str, deterministic:
     return (decision[0], f"{decision[1]} ({timing})"), runner
 
 
-def run(spec, x, weight, bias, path: str, precision: str, deterministic: bool = True) -> torch.Tensor:
-    mode = precision_mod.resolve(precision, x.dtype)
-    # the call signature: what the choice and the prepared call depend on (shape and strides cover the layout; the
-    # address's 16-byte alignment picks the loaders).  id(spec): the entry keeps its spec alive, so the id stays
-    # unique.  Built inline (host time per call).
-    key = (id(spec), path, precision, mode, deterministic, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16,
-           weight.dtype, weight.device, None if bias is None else (bias.dtype, bias.device))
-    entry = _calls.get(key)
-    if entry is None:
-        check_path(path)
-        decision = choose(spec, path, x, weight, bias, mode, deterministic)   # raises: nothing cached
-        follows_torch = precision == "auto"
-        runner = _runner(spec, decision[0], x, mode, deterministic, follows_torch)
-        if path == "auto":
-            decision, runner = _measured(spec, decision, runner, x, weight, bias, mode, deterministic, follows_torch)
-        if len(_calls) > 4096:
-            _calls.clear()
-        entry = _calls[key] = (spec, decision, runner)
-    last_decision[spec] = entry[1]
-    return entry[2](x, weight, bias)
+def prepare(spec, path: str, precision: str, mode: str, deterministic: bool, x, weight, bias) -> Tuple[tuple, object]:
+    """((path, reason), run(x, weight, bias)): the choice for a call signature like this call's (calls.SpecCalls keys
+    them) and its prepared call, everything that depends only on the signature worked out once.  Raises where an
+    explicit path cannot serve (nothing is kept then)."""
+    decision = choose(spec, path, x, weight, bias, mode, deterministic)
+    follows_torch = precision == "auto"
+    runner = _runner(spec, decision[0], x, mode, deterministic, follows_torch)
+    if path == "auto":
+        decision, runner = _measured(spec, decision, runner, x, weight, bias, mode, deterministic, follows_torch)
+    return decision, runner

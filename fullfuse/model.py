@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module
 
-from . import ops
+from . import calls
 from .dispatch import check_path
 from .match import find_matches, trace
 from .plan import Plan, make_plan
@@ -41,7 +41,7 @@ class FusedModel(nn.Module):
         the checks here are the region's)."""
         if (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
                 or _GLOBAL_FORWARD or _GLOBAL_FORWARD_PRE or _GLOBAL_BACKWARD or _GLOBAL_BACKWARD_PRE
-                or self._compiled_call_impl is not None or _jit_tracing() or fx_tracing() or ops.compiling()):
+                or self._compiled_call_impl is not None or _jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
         if len(args) == 1 and not kwargs:
             gm = self._modules["graph_module"]

@@ -12,16 +12,13 @@ inference library), with a one-time warning.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import warnings
 from functools import lru_cache
 from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from . import dispatch, torch_path
+from . import calls
 from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 
@@ -69,7 +66,7 @@ def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride:
                       dilation: List[int], activation: str, pool: str, keepdim: bool, post: str, path: str,
                       precision: str, deterministic: bool) -> Tensor:
     spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
-    return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
+    return calls.calls_for(spec, path, precision, deterministic).run(x, weight, bias)
 
 
 @_conv_act_pool_op.register_fake
@@ -83,7 +80,7 @@ def _convt_pool_reduce_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], str
                           output_padding: List[int], dilation: List[int], window: List[int], activation: str,
                           reduction: str, keepdim: bool, path: str, precision: str, deterministic: bool) -> Tensor:
     spec = _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim)
-    return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
+    return calls.calls_for(spec, path, precision, deterministic).run(x, weight, bias)
 
 
 @_convt_pool_reduce_op.register_fake
@@ -99,101 +96,9 @@ def _(x, weight, bias, stride, padding, output_padding, dilation, window, activa
 
 
 # ---------------------------------------------------------------- public wrappers
-_warned_grad = False
-
-
-def _needs_grad(x, weight, bias) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
-                                        (bias is not None and bias.requires_grad))
-
-
-def _warn_grad_once():
-    global _warned_grad
-    if not _warned_grad:
-        _warned_grad = True
-        warnings.warn("fullfuse: an input or weight requires grad; running the torch path so autograd works "
-                      "(fullfuse's kernels are inference-only)", stacklevel=3)
-
-
-# whether torch.compile is tracing the call (torch.compiler.is_compiling; never on torch builds without it)
-compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-
-_AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _autocast_query():
-    """Whether autocast is on for CUDA, as one C call (host time per call): torch's getter bound to "cuda", or its
-    older spelling without a device."""
-    try:
-        torch.is_autocast_enabled("cuda")
-    except TypeError:                                     # torch < 2.4's spelling
-        return torch.is_autocast_enabled
-    return functools.partial(torch.is_autocast_enabled, "cuda")
-
-
-_cuda_autocast_on = _autocast_query()
-
-
-def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
-    """The dtype autocast would run this region's convolution in (None: autocast is off or leaves x as it is).
-    Convolutions are on autocast's lower-precision list: float tensors on an autocast-enabled device are cast."""
-    if not x.is_cuda or x.dtype not in _AUTOCAST_INPUTS or not _cuda_autocast_on():
-        return None
-    get = getattr(torch, "get_autocast_dtype", None)
-    return get("cuda") if get is not None else torch.get_autocast_gpu_dtype()
-
-
-def _autocast_float32(spec) -> bool:
-    """Whether autocast runs the region's last op in float32: ``sum`` is on its float32 list; mean / amax / the
-    adaptive pools are not (they keep their input's dtype)."""
-    return isinstance(spec, ConvTPoolReduceSpec) and spec.reduction == "sum"
-
-
-@lru_cache(maxsize=256)
-def _pooled_only(spec):
-    """The spec without its post view (family A; B has none): what a batched call of an unbatched input runs (one
-    object per spec: the dispatcher keys its prepared calls by the spec's identity)."""
-    return dataclasses.replace(spec, post="none") if getattr(spec, "post", "none") != "none" else spec
-
-
 def run_spec(spec, x, weight, bias, path="auto", precision="auto", deterministic=True) -> Tensor:
-    """Run a spec through the registered op (or the torch path when autograd needs it), with PyTorch's autocast
-    semantics: under autocast the region computes in the autocast dtype, as the original would.  An unbatched input
-    (as torch convs accept it) runs as a batch of one; the region's view of the pool (spec.post) then applies to the
-    unbatched pool output, as the model's own op would."""
-    if path not in dispatch.PATH_CHOICES:
-        dispatch.check_path(path)   # raises
-    if x.dim() == spec.dims + 1:
-        pooled = _pooled_only(spec)
-        out = run_spec(pooled, x.unsqueeze(0), weight, bias, path, precision, deterministic).squeeze(0)
-        if pooled is not spec:
-            dispatch.last_decision[spec] = dispatch.last_decision.get(pooled)
-            out = torch_path.post_view(spec, out)
-        return out
-    if _needs_grad(x, weight, bias):
-        _warn_grad_once()
-        dispatch.last_decision[spec] = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
-        return torch_path.run(spec, x, weight, bias)
-    cast = _autocast_dtype(x)
-    if cast is not None:
-        if path == "torch":                               # PyTorch's own ops under the caller's autocast
-            dispatch.last_decision[spec] = ("torch", "requested")
-            return torch_path.run(spec, x, weight, bias)
-        with torch.autocast("cuda", enabled=False):
-            out = run_spec(spec, x.to(cast), weight.to(cast), None if bias is None else bias.to(cast), path,
-                           precision, deterministic)
-        return out.float() if _autocast_float32(spec) else out
-    if not compiling() or spec.groups != 1 or getattr(spec, "padding_mode", "zeros") != "zeros":
-        # eager: straight to the dispatcher (the registered op's wrapper costs host time the kernels don't need)
-        return dispatch.run(spec, x, weight, bias, path, precision, deterministic)
-    if isinstance(spec, ConvActPoolSpec):
-        return torch.ops.fullfuse.conv_act_pool(x, weight, bias, list(spec.stride), list(spec.padding),
-                                                list(spec.dilation), spec.activation, spec.pool, spec.keepdim,
-                                                spec.post, path, precision, deterministic)
-    return torch.ops.fullfuse.convt_pool_reduce(x, weight, bias, list(spec.stride), list(spec.padding),
-                                                list(spec.output_padding), list(spec.dilation), list(spec.window),
-                                                spec.activation, spec.reduction, spec.keepdim, path, precision,
-                                                deterministic)
+    """Run a spec with PyTorch's semantics (calls.py: autocast, autograd, unbatched input, torch.compile)."""
+    return calls.calls_for(spec, path, precision, deterministic)(x, weight, bias)
 
 
 def conv_act_pool(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Sequence[int] = 1,

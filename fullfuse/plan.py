@@ -5,7 +5,7 @@ fused kernel cannot take); ``Plan.last_path`` / ``last_reason`` show what the mo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import dispatch
 from .errors import UnsupportedError
@@ -20,14 +20,16 @@ class Plan:
     requested: str       # the path the user asked for
     path: str            # the static choice for CUDA inputs: "fused" | "fallback" | "torch"
     reason: str
+    calls: object = field(default=None, repr=False, compare=False)   # the region's calls.SpecCalls (set by it)
 
     @property
     def last_path(self):
-        return dispatch.last_decision.get(self.spec, (None, None))[0]
+        """The path the most recent call ran (None before the first)."""
+        return None if self.calls is None else self.calls.last[0]
 
     @property
     def last_reason(self):
-        return dispatch.last_decision.get(self.spec, (None, None))[1]
+        return None if self.calls is None else self.calls.last[1]
 
     def __str__(self):
         return f"{self.name}: family {self.family} [{self.description}] -> {self.path} ({self.reason})"

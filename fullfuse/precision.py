@@ -72,7 +72,7 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"fullfuse: precision must be one of {PRECISION_CHOICES}, got {precision!r}")
 
 
-_NATIVE_MODES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+NATIVE_MODES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def resolve(precision: str, dtype: torch.dtype) -> str:
@@ -84,7 +84,7 @@ def resolve(precision: str, dtype: torch.dtype) -> str:
         if precision in ("tf32", "ieee"):
             return precision
     check_precision(precision)
-    return _NATIVE_MODES.get(dtype) or str(dtype).replace("torch.", "")
+    return NATIVE_MODES.get(dtype) or str(dtype).replace("torch.", "")
 
 
 # Process-wide torch flags are changed only here, under this lock, which a call holds while its convolutions are

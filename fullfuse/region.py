@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import ops
+from . import calls
 from .plan import Plan
 
 
@@ -15,8 +15,9 @@ fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 
 
 class FusedRegion(nn.Module):
-    """Runs one spec through ``fullfuse.ops``.  Holds the original conv module (sharing its parameters), or gets
-    the weight and bias as inputs when the model called F.convNd."""
+    """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
+    the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
+    F.convNd."""
 
     def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool):
         super().__init__()
@@ -25,19 +26,19 @@ class FusedRegion(nn.Module):
         self.add_module("conv", conv)
         self.precision = precision
         self.deterministic = deterministic
+        self.calls = plan.calls = calls.calls_for(plan.spec, plan.requested, precision, deterministic)
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
         conv = self._modules["conv"]   # (dict lookups, not Module.__getattr__: host time per call; still live)
         if conv is not None:
             weight, bias = conv._parameters["weight"], conv._parameters.get("bias")
-        plan = self.plan
-        return ops.run_spec(plan.spec, x, weight, bias, plan.requested, self.precision, self.deterministic)
+        return self.calls(x, weight, bias)
 
     def __call__(self, *args, **kwargs):
         """``forward`` without nn.Module.__call__'s hook checks (~1.5 us of host time per call; a region is
         fullfuse's own and has no hooks), except under fx tracing (a pickled fused model is re-traced when loaded)
         and torch.compile, which see the module call as usual."""
-        if fx_tracing() or ops.compiling():
+        if fx_tracing() or calls.compiling():
             return super().__call__(*args, **kwargs)
         return self.forward(*args, **kwargs)
 

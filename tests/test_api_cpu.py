@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fullfuse
-from fullfuse import ops, precision, weights
+from fullfuse import calls, ops, precision, weights
 from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
 
 
@@ -193,7 +193,7 @@ def test_grad_runs_torch_path_with_one_warning():
     model = SeedA()
     fused = fullfuse.fused_model(model)
     x = torch.randn(SMALL_SHAPE["A"])
-    ops._warned_grad = False
+    calls._warned_grad = False
     with pytest.warns(UserWarning, match="requires grad"):
         out = fused(x)
     out.sum().backward()

@@ -58,11 +58,11 @@ def test_fused_a_check_cases_when_the_driver_refuses_the_tensor_map(monkeypatch)
     """The check cases on path "fused" with every tensor map refused (runtime.tensor_map -> None, as where the driver
     cannot make one): family A's TMA plans step to the per-thread 16-byte copy loaders (VEC, NCHW4, NCHW8) and stride-2
     columns to the mma.sync kernel, which must give the same answers."""
-    from fullfuse import dispatch, runtime
+    from fullfuse import calls, runtime
     from fullfuse.check import cases, run_case
     refused = []
     monkeypatch.setattr(runtime, "tensor_map", lambda *args: refused.append(args) and None)
-    monkeypatch.setattr(dispatch, "_calls", {})   # fresh prepared calls: no tensor map kept from earlier tests
+    monkeypatch.setattr(calls, "_registry", {})   # fresh prepared calls: no tensor map kept from earlier tests
     bad, ran = [], 0
     for case in cases("A"):
         for dtype, prec in (("float32", "tf32"), ("float32", "ieee"), ("bfloat16", "auto")):

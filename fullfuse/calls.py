@@ -1,0 +1,192 @@
+"""A spec's calls: PyTorch's semantics around the dispatcher, and each call signature's prepared call.
+
+``SpecCalls`` serves one (spec, path, precision, deterministic), as a region or ``ops.run_spec`` calls it:
+
+- the common call (a batched input, no autograd, no autocast, eager) is a lookup of its signature and the prepared
+  call, with nothing else in between (host time per call; ``run``);
+- an unbatched input (as torch convs accept it) runs as a batch of one, the spec's post view (family A) taken after;
+- an input or weight that needs gradients runs the torch path (fullfuse is inference-only), with a one-time warning;
+- under autocast the region computes in the autocast dtype, as the original would (float32 out where autocast runs
+  the last op in float32);
+- under torch.compile the call goes through the registered op (``ops``), which dynamo sees as one opaque op.
+
+``last`` is (path, reason) of the most recent call: what ``FusedModel.plans`` shows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Dict, Optional
+
+import torch
+
+from . import dispatch, torch_path
+from .precision import NATIVE_MODES, check_precision, resolve, torch_conv_precision
+from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+
+# whether torch.compile is tracing the call (torch.compiler.is_compiling; never on torch builds without it)
+compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_grad_enabled = torch.is_grad_enabled
+_AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _autocast_query():
+    """Whether autocast is on for CUDA, as one C call (host time per call): torch's getter bound to "cuda", or its
+    older spelling without a device."""
+    try:
+        torch.is_autocast_enabled("cuda")
+    except TypeError:                                     # torch < 2.4's spelling
+        return torch.is_autocast_enabled
+    return functools.partial(torch.is_autocast_enabled, "cuda")
+
+
+_cuda_autocast_on = _autocast_query()
+_warned_grad = False
+
+
+def _needs_grad(x, weight, bias) -> bool:
+    return _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+
+
+def _warn_grad_once():
+    global _warned_grad
+    if not _warned_grad:
+        _warned_grad = True
+        warnings.warn("fullfuse: an input or weight requires grad; running the torch path so autograd works "
+                      "(fullfuse's kernels are inference-only)", stacklevel=4)
+
+
+def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast would run this region's convolution in (None: autocast is off or leaves x as it is).
+    Convolutions are on autocast's lower-precision list: float tensors on an autocast-enabled device are cast."""
+    if not x.is_cuda or x.dtype not in _AUTOCAST_INPUTS or not _cuda_autocast_on():
+        return None
+    get = getattr(torch, "get_autocast_dtype", None)
+    return get("cuda") if get is not None else torch.get_autocast_gpu_dtype()
+
+
+def _autocast_float32(spec) -> bool:
+    """Whether autocast runs the region's last op in float32: ``sum`` is on its float32 list; mean / amax / the
+    adaptive pools are not (they keep their input's dtype)."""
+    return isinstance(spec, ConvTPoolReduceSpec) and spec.reduction == "sum"
+
+
+class SpecCalls:
+    """The calls of one (spec, path, precision, deterministic) (the module's text says what a call does); one object
+    per such tuple (``calls_for``), so that a region, ``ops.run_spec`` and the registered op share prepared calls."""
+
+    LIMIT = 4096   # prepared call signatures kept (a process that sees ever new shapes does not grow without limit)
+
+    def __init__(self, spec, path: str, precision: str, deterministic: bool):
+        dispatch.check_path(path)
+        check_precision(precision)
+        self.spec, self.path, self.precision, self.deterministic = spec, path, precision, deterministic
+        self.last = (None, None)
+        self._rank = spec.dims + 2
+        # the mode of each input dtype where it does not follow torch's flags (float32 under "auto" does: read per call)
+        self._modes = dict(NATIVE_MODES)
+        if precision != "auto":
+            self._modes[torch.float32] = precision
+        # call signature -> ((path, reason), run(x, weight, bias)); the signature is what the choice and the prepared
+        # call depend on: the mode, the input's dtype, device, shape and strides (the layout) and its address's
+        # 16-byte alignment (the loaders), the weight's and bias's dtype and device
+        self._prepared: Dict[tuple, tuple] = {}
+        self._pooled: Optional[SpecCalls] = None
+
+    def __reduce__(self):
+        """Pickled and copied as its arguments: the copy is the process's own object for them (prepared calls hold
+        loaded kernels, which neither pickle nor copy)."""
+        return calls_for, (self.spec, self.path, self.precision, self.deterministic)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if (x.dim() == self._rank and not _cuda_autocast_on() and not compiling()
+                and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                              or (bias is not None and bias.requires_grad)))):
+            return self.run(x, weight, bias)
+        return self._general(x, weight, bias)
+
+    def run(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The dispatcher: the signature's prepared call (made on its first call: dispatch.prepare), run.  Built
+        inline: host time per call."""
+        dtype = x.dtype
+        mode = self._modes.get(dtype)
+        if mode is None:
+            mode = torch_conv_precision() if dtype is torch.float32 else resolve(self.precision, dtype)
+        key = (mode, dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16, weight.dtype, weight.device,
+               None if bias is None else (bias.dtype, bias.device))
+        entry = self._prepared.get(key)
+        if entry is None:
+            entry = dispatch.prepare(self.spec, self.path, self.precision, mode, self.deterministic, x, weight, bias)
+            if len(self._prepared) >= self.LIMIT:
+                self._prepared.clear()
+            self._prepared[key] = entry
+        self.last = entry[0]
+        return entry[1](x, weight, bias)
+
+    def _general(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """Every call that is not the common one (the module's text, in this order)."""
+        spec = self.spec
+        if x.dim() == spec.dims + 1:
+            pooled = self._pooled_calls()
+            out = pooled(x.unsqueeze(0), weight, bias).squeeze(0)
+            if pooled is not self:
+                self.last = pooled.last
+                out = torch_path.post_view(spec, out)
+            return out
+        if _needs_grad(x, weight, bias):
+            _warn_grad_once()
+            self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
+            return torch_path.run(spec, x, weight, bias)
+        cast = _autocast_dtype(x)
+        if cast is not None:
+            if self.path == "torch":                      # PyTorch's own ops under the caller's autocast
+                self.last = ("torch", "requested")
+                return torch_path.run(spec, x, weight, bias)
+            with torch.autocast("cuda", enabled=False):
+                out = self(x.to(cast), weight.to(cast), None if bias is None else bias.to(cast))
+            return out.float() if _autocast_float32(spec) else out
+        if not compiling() or spec.groups != 1 or spec.padding_mode != "zeros":
+            return self.run(x, weight, bias)
+        return _registered_op(spec, x, weight, bias, self.path, self.precision, self.deterministic)
+
+    def _pooled_calls(self) -> "SpecCalls":
+        """The calls of the spec without its post view (family A; B has none): what a batched call of an unbatched
+        input runs."""
+        if self._pooled is None:
+            post = getattr(self.spec, "post", "none")
+            self._pooled = self if post == "none" else calls_for(_without_post(self.spec), self.path, self.precision,
+                                                                 self.deterministic)
+        return self._pooled
+
+
+def _without_post(spec):
+    return dataclasses.replace(spec, post="none")
+
+
+_registry: Dict[tuple, SpecCalls] = {}
+
+
+def calls_for(spec, path: str = "auto", precision: str = "auto", deterministic: bool = True) -> SpecCalls:
+    """The process's ``SpecCalls`` of these arguments (made on first use; raises ValueError for an unknown path or
+    precision, keeping nothing)."""
+    key = (spec, path, precision, deterministic)
+    calls = _registry.get(key)
+    if calls is None:
+        calls = SpecCalls(spec, path, precision, deterministic)
+        if len(_registry) >= SpecCalls.LIMIT:
+            _registry.clear()
+        calls = _registry.setdefault(key, calls)
+    return calls
+
+
+def _registered_op(spec, x, weight, bias, path: str, precision: str, deterministic: bool) -> torch.Tensor:
+    """The call through the op ``ops`` registers (torch.ops.fullfuse.*), as torch.compile traces it."""
+    if isinstance(spec, ConvActPoolSpec):
+        return torch.ops.fullfuse.conv_act_pool(x, weight, bias, list(spec.stride), list(spec.padding),
+                                                list(spec.dilation), spec.activation, spec.pool, spec.keepdim,
+                                                spec.post, path, precision, deterministic)
+    return torch.ops.fullfuse.convt_pool_reduce(x, weight, bias, list(spec.stride), list(spec.padding),
+                                                list(spec.output_padding), list(spec.dilation), list(spec.window),
+                                                spec.activation, spec.reduction, spec.keepdim, path, precision,
+                                                deterministic)
