@@ -39,17 +39,18 @@ class FusedModel(nn.Module):
         torch.compile, which all see the module call as usual.  A graph that is one region called on the one input
         runs that region's forward directly (the generated forward's frame and the region's own checks, ~1 us more;
         the checks here are the region's)."""
-        if (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+        d = self.__dict__   # (nn.Module keeps these in the instance dict; read there: host time per call)
+        if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
                 or _GLOBAL_FORWARD or _GLOBAL_FORWARD_PRE or _GLOBAL_BACKWARD or _GLOBAL_BACKWARD_PRE
-                or self._compiled_call_impl is not None or _jit_tracing() or fx_tracing() or calls.compiling()):
+                or d.get("_compiled_call_impl") is not None or _jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
         if len(args) == 1 and not kwargs:
-            gm = self._modules["graph_module"]
-            if type(gm).forward is not self._lone_checked:   # a graph not yet looked at (built, recompiled, copied)
-                self.__dict__["_lone_name"] = lone_region(gm)
-                self.__dict__["_lone_checked"] = type(gm).forward
-            if self._lone_name is not None:
-                region = gm._modules.get(self._lone_name)
+            gm = d["_modules"]["graph_module"]
+            if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
+                d["_lone_name"] = lone_region(gm)
+                d["_lone_checked"] = type(gm).forward
+            if d["_lone_name"] is not None:
+                region = gm._modules.get(d["_lone_name"])
                 if type(region) is FusedRegion:
                     return region.forward(args[0])
         return self.forward(*args, **kwargs)

@@ -463,3 +463,40 @@ def test_lone_region_runs_directly():
     assert lone_region(fused_head.graph_module) is None and lone_region(head) is None
     with torch.no_grad():
         torch.testing.assert_close(fused_head(x), head(x))
+
+
+def test_a_call_signature_is_prepared_once_and_again_for_whatever_it_depends_on(monkeypatch):
+    """The common call finds its prepared call by its signature (the key the first call kept it under); the dtype,
+    device and layout of the input, the weight's dtype and torch's float32 precision under "auto" each make a new
+    signature.  Each fused model's plans show its own last decision, also for one spec run on two paths."""
+    from fullfuse import dispatch
+    prepared = []
+    real = dispatch.prepare
+
+    def counting(spec, path, precision_, mode, *args):
+        prepared.append((path, mode))
+        return real(spec, path, precision_, mode, *args)
+    monkeypatch.setattr(dispatch, "prepare", counting)
+    monkeypatch.setattr(calls, "_registry", {})
+    model = SeedA().eval()
+    auto, torch_path = fullfuse.fused_model(model), fullfuse.fused_model(model, path="torch")
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for _ in range(3):
+            auto(x)
+        assert prepared == [("auto", precision.torch_conv_precision())]
+        auto(x.contiguous(memory_format=torch.channels_last))
+        assert len(prepared) == 2
+        other = "ieee" if precision.torch_conv_precision() == "tf32" else "tf32"
+        with precision.cudnn_conv_precision(other):
+            auto(x)
+        assert prepared[-1] == ("auto", other)
+        torch_path(x)
+        assert prepared[-1][0] == "torch" and len(prepared) == 4
+        assert auto.plans[0].last_path == "torch" and "cpu" in auto.plans[0].last_reason
+        assert torch_path.plans[0].last_reason == "requested"
+        model.double()
+        auto(x.double())
+        with pytest.raises(RuntimeError):
+            auto(x)                                       # float input, double weight: torch's own error
+    assert len(prepared) == 6

@@ -251,3 +251,19 @@ def test_chunk_rows_are_the_tensor_itself_for_the_whole_batch():
     assert pipeline.rows(t, 0, 4) is t
     part = pipeline.rows(t, 1, 3)
     assert part is not t and torch.equal(part, t[1:3]) and part.data_ptr() == t[1:].data_ptr()
+
+
+@pytest.mark.parametrize("chosen_chunk_mb, whole", [(None, False), (8, False), (64, True)])
+def test_schedule_runs_whole_batches_without_the_pipeline(chosen_chunk_mb, whole, monkeypatch):
+    """A batch of one is whole from the start; a larger batch only once its first call chose a one-chunk schedule (a
+    call under capture chooses nothing: it stays chunked by the default schedule)."""
+    mb = 1 << 20
+    monkeypatch.setattr(pipeline, "_chosen", {})
+    monkeypatch.setattr(pipeline, "_execute", lambda *args: None)
+    choose = {} if chosen_chunk_mb is None else {"key": (chosen_chunk_mb * mb, False, 1.0)}
+    monkeypatch.setattr(pipeline, "run", lambda *args: pipeline._chosen.update(choose))
+    assert pipeline.Schedule(None, "one", 1, 64 * mb).whole
+    schedule = pipeline.Schedule(None, "key", 4, 16 * mb)            # 64 MB of conv output in all
+    assert not schedule.whole
+    schedule.run(lambda n0, n1: None, lambda y, n0, n1: None)
+    assert schedule.whole == whole

@@ -91,7 +91,8 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     conv_dtype = torch.float32 if f16 else None
     spatial = spec.output_spatial(tuple(x.shape[2:]))
     per_image = k * math.prod(spatial) * (4 if f16 else x.element_size())
-    key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
+    schedule = pipeline.Schedule(device, (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode,
+                                          deterministic), n, per_image)
     shape = spec.output_shape(n)
     # out is made in the returned shape where that is (N, K, 1, ...): the same bytes as (N, K), and no view per call
     made = shape if tuple(shape[:2]) == (n, k) else (n, k)
@@ -102,20 +103,22 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
                                  torch_conv.image_elements(x.shape), k * math.prod(spatial))
     convs = cudnn_conv.forward_convs(spec, mode, deterministic, conv_dtype, torch_call,
                                      lambda rows: (rows, k, *spatial))
+    whole = (0, n)
+
+    def conv(x, weight, rows):
+        y = None if convs is None else convs(x, weight, rows)
+        return torch_call(x, weight) if y is None or y is cudnn_conv.TORCH_CALL else y
 
     def run(x, weight, bias):
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
         out = launch.new_output(*made, device=device)
-
-        def conv(n0, n1):
-            xs = pipeline.rows(x, n0, n1)
-            y = None if convs is None else convs(xs, weight, (n0, n1))
-            return torch_call(xs, weight) if y is None or y is cudnn_conv.TORCH_CALL else y
-
-        def finish(y, n0, n1):
-            epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16_range=f16 and y.dtype == torch.float32)
-
-        pipeline.run(device, key, n, per_image, conv, finish)
+        if schedule.whole:
+            y = conv(x, weight, whole)
+            epilogue(spec, y, bias, out, f16 and y.dtype == torch.float32)
+        else:
+            def finish(y, n0, n1):
+                epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16 and y.dtype == torch.float32)
+            schedule.run(lambda n0, n1: conv(pipeline.rows(x, n0, n1), weight, (n0, n1)), finish)
         if dtype != torch.float32:
             out = out.to(dtype)
         return out.view(shape) if reshape else out

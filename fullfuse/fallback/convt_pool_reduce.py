@@ -116,17 +116,21 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     made = (n, 1, *pooled) if spec.keepdim else (n, *pooled)
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
-    key = (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode, deterministic)
+    schedule = pipeline.Schedule(device, (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode,
+                                          deterministic), n, per_image)
     calls = _Calls(spec, x, mode, deterministic)
+    whole = (0, n)
 
     def run(x, weight, bias):
         # the weight as the caller has it: transposed_conv lays it out where its conv needs that (per chunk)
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
         out = launch.new_output(*made, device=device)   # (the reduction's channel dim where kept: no view per call)
-        pipeline.run(device, key, n, per_image,
-                     lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic,
-                                                    calls, (n0, n1)),
-                     lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
+        if schedule.whole:
+            epilogue(spec, transposed_conv(spec, x, weight, mode, deterministic, calls, whole), bias, out)
+        else:
+            schedule.run(lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic,
+                                                        calls, (n0, n1)),
+                         lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
         if dtype != torch.float32:
             out = out.to(dtype)
         return out

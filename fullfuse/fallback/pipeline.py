@@ -183,6 +183,26 @@ def run(device: torch.device, key: Hashable, n: int, bytes_per_image: int,
     _execute(device, _chunks_kept(n, bytes_per_image, chunk_bytes), overlap, produce, consume)
 
 
+class Schedule:
+    """``run`` for one problem (key, batch n, conv output bytes per image), and whether its calls run the batch as one
+    chunk (``whole``): a batch of one, or a chosen schedule of one chunk.  A whole-batch call needs none of this
+    module (its caller runs the conv and the epilogue of the batch itself: host time per call); ``whole`` turns true
+    once the problem's first call has chosen such a schedule."""
+
+    __slots__ = ("device", "key", "n", "bytes_per_image", "whole")
+
+    def __init__(self, device: torch.device, key: Hashable, n: int, bytes_per_image: int):
+        self.device, self.key, self.n, self.bytes_per_image = device, key, n, bytes_per_image
+        self.whole = n == 1
+
+    def run(self, produce: Callable[[int, int], torch.Tensor],
+            consume: Callable[[torch.Tensor, int, int], None]) -> None:
+        run(self.device, self.key, self.n, self.bytes_per_image, produce, consume)
+        chosen = _chosen.get(self.key)
+        if chosen is not None:
+            self.whole = len(_chunks_kept(self.n, self.bytes_per_image, chosen[0])) == 1
+
+
 def describe() -> list:
     """(problem key, chunk bytes, overlap, ms) of every schedule chosen so far."""
     return [(key, c, o, ms) for key, (c, o, ms) in list(_chosen.items())]
