@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fullfuse
-from fullfuse import dispatch, launch, ops, precision, runtime, torch_path, workspace
+from fullfuse import calls, launch, ops, precision, runtime, torch_path, workspace
 from fullfuse.fallback import conv_act_pool as fallback_a
 from fullfuse.fallback import convt_pool_reduce as fallback_b
 from fullfuse.fallback import cudnn_conv, torch_conv
@@ -58,7 +58,8 @@ def host_pieces() -> None:
         "graph_module.forward(x)": lambda: fused.graph_module.forward(x),
         "region(x)": lambda: region(x),
         "ops.run_spec": lambda: ops.run_spec(spec, x, weight, bias, "fused", "auto", True),
-        "dispatch.run": lambda: dispatch.run(spec, x, weight, bias, "fused", "auto", True),
+        "SpecCalls.__call__": lambda: region.calls(x, weight, bias),
+        "SpecCalls.run (the dispatcher)": lambda: region.calls.run(x, weight, bias),
         "precision.resolve": lambda: precision.resolve("auto", x.dtype),
         "torch.empty(1, 64, 1, 1)": lambda: torch.empty(1, 64, 1, 1, device="cuda"),
         "workspace.for_launch (2 buffers)": lambda: workspace.for_launch(0, ((4096, workspace.ZEROED),
@@ -69,7 +70,7 @@ def host_pieces() -> None:
     }
     with torch.no_grad():
         fused(x)
-        runner = next(entry[2] for key, entry in dispatch._calls.items() if key[0] == id(spec))
+        runner = next(iter(region.calls._prepared.values()))[1]
         pieces["runner"] = lambda: runner(x, weight, bias)
         seen = {}
         launch_fn = runtime.Kernel.launch
@@ -141,8 +142,8 @@ def fallback_pieces() -> None:
             for shape in shapes:
                 x = torch.randn(shape, device="cuda")
                 fallback(x)
-                runner = next(entry[2] for key, entry in dispatch._calls.items()
-                              if key[0] == id(spec) and key[7] == x.shape and key[1] == "fallback")
+                runner = next(entry[1] for key, entry in calls.calls_for(spec, "fallback")._prepared.items()
+                              if key[3] == x.shape)
                 mode = precision.resolve("auto", x.dtype)
                 w = conv.weight
                 if family == "A":
@@ -175,7 +176,7 @@ def fallback_pieces() -> None:
                 pieces = {"fused_model(x)": lambda f=fallback, x=x: f(x),
                           "region.forward(x)": lambda r=region, x=x: r.forward(x),
                           "ops.run_spec": lambda x=x, w=w, b=bias, s=spec: ops.run_spec(s, x, w, b, "fallback"),
-                          "dispatch.run": lambda x=x, w=w, b=bias, s=spec: dispatch.run(s, x, w, b, "fallback", "auto"),
+                          "SpecCalls.run": lambda x=x, w=w, b=bias, s=spec: calls.calls_for(s, "fallback").run(x, w, b),
                           "prepared runner": lambda r=runner, x=x, w=w, b=bias: r(x, w, b),
                           "conv: PyTorch's cuDNN op, direct": lambda d=direct, x=x, w=w: d(x, w),
                           "conv: F.convNd under cudnn_settings": flags_conv,
