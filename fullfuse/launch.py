@@ -20,6 +20,26 @@ def new_output(*shape, device, dtype: torch.dtype = torch.float32) -> torch.Tens
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
+class Output:
+    """``new_output(*shape, device=device, dtype=dtype)`` as a call without arguments, for a prepared call's outputs:
+    torch.empty_like of a one-element template expanded to the shape (a fresh contiguous tensor; one tensor argument
+    to parse instead of a shape, a dtype and a device: host time per call)."""
+
+    __slots__ = ("shape", "device", "dtype", "_like")
+
+    def __init__(self, shape, device, dtype: torch.dtype = torch.float32):
+        self.shape, self.device, self.dtype = tuple(shape), device, dtype
+        self._like = torch.empty((), dtype=dtype, device=device).expand(self.shape)
+
+    def __call__(self) -> torch.Tensor:
+        if POISON_OUTPUTS:
+            return new_output(*self.shape, device=self.device, dtype=self.dtype)
+        return _empty_like(self._like)
+
+
+_empty_like = torch.empty_like
+
+
 def capturing(device: torch.device) -> bool:
     """Whether ``device``'s current stream is being captured into a CUDA graph."""
     return capturing_index(device_index(device))
@@ -35,11 +55,14 @@ def capturing_index(index: int) -> bool:
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # CUDA builds of torch: one C call each
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
+_fast_getters = None not in (_raw_stream, _is_capturing, _get_device)
 
 
 def stream_and_capturing(index: int):
     """(cudaStream_t of device ``index``'s current stream, whether it is being captured): what a call's launches and
     its kept buffers depend on, read together (one device check: host time)."""
+    if _fast_getters and index == _get_device():
+        return _raw_stream(index), _is_capturing()
     if index != current_device_index():
         with torch.cuda.device(index):
             return torch.cuda.current_stream(index).cuda_stream, torch.cuda.is_current_stream_capturing()
