@@ -71,8 +71,12 @@ def stream_and_capturing(index: int):
     return _raw_stream(index), _is_capturing()
 
 
-def current_device_index() -> int:
-    return _get_device() if _get_device is not None else torch.cuda.current_device()
+def _current_device() -> int:
+    return torch.cuda.current_device()
+
+
+# the current device's index: torch's own C getter where it has one (no Python frame: host time per launch)
+current_device_index = _get_device if _get_device is not None else _current_device
 
 
 def device_index(device: torch.device) -> int:

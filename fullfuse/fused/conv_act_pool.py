@@ -189,7 +189,7 @@ class Launches:
         self.nkb = 1
         self.blocks = [(bytes(plan.mma_params(self.pb, pl, aligned=True)), 0, self.pb.K, 0)]
 
-    def _ws(self, q, ws: int, parts: int):
+    def fill_ws(self, q, ws: int, parts: int):
         """The workspace's counters and maxima in the zeroed buffer ``ws`` (kept zero by the kernel), its partials
         in the scratch buffer ``parts`` (workspace.py).  Without a workspace the fields stay NULL, as the templates
         have them."""
@@ -200,17 +200,18 @@ class Launches:
             else:
                 q.ws_max = ws + self.ws_cnt
 
-    def fill(self, q, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
-             k0: int = 0, woff: int = 0) -> None:
-        """Set one launch's addresses in its parameters ``q`` (bias 0: none; ws / parts: the zeroed and the partials
-        buffer; tmap: the input's tensor map, TMA loaders only; k0 / woff: the launch's first output channel and its
-        weights' byte offset, K > 64)."""
+    @staticmethod
+    def fill_tmap(q, tmap: Optional[bytes]) -> None:
+        """The input's tensor map (TMA loaders; None: none) in the struct's first 128 bytes."""
         if tmap is not None:
-            ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))   # tmap: the struct's first 128 bytes
+            ctypes.memmove(ctypes.addressof(q), tmap, len(tmap))
+
+    def fill(self, q, x: int, w: int, bias: int, out: int, k0: int = 0, woff: int = 0) -> None:
+        """Set one launch's tensor addresses in its parameters ``q`` (bias 0: none; k0 / woff: the launch's first
+        output channel and its weights' byte offset, K > 64)."""
         q.x, q.w, q.bias, q.out = x, w + woff, (bias + self.esize * k0) if bias else None, out
         if not self.wgmma:
             q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
-        self._ws(q, ws, parts)
 
     def params(self, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
                tmp: int = 0, blocks=None):
@@ -218,13 +219,15 @@ class Launches:
         blocks: the weight layout's launches, blocks_for, default a contiguous weight's)."""
         if not self.wgmma:
             q = abi.FAParams.from_buffer_copy((blocks or self.blocks)[0][0])
-            self.fill(q, x, w, bias, out, ws, parts)
+            self.fill(q, x, w, bias, out)
+            self.fill_ws(q, ws, parts)
             return [q]
         out_list = []
         for template, k0, _, woff in blocks or self.blocks:
             q = abi.WGParams.from_buffer(bytearray(template))
-            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + self.osize * self.pb.N * k0, ws, parts, tmap, k0,
-                      woff)
+            self.fill_tmap(q, tmap)
+            self.fill(q, x, w, bias, out if self.nkb == 1 else tmp + self.osize * self.pb.N * k0, k0, woff)
+            self.fill_ws(q, ws, parts)
             out_list.append(q)
         return out_list
 
@@ -252,30 +255,39 @@ class _Runner:
         layout (Launches.blocks_for); a Conv3d's is made contiguous for this call where it is not."""
         l = self.l
         strides = weight.stride()
-        blocks = l.blocks_for(strides)
-        if blocks is None:
-            weight = contiguous(weight)   # (held by this name until the launch is enqueued)
-            strides = weight.stride()
-        ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
         if l.nkb == 1:
-            # one launch: this thread's own parameter struct per weight layout, made once from the layout's template,
-            # gets the call's pointers (a launch copies the parameters, so the struct is free again when launch()
-            # returns)
+            # one launch: this thread's own parameter struct per weight layout (the layout's strides as the caller
+            # has them), made once from the layout's template, gets the call's pointers (a launch copies the
+            # parameters, so the struct is free again when launch() returns); the workspace's pointers and the tensor
+            # map only where they changed
             by_strides = getattr(self._local, "args", None)
             if by_strides is None:
                 by_strides = self._local.args = {}
             mine = by_strides.get(strides)
             if mine is None:
-                mine = by_strides[strides] = runtime.Args(l.params(*ptrs, tmap, blocks=blocks)[0])
+                blocks = l.blocks_for(strides)
+                if blocks is None:
+                    weight = contiguous(weight)
+                mine = by_strides[strides] = runtime.Args(l.params(0, 0, 0, 0, 0, 0, blocks=blocks)[0])
+                mine.contiguous, mine.tmap, mine.ws = blocks is None, None, (0, 0)
+            elif mine.contiguous:
+                weight = contiguous(weight)   # (held by this name until the launch is enqueued)
+            q = mine.values[0]
+            if tmap is not mine.tmap:   # (TensorMaps gives one object per address)
+                l.fill_tmap(q, tmap)
                 mine.tmap = tmap
-            elif tmap is mine.tmap:
-                tmap = None   # the struct holds this map already (TensorMaps gives one object per address)
-            else:
-                mine.tmap = tmap
-            l.fill(mine.values[0], *ptrs, tmap)
+            wsp = (0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
+            if wsp != mine.ws:
+                l.fill_ws(q, *wsp)
+                mine.ws = wsp
+            l.fill(q, x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
             self.kernel.launch(self.grid, 128, l.smem, mine, stream)
             return
+        blocks = l.blocks_for(strides)
+        if blocks is None:
+            weight = contiguous(weight)   # (held by this name until the launch is enqueued)
+        ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
         # K > 64: launch kb into its (N, K_kb) block of a tmp buffer of this call (zeroed for the atomic mean, which
         # adds into it), then the block into out's columns, all in stream order (torch's current stream: ``stream``)
         n = l.pb.N

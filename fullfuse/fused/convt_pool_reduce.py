@@ -196,7 +196,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         args = getattr(local, "args", None)
         if args is None:
             args = local.args = runtime.Args(abi.FBParams.from_buffer_copy(template))
-            args.strides = None
+            args.strides, args.ws = None, None
             if packer is not None:
                 args.pack = _pack_args(args.values[0].pg, weight, packed)
         prm = args.values[0]
@@ -206,11 +206,12 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             args.strides = strides
             if packer is not None:
                 args.pack.values[2].ws[:] = strides
-        wptr, wp = weight.data_ptr(), packed.data_ptr()
-        prm.x, prm.w, prm.wp, prm.out = xp, wptr, wp, out.data_ptr()
+        wptr, wp, wsp = weight.data_ptr(), packed.data_ptr(), ws.data_ptr()
+        prm.x, prm.w, prm.out = xp, wptr, out.data_ptr()
         prm.bias = None if bias is None else bias.data_ptr()
-        wsp = ws.data_ptr()
-        prm.ws, prm.ws_cnt, prm.pack_cnt = wsp, wsp + ws_cnt, wsp + ws_pack
+        if (wsp, wp) != args.ws:   # the kept buffers' addresses, set where they changed
+            prm.ws, prm.ws_cnt, prm.pack_cnt, prm.wp = wsp, wsp + ws_cnt, wsp + ws_pack, wp
+            args.ws = (wsp, wp)
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
         if packer is None:
             fused.launch(grid, threads, smem, args, stream)
