@@ -20,26 +20,6 @@ def new_output(*shape, device, dtype: torch.dtype = torch.float32) -> torch.Tens
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
-class Output:
-    """``new_output(*shape, device=device, dtype=dtype)`` as a call without arguments, for a prepared call's outputs:
-    torch.empty_like of a one-element template expanded to the shape (a fresh contiguous tensor; one tensor argument
-    to parse instead of a shape, a dtype and a device: host time per call)."""
-
-    __slots__ = ("shape", "device", "dtype", "_like")
-
-    def __init__(self, shape, device, dtype: torch.dtype = torch.float32):
-        self.shape, self.device, self.dtype = tuple(shape), device, dtype
-        self._like = torch.empty((), dtype=dtype, device=device).expand(self.shape)
-
-    def __call__(self) -> torch.Tensor:
-        if POISON_OUTPUTS:
-            return new_output(*self.shape, device=self.device, dtype=self.dtype)
-        return _empty_like(self._like)
-
-
-_empty_like = torch.empty_like
-
-
 def capturing(device: torch.device) -> bool:
     """Whether ``device``'s current stream is being captured into a CUDA graph."""
     return capturing_index(device_index(device))

@@ -97,7 +97,6 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     # out is made in the returned shape where that is (N, K, 1, ...): the same bytes as (N, K), and no view per call
     made = shape if tuple(shape[:2]) == (n, k) else (n, k)
     reshape = made != shape
-    new_out = launch.Output(made, device)
     # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the operands as
     # the caller has them (where it costs no more per call, or without the frontend)
     torch_call = torch_conv.conv(spec.dims, spec.stride, spec.padding, spec.dilation, mode, deterministic,
@@ -112,7 +111,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
 
     def run(x, weight, bias):
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-        out = new_out()
+        out = launch.new_output(*made, device=device)
         if schedule.whole:
             y = conv(x, weight, whole)
             epilogue(spec, y, bias, out, f16 and y.dtype == torch.float32)

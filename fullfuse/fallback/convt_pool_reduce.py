@@ -115,7 +115,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     conv_out = spec.conv_output_spatial(tuple(x.shape[2:]))
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     made = (n, 1, *pooled) if spec.keepdim else (n, *pooled)
-    new_out = launch.Output(made, device)
     per_image = spec.out_channels * math.prod(conv_out) * x.element_size()
     schedule = pipeline.Schedule(device, (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode,
                                           deterministic), n, per_image)
@@ -125,7 +124,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     def run(x, weight, bias):
         # the weight as the caller has it: transposed_conv lays it out where its conv needs that (per chunk)
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-        out = new_out()   # (the reduction's channel dim where kept: no view per call)
+        out = launch.new_output(*made, device=device)   # (the reduction's channel dim where kept: no view per call)
         if schedule.whole:
             epilogue(spec, transposed_conv(spec, x, weight, mode, deterministic, calls, whole), bias, out)
         else:

@@ -329,7 +329,6 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     mean = spec.pool == "mean"
     atomic = mean and not deterministic
     shape = spec.output_shape(n)   # (any view of the N x K values the kernel writes)
-    new_out = launch.Output(shape, device, dtype)
     ws_bytes = plan.workspace_bytes(pb, props)
     wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
     call = _runner(pb, props, index, _aligned(x, copy))
@@ -342,7 +341,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
         if atomic:
             out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
-            out = new_out()
+            out = launch.new_output(*shape, device=device, dtype=dtype)
         # every tensor the kernel reads is held by a name until the launch is enqueued (the weight: as it lies, or a
         # contiguous copy made by the runner)
         bias = contiguous(bias)

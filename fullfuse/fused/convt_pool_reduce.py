@@ -175,7 +175,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     dtype, device = x.dtype, x.device
     channels_last = bool(p.params.channels_last)
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
-    new_out = launch.Output(shape, device, dtype)
     template = bytes(p.params)   # every field but the pointers, the weight's strides and ncdhw_vec
     grid, threads, smem, ws_cnt, ws_pack = p.blocks, p.threads, p.smem, p.ws_cnt_offset, p.ws_pack_offset
     pack_grid = p.pack_grid
@@ -188,7 +187,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if copy:
             x = x.contiguous()
         stream, (ws, packed) = workspace.for_launch(index, wanted)
-        out = new_out()   # the model's dtype, written by the kernel
+        out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
         bias = contiguous(bias)
         xp = x.data_ptr()
         if channels_last and xp % 16:
