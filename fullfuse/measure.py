@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -97,12 +98,15 @@ def interleaved_host_us(fns: Dict[str, Callable[[], object]], calls: int, rounds
     """For each of ``fns``, side by side: (the median host time in µs of an isolated call, as isolated_host_us; the
     best wall time in µs per call of ``back_to_back_calls`` back-to-back calls synchronised at the end, over
     ``rounds``).  The functions take turns call by call (isolated) and round by round (back to back), so a drift of
-    the shared host's speed hits them all alike and their ratios hold."""
+    the shared host's speed hits them all alike and their ratios hold; the order of the isolated turns is shuffled
+    each time (fixed seed), so that what runs just before a call, which shifts its time, varies alike for all."""
     for fn in fns.values():
         fn()
     isolated: Dict[str, list] = {name: [] for name in fns}
+    order, shuffle = list(fns.items()), random.Random(0).shuffle
     for _ in range(calls):
-        for name, fn in fns.items():
+        shuffle(order)
+        for name, fn in order:
             torch.cuda.synchronize()
             start = time.perf_counter()
             fn()
