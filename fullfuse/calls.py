@@ -76,7 +76,7 @@ class SpecCalls:
     """The calls of one (spec, path, precision, deterministic) (the module's text says what a call does); one object
     per such tuple (``calls_for``), so that a region, ``ops.run_spec`` and the registered op share prepared calls."""
 
-    LIMIT = 4096   # prepared call signatures kept (a process that sees ever new shapes does not grow without limit)
+    LIMIT = 1024   # prepared call signatures kept (a process that sees ever new shapes does not grow without limit)
 
     def __init__(self, spec, path: str, precision: str, deterministic: bool):
         dispatch.check_path(path)
@@ -165,6 +165,7 @@ def _without_post(spec):
 
 
 _registry: Dict[tuple, SpecCalls] = {}
+REGISTRY_LIMIT = 256   # (as ops' spec caches; a region keeps its own SpecCalls, also once the registry let it go)
 
 
 def calls_for(spec, path: str = "auto", precision: str = "auto", deterministic: bool = True) -> SpecCalls:
@@ -174,7 +175,7 @@ def calls_for(spec, path: str = "auto", precision: str = "auto", deterministic: 
     calls = _registry.get(key)
     if calls is None:
         calls = SpecCalls(spec, path, precision, deterministic)
-        if len(_registry) >= SpecCalls.LIMIT:
+        if len(_registry) >= REGISTRY_LIMIT:
             _registry.clear()
         calls = _registry.setdefault(key, calls)
     return calls

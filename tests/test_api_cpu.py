@@ -500,3 +500,23 @@ def test_a_call_signature_is_prepared_once_and_again_for_whatever_it_depends_on(
         with pytest.raises(RuntimeError):
             auto(x)                                       # float input, double weight: torch's own error
     assert len(prepared) == 6
+
+
+def test_prepared_calls_stay_bounded(monkeypatch):
+    """Ever new shapes and specs do not grow the kept calls without limit: each SpecCalls keeps at most LIMIT
+    signatures, the registry at most REGISTRY_LIMIT SpecCalls, and a call after either was cleared still answers."""
+    monkeypatch.setattr(calls, "_registry", {})
+    monkeypatch.setattr(calls.SpecCalls, "LIMIT", 3)
+    monkeypatch.setattr(calls, "REGISTRY_LIMIT", 2)
+    model = SeedA().eval()
+    fused = fullfuse.fused_model(model)
+    region_calls = fused.plans[0].calls
+    with torch.no_grad():
+        for size in range(8, 16):
+            x = torch.randn(1, 8, size, size)
+            _close(fused(x), model(x))
+            assert len(region_calls._prepared) <= 3
+        w = torch.randn(4, 8, 3, 3)
+        for stride in range(1, 5):
+            ops.conv_act_pool(torch.randn(1, 8, 9, 9), w, stride=stride)
+            assert len(calls._registry) <= 2
