@@ -45,10 +45,6 @@ _cuda_autocast_on = _autocast_query()
 _warned_grad = False
 
 
-def _needs_grad(x, weight, bias) -> bool:
-    return _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-
-
 def _warn_grad_once():
     global _warned_grad
     if not _warned_grad:
@@ -100,11 +96,11 @@ class SpecCalls:
         return calls_for, (self.spec, self.path, self.precision, self.deterministic)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        if (x.dim() == self._rank and not _cuda_autocast_on() and not compiling()
-                and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                              or (bias is not None and bias.requires_grad)))):
+        needs_grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
+                                          or (bias is not None and bias.requires_grad))
+        if x.dim() == self._rank and not needs_grad and not _cuda_autocast_on() and not compiling():
             return self.run(x, weight, bias)
-        return self._general(x, weight, bias)
+        return self._general(x, weight, bias, needs_grad)
 
     def run(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """The dispatcher: the signature's prepared call (made on its first call: dispatch.prepare), run.  Built
@@ -124,8 +120,10 @@ class SpecCalls:
         self.last = entry[0]
         return entry[1](x, weight, bias)
 
-    def _general(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """Every call that is not the common one (the module's text, in this order)."""
+    def _general(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 needs_grad: bool) -> torch.Tensor:
+        """Every call that is not the common one (the module's text, in this order; needs_grad: autograd needs the
+        call's graph)."""
         spec = self.spec
         if x.dim() == spec.dims + 1:
             pooled = self._pooled_calls()
@@ -134,7 +132,7 @@ class SpecCalls:
                 self.last = pooled.last
                 out = torch_path.post_view(spec, out)
             return out
-        if _needs_grad(x, weight, bias):
+        if needs_grad:
             _warn_grad_once()
             self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
             return torch_path.run(spec, x, weight, bias)
@@ -155,13 +153,9 @@ class SpecCalls:
         input runs."""
         if self._pooled is None:
             post = getattr(self.spec, "post", "none")
-            self._pooled = self if post == "none" else calls_for(_without_post(self.spec), self.path, self.precision,
-                                                                 self.deterministic)
+            self._pooled = self if post == "none" else calls_for(dataclasses.replace(self.spec, post="none"),
+                                                                 self.path, self.precision, self.deterministic)
         return self._pooled
-
-
-def _without_post(spec):
-    return dataclasses.replace(spec, post="none")
 
 
 _registry: Dict[tuple, SpecCalls] = {}

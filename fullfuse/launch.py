@@ -43,12 +43,8 @@ def stream_and_capturing(index: int):
     its kept buffers depend on, read together (one device check: host time)."""
     if _fast_getters and index == _get_device():
         return _raw_stream(index), _is_capturing()
-    if index != current_device_index():
-        with torch.cuda.device(index):
-            return torch.cuda.current_stream(index).cuda_stream, torch.cuda.is_current_stream_capturing()
-    if _raw_stream is None or _is_capturing is None:
+    with torch.cuda.device(index):   # (the capture query reads the current device's stream)
         return torch.cuda.current_stream(index).cuda_stream, torch.cuda.is_current_stream_capturing()
-    return _raw_stream(index), _is_capturing()
 
 
 def _current_device() -> int:

@@ -24,9 +24,15 @@ class FusedRegion(nn.Module):
         self.plan = plan
         # (None too: forward reads _modules["conv"], which plain assignment of None skips)
         self.add_module("conv", conv)
-        self.precision = precision
-        self.deterministic = deterministic
         self.calls = plan.calls = calls.calls_for(plan.spec, plan.requested, precision, deterministic)
+
+    @property
+    def precision(self) -> str:
+        return self.calls.precision
+
+    @property
+    def deterministic(self) -> bool:
+        return self.calls.deterministic
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
         conv = self._modules["conv"]   # (dict lookups, not Module.__getattr__: host time per call; still live)
