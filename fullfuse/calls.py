@@ -42,6 +42,9 @@ def _autocast_query():
 
 
 _cuda_autocast_on = _autocast_query()
+# whether autocast is on for any device, one C call without arguments (torch >= 2.3; else the CUDA query): the common
+# call's test, the general route asking about CUDA itself
+_any_autocast_on = getattr(torch._C, "_is_any_autocast_enabled", None) or _cuda_autocast_on
 _warned_grad = False
 
 
@@ -98,7 +101,7 @@ class SpecCalls:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         needs_grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                           or (bias is not None and bias.requires_grad))
-        if x.dim() == self._rank and not needs_grad and not _cuda_autocast_on() and not compiling():
+        if x.dim() == self._rank and not needs_grad and not _any_autocast_on() and not compiling():
             return self.run(x, weight, bias)
         return self._general(x, weight, bias, needs_grad)
 

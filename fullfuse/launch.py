@@ -5,6 +5,7 @@ loaded and launched by ``runtime``.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 
@@ -13,11 +14,13 @@ import torch
 POISON_OUTPUTS = os.environ.get("FULLFUSE_POISON_OUTPUTS", "0") == "1"
 
 
-def new_output(*shape, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A buffer (float32 unless told) for a kernel to write completely."""
+def new_output(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A buffer of ``shape`` on ``like``'s device, in its dtype unless told, for a kernel to write completely
+    (host time per call: ``Tensor.new_empty`` parses no keywords where the dtype is ``like``'s, and the sizes go as
+    separate ints, which torch parses ~0.5 us faster than one tuple)."""
     if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(*shape, dtype=dtype, device=device)
+        return torch.full(shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
+    return like.new_empty(*shape) if dtype is None else like.new_empty(*shape, dtype=dtype)
 
 
 def capturing(device: torch.device) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -237,7 +237,9 @@ def launch_error(why: str) -> RuntimeError:
 
 
 class _Runner:
-    """Launches bound to a device: the kernel loaded, the mma.sync grid from its occupancy."""
+    """Launches bound to a device: the kernel loaded, the mma.sync grid from its occupancy.  A TMA plan's runner
+    makes (and keeps) the tensor map of each call's input; where the driver cannot make one, the call runs the copy
+    loader's plan (``plan.fallback_choice``), prepared on first need."""
 
     def __init__(self, launches: Launches, device: int):
         self.l, self.device = launches, device
@@ -248,11 +250,26 @@ class _Runner:
         else:   # at most the blocks that are resident at once; each loops over its items
             occ = self.kernel.blocks_per_sm(128, launches.smem)
             self.grid = min(launches.grid_blocks, occ * launches.props.sm_count)
+        # (the planner's geometry: the maps made once per signature and address)
+        self.tmaps = runtime.TensorMaps(launches.geometry) if launches.tma else None
+        self._copy_loader: Optional[_Runner] = None
+
+    def _without_tensor_map(self) -> "_Runner":
+        if self._copy_loader is None:   # (a race prepares it twice: harmless)
+            l = self.l
+            self._copy_loader = _Runner(Launches(l.pb, l.props, plan.fallback_choice(l.pb, l.props, l.choice)),
+                                        self.device)
+        return self._copy_loader
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                 ws, parts, stream: int, tmap: Optional[bytes] = None):
+                 ws, parts, stream: int):
         """Launch on ``stream`` (the one ``ws`` and ``parts`` serve).  The kernels read a Conv2d's weight in its own
         layout (Launches.blocks_for); a Conv3d's is made contiguous for this call where it is not."""
+        tmap = None
+        if self.tmaps is not None:
+            tmap = self.tmaps(x.data_ptr())
+            if tmap is None:
+                return self._without_tensor_map()(x, weight, bias, out, ws, parts, stream)
         l = self.l
         strides = weight.stride()
         if l.nkb == 1:
@@ -298,26 +315,6 @@ class _Runner:
             out.view(n, -1)[:, k0:k0 + kk].copy_(block)
 
 
-def _runner(pb: plan.Problem, props, device: int, aligned: bool) -> Callable:
-    """The launcher of one call signature: its plan's runner, and for a TMA plan the tensor map of each call's input
-    (where the driver cannot make one: the copy loader's plan, prepared on first need, as the C++ launcher did)."""
-    choice = plan.choose_call(pb, props, aligned)
-    primary = _Runner(Launches(pb, props, choice), device)
-    if not primary.l.tma:
-        return primary
-    tmaps = runtime.TensorMaps(primary.l.geometry)   # (the planner's tuples: made once per signature)
-    fallback: List[_Runner] = []
-
-    def run(x, weight, bias, out, ws, parts, stream):
-        tmap = tmaps(x.data_ptr())
-        if tmap is not None:
-            return primary(x, weight, bias, out, ws, parts, stream, tmap)
-        if not fallback:   # (a race prepares it twice: harmless)
-            fallback.append(_Runner(Launches(pb, props, plan.fallback_choice(pb, props, choice)), device))
-        return fallback[0](x, weight, bias, out, ws, parts, stream)
-    return run
-
-
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool):
     """The call for inputs like ``x`` (dtype, shape, strides, device, 16-byte alignment), everything that depends only
     on those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
@@ -331,7 +328,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     shape = spec.output_shape(n)   # (any view of the N x K values the kernel writes)
     ws_bytes = plan.workspace_bytes(pb, props)
     wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
-    call = _runner(pb, props, index, _aligned(x, copy))
+    call = _Runner(Launches(pb, props, plan.choose_call(pb, props, _aligned(x, copy))), index)
 
     def run(x, weight, bias):
         if copy:
@@ -339,9 +336,9 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
         # out in the shape and dtype the call returns (the kernel writes its N x K values contiguously); the atomic
         # mean adds into a zeroed float32 out, converted after
         if atomic:
-            out = torch.zeros(shape, dtype=torch.float32, device=device)
+            out = torch.zeros(*shape, dtype=torch.float32, device=device)
         else:
-            out = launch.new_output(*shape, device=device, dtype=dtype)
+            out = launch.new_output(x, shape)
         # every tensor the kernel reads is held by a name until the launch is enqueued (the weight: as it lies, or a
         # contiguous copy made by the runner)
         bias = contiguous(bias)

@@ -172,7 +172,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
     shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
-    dtype, device = x.dtype, x.device
     channels_last = bool(p.params.channels_last)
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
     template = bytes(p.params)   # every field but the pointers, the weight's strides and ncdhw_vec
@@ -187,7 +186,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         if copy:
             x = x.contiguous()
         stream, (ws, packed) = workspace.for_launch(index, wanted)
-        out = launch.new_output(*shape, device=device, dtype=dtype)   # the model's dtype, written by the kernel
+        out = launch.new_output(x, shape)   # the model's dtype, written by the kernel
         bias = contiguous(bias)
         xp = x.data_ptr()
         if channels_last and xp % 16:
