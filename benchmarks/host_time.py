@@ -3,10 +3,13 @@ family, with one eager PyTorch op's cost beside it.
 
     python benchmarks/host_time.py [--out benchmarks/results]
 
-Two figures per path (µs):
+Three figures per path (µs):
 - ``<path>_host_us``: the host time of an isolated call: the call alone is timed, with the GPU idle when it starts
   (synchronised before, untimed), median of the calls.  Nothing waits for the GPU, so this is what a call costs the
-  host: Python, allocations, the driver's enqueue of each kernel.
+  host: Python, allocations, the driver's enqueue of each kernel.  The paths and the eager op take turns call by
+  call, so each call runs after other code (caches colder).
+- ``<path>_repeated_host_us``: the same, with the call repeated and nothing else between its calls (the paths take
+  turns in blocks of 20 calls: fullfuse.measure.repeated_host_us): a program calling one signature again and again.
 - ``<path>_us``: the wall time per call of back-to-back calls, synchronised at the end, best of 5 rounds: host and GPU
   time together (whichever is longer sets it; the seed shapes are GPU-bound).
 "auto" is what fused_model() runs by default (its first-call measurement done before timing); "auto ran" says which
@@ -24,7 +27,7 @@ from pathlib import Path
 import torch
 
 import fullfuse
-from fullfuse.measure import environment, interleaved_host_us, result_stem
+from fullfuse.measure import environment, interleaved_host_us, repeated_host_us, result_stem
 from fullfuse.seed_models import SEED_SHAPE, seed_model
 
 SHAPES = {"A": [("tiny", (1, 8, 16, 16)), ("small", (4, 8, 64, 64)), ("seed", SEED_SHAPE["A"])],
@@ -90,6 +93,8 @@ def main() -> int:
                 # the paths take turns call by call: a drift of the shared host's speed hits them all alike
                 for name, (iso, b2b) in interleaved_host_us(fns, calls).items():
                     row[f"{name}_host_us"], row[f"{name}_us"] = iso, b2b
+                for name, iso in repeated_host_us(fns, calls).items():
+                    row[f"{name}_repeated_host_us"] = iso
                 row["auto_ran"] = fused_models["auto"].plans[0].last_path
                 rows.append(row)
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),

@@ -123,6 +123,28 @@ def interleaved_host_us(fns: Dict[str, Callable[[], object]], calls: int, rounds
     return {name: (1e6 * statistics.median(isolated[name]), 1e6 * best[name]) for name in fns}
 
 
+def repeated_host_us(fns: Dict[str, Callable[[], object]], calls: int, block: int = 20) -> Dict[str, float]:
+    """For each of ``fns``: the median host time in µs of an isolated call (as isolated_host_us) with the same call
+    repeated, nothing else run between its calls: the steady state of a program that calls one signature again and
+    again.  The functions take turns block by block (``block`` calls each, shuffled order, fixed seed), so a drift
+    of the shared host's speed hits them all alike.  interleaved_host_us, whose calls alternate with the others',
+    times each call after other code has run (its caches colder): a few µs more per call on the H200 hosts."""
+    for fn in fns.values():
+        fn()
+    times: Dict[str, list] = {name: [] for name in fns}
+    order, shuffle = list(fns.items()), random.Random(0).shuffle
+    for _ in range(max(1, calls // block)):
+        shuffle(order)
+        for name, fn in order:
+            for _ in range(block):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return {name: 1e6 * statistics.median(t) for name, t in times.items()}
+
+
 def peak_extra_memory(fn: Callable[[], object]) -> int:
     """Bytes allocated by one call of ``fn`` above what was allocated before it (output included), plus the
     workspaces fullfuse keeps across calls for it (outside torch's allocator: fullfuse.workspace.kept_bytes), which

@@ -182,7 +182,8 @@ def fallback_pieces() -> None:
                           "conv: F.convNd under cudnn_settings": flags_conv,
                           "conv problem lookup (SignatureConvs)": lambda c=convs, x=x, w=w, n=shape[0]: c(x, w, (0, n)),
                           "epilogue launch": epi,
-                          "new_output": lambda n=shape[0], k=out.shape[1]: launch.new_output(n, k, device=x.device)}
+                          "new_output": lambda x=x, n=shape[0], k=out.shape[1]: launch.new_output(x, (n, k),
+                                                                                                  torch.float32)}
                 entry, _ = cudnn_conv.lookup(kind, x, w, out_shape, spec.padding, spec.stride, spec.dilation, mode,
                                              True, None, direct)
                 if isinstance(entry, cudnn_conv._Entry):
