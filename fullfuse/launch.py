@@ -20,7 +20,15 @@ def new_output(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = None) -
     separate ints, which torch parses ~0.5 us faster than one tuple)."""
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
-    return like.new_empty(*shape) if dtype is None else like.new_empty(*shape, dtype=dtype)
+    sizes = shape or size_args(shape)
+    return like.new_empty(*sizes) if dtype is None else like.new_empty(*sizes, dtype=dtype)
+
+
+def size_args(shape) -> tuple:
+    """``shape`` as the positional arguments of torch's calls that take sizes (``torch.zeros``, ``Tensor.view``...):
+    its ints, separately (~0.5 us of host time less than one tuple); a 0-d shape as one empty tuple (those calls
+    reject no sizes at all: a squeezed (1, 1) output is 0-d)."""
+    return tuple(shape) if len(shape) else ((),)
 
 
 def capturing(device: torch.device) -> bool:

@@ -777,3 +777,31 @@ def test_auto_is_never_slower_than_eager(family, shape, conv):
         assert "measured" in plan.last_reason, plan.last_reason
         eager_s, auto_s = per_call(lambda: model(x)), per_call(lambda: auto(x))
     assert auto_s <= 1.25 * eager_s, (auto_s, eager_s, plan.last_path, plan.last_reason)
+
+
+@pytest.mark.parametrize("poison", [True, False], ids=["poisoned", "plain"])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("path", ["fused", "fallback", "torch", "auto"])
+def test_squeezed_single_channel_output(path, n, poison, monkeypatch):
+    """One output channel, pooled and squeezed: a batch of one gives a 0-d tensor, as the model does, on every path,
+    with outputs made plain (as users run) or poisoned (as the other tests do)."""
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", poison)
+    torch.manual_seed(SEED)
+
+    class OneChannel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pool = nn.Conv2d(3, 1, 3), nn.AdaptiveAvgPool2d(1)
+
+        def forward(self, x):
+            return self.pool(F.gelu(self.conv(x))).squeeze()
+
+    model = OneChannel().cuda().eval()
+    x = torch.randn(n, 3, 16, 16, device="cuda")
+    fused = fullfuse.fused_model(model, path=path)
+    with torch.no_grad():
+        got = fused(x)
+        want = _reference(model, x)
+    assert got.shape == want.shape == ((n,) if n > 1 else ())
+    assert errors(got, want)["relerr"] <= TOLERANCE["tf32"]
+    assert path == "auto" or fused.plans[0].last_path == path

@@ -16,3 +16,5 @@ def test_new_output_follows_its_like_tensor_unless_told(monkeypatch, poison):
         assert out.shape == (3, 16, 1, 1) and out.dtype == want and out.device == like.device
         assert out.is_contiguous() and not out.requires_grad
         assert bool(out.isnan().all()) == poison
+    scalar = launch.new_output(like, ())   # (a squeezed (1, 1) output)
+    assert scalar.shape == () and scalar.dtype == like.dtype

@@ -132,3 +132,17 @@ def test_family_b_launches_carry_every_current_address(device, shape):
         if shape[0] > 1:                                                      # the packing kernel, launched just before
             (w_ptr, wp_ptr, _), _ = launched[-2]
             assert w_ptr == weight.data_ptr().to_bytes(8, "little") and wp_ptr == p.wp.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["written", "atomic-mean"])
+@pytest.mark.parametrize("post", ["none", "flatten", "squeeze"])
+@pytest.mark.parametrize("n, k", [(1, 1), (2, 1), (1, 64), (3, 64)])
+def test_family_a_outputs_have_the_shape_the_region_returns(device, deterministic, post, n, k):
+    """Family A's prepared call returns spec.output_shape(n) in the input's dtype for every post view, the 0-d one of
+    a squeezed (1, 1) output too (torch's size-taking calls reject no sizes at all), written or atomically added."""
+    spec = ConvActPoolSpec(dims=2, in_channels=8, out_channels=k, kernel_size=(3, 3), stride=(1, 1), padding=(0, 0),
+                           dilation=(1, 1), has_bias=True, post=post)
+    x, weight, bias = torch.randn(n, 8, 16, 16), torch.randn(k, 8, 3, 3), torch.randn(k)
+    out = fused_a.prepare(spec, x, "tf32", deterministic)(x, weight, bias)
+    assert out.shape == spec.output_shape(n) and out.dtype == x.dtype
+    assert (out.dim() == 0) == (post == "squeeze" and n == k == 1)

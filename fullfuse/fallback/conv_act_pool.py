@@ -97,6 +97,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     # out is made in the returned shape where that is (N, K, 1, ...): the same bytes as (N, K), and no view per call
     made = shape if tuple(shape[:2]) == (n, k) else (n, k)
     reshape = made != shape
+    view_sizes = launch.size_args(shape)
     # cuDNN's fastest plan (channels_last operands), timed once per problem; else PyTorch's own call on the operands as
     # the caller has them (where it costs no more per call, or without the frontend)
     torch_call = torch_conv.conv(spec.dims, spec.stride, spec.padding, spec.dilation, mode, deterministic,
@@ -122,7 +123,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
             schedule.run(lambda n0, n1: conv(pipeline.rows(x, n0, n1), weight, (n0, n1)), finish)
         if dtype != torch.float32:
             out = out.to(dtype)
-        return out.view(*shape) if reshape else out
+        return out.view(*view_sizes) if reshape else out
     return run
 
 

@@ -326,6 +326,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     mean = spec.pool == "mean"
     atomic = mean and not deterministic
     shape = spec.output_shape(n)   # (any view of the N x K values the kernel writes)
+    zeros_sizes = launch.size_args(shape)
     ws_bytes = plan.workspace_bytes(pb, props)
     wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
     call = _Runner(Launches(pb, props, plan.choose_call(pb, props, _aligned(x, copy))), index)
@@ -336,7 +337,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
         # out in the shape and dtype the call returns (the kernel writes its N x K values contiguously); the atomic
         # mean adds into a zeroed float32 out, converted after
         if atomic:
-            out = torch.zeros(*shape, dtype=torch.float32, device=device)
+            out = torch.zeros(*zeros_sizes, dtype=torch.float32, device=device)
         else:
             out = launch.new_output(x, shape)
         # every tensor the kernel reads is held by a name until the launch is enqueued (the weight: as it lies, or a
