@@ -42,8 +42,8 @@ def _autocast_query():
 
 
 _cuda_autocast_on = _autocast_query()
-# whether autocast is on for any device, one C call without arguments (torch >= 2.3; else the CUDA query): the common
-# call's test, the general route asking about CUDA itself
+# whether autocast is on for any device, one C call without arguments (where torch has it; else the CUDA query): the
+# common call's test, the general route asking about CUDA itself
 _any_autocast_on = getattr(torch._C, "_is_any_autocast_enabled", None) or _cuda_autocast_on
 _warned_grad = False
 

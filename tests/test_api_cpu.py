@@ -520,3 +520,16 @@ def test_prepared_calls_stay_bounded(monkeypatch):
         for stride in range(1, 5):
             ops.conv_act_pool(torch.randn(1, 8, 9, 9), w, stride=stride)
             assert len(calls._registry) <= 2
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_cpu_autocast_gives_the_models_own_answer(family):
+    """Autocast on another device than CUDA (the common call's autocast test sees any device's): the region runs as
+    the model would under it, in the dtype the model returns there, bit for bit on the torch path."""
+    torch.manual_seed(0)
+    model = (SeedA() if family == "A" else SeedB()).eval()
+    x = torch.randn(SMALL_SHAPE[family])
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = fused(x), model(x)
+    assert got.dtype == want.dtype and torch.equal(got, want)
