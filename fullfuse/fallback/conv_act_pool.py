@@ -105,7 +105,6 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     convs = cudnn_conv.forward_convs(spec, mode, deterministic, conv_dtype, torch_call,
                                      lambda rows: (rows, k, *spatial))
     whole = (0, n)
-    out_dtype = None if dtype == torch.float32 else torch.float32   # the epilogue writes float32
 
     def conv(x, weight, rows):
         y = None if convs is None else convs(x, weight, rows)
@@ -113,7 +112,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
 
     def run(x, weight, bias):
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-        out = launch.new_output(x, made, out_dtype)
+        out = launch.new_output(x, made, torch.float32)   # (the epilogue writes float32)
         if schedule.whole:
             y = conv(x, weight, whole)
             epilogue(spec, y, bias, out, f16 and y.dtype == torch.float32)

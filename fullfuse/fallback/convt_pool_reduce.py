@@ -120,12 +120,12 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
                                           deterministic), n, per_image)
     calls = _Calls(spec, x, mode, deterministic)
     whole = (0, n)
-    out_dtype = None if dtype == torch.float32 else torch.float32   # the epilogue writes float32
 
     def run(x, weight, bias):
         # the weight as the caller has it: transposed_conv lays it out where its conv needs that (per chunk)
         bias = float32_bias(bias)   # made here, on the current stream, not on the pipeline's side stream
-        out = launch.new_output(x, made, out_dtype)   # (the reduction's channel dim where kept: no view per call)
+        # float32, as the epilogue writes it (the reduction's channel dim where kept: no view per call)
+        out = launch.new_output(x, made, torch.float32)
         if schedule.whole:
             epilogue(spec, transposed_conv(spec, x, weight, mode, deterministic, calls, whole), bias, out)
         else:
