@@ -89,7 +89,8 @@ class SpecCalls:
             self._modes[torch.float32] = precision
         # call signature -> ((path, reason), run(x, weight, bias)); the signature is what the choice and the prepared
         # call depend on: the mode, the input's dtype, device, shape and strides (the layout) and its address's
-        # 16-byte alignment (the loaders), the weight's and bias's dtype and device
+        # 16-byte alignment (the loaders), the weight's and bias's dtype, device and shape (a weight replaced by
+        # one of another shape runs PyTorch's ops: dispatch)
         self._prepared: Dict[tuple, tuple] = {}
         self._pooled: Optional[SpecCalls] = None
 
@@ -113,7 +114,7 @@ class SpecCalls:
         if mode is None:
             mode = torch_conv_precision() if dtype is torch.float32 else resolve(self.precision, dtype)
         key = (mode, dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16, weight.dtype, weight.device,
-               None if bias is None else (bias.dtype, bias.device))
+               weight.shape, None if bias is None else (bias.dtype, bias.device, bias.shape))
         entry = self._prepared.get(key)
         if entry is None:
             entry = dispatch.prepare(self.spec, self.path, self.precision, mode, self.deterministic, x, weight, bias)

@@ -58,6 +58,10 @@ def _input_unsupported(spec, x: torch.Tensor, weight: torch.Tensor, bias) -> Opt
         return "input, weight and bias differ in device or dtype"   # (torch raises its own error)
     if x.shape[1] != spec.in_channels or x.shape[0] == 0 or x.numel() == 0:
         return f"input shape {tuple(x.shape)}"
+    if tuple(weight.shape) != spec.weight_shape or (bias is not None and tuple(bias.shape) != (spec.out_channels,)):
+        # (a weight replaced after fused_model, e.g. pruned: PyTorch's ops compute with it as it is, or raise)
+        return (f"weight {tuple(weight.shape)}" + ("" if bias is None else f" and bias {tuple(bias.shape)}")
+                + f" are not the region's conv's ({spec.weight_shape}, ({spec.out_channels},))")
     if isinstance(spec, ConvActPoolSpec):
         if min(spec.output_spatial(tuple(x.shape[2:]))) < 1:
             return "empty convolution output"

@@ -14,6 +14,17 @@ _fx = torch.fx._symbolic_trace
 fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 
 
+def conv_weights(conv: nn.Module):
+    """(weight, bias) of a conv module as its own forward reads them: its parameters where they are registered (dict
+    lookups: host time per call), else its attributes — a parametrized weight (torch.nn.utils.parametrize, e.g.
+    weight_norm) is computed there, and a DataParallel replica holds plain tensors there."""
+    params = conv._parameters
+    weight = params.get("weight")
+    if weight is None:
+        weight = conv.weight
+    return weight, (params["bias"] if "bias" in params else conv.bias)
+
+
 class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
@@ -37,7 +48,7 @@ class FusedRegion(nn.Module):
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
         conv = self._modules["conv"]   # (dict lookups, not Module.__getattr__: host time per call; still live)
         if conv is not None:
-            weight, bias = conv._parameters["weight"], conv._parameters.get("bias")
+            weight, bias = conv_weights(conv)
         return self.calls(x, weight, bias)
 
     def __call__(self, *args, **kwargs):

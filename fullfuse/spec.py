@@ -88,6 +88,11 @@ class ConvActPoolSpec:
             return tuple(d for d in pooled if d != 1)
         return pooled
 
+    @property
+    def weight_shape(self) -> IntTuple:
+        """The conv weight's shape: (C_out, C_in / groups, *kernel)."""
+        return (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
+
     def output_spatial(self, in_spatial: IntTuple) -> IntTuple:
         """Spatial extent of the convolution output for an input of spatial extent ``in_spatial``."""
         return tuple(
@@ -126,6 +131,11 @@ class ConvTPoolReduceSpec:
     def __post_init__(self):
         _check_spec(self, (("activation", ACTIVATIONS), ("reduction", REDUCTIONS)),
                     ("kernel_size", "stride", "padding", "output_padding", "dilation", "window"))
+
+    @property
+    def weight_shape(self) -> IntTuple:
+        """The transposed conv weight's shape: (C_in, C_out / groups, *kernel)."""
+        return (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
 
     def conv_output_spatial(self, in_spatial: IntTuple) -> IntTuple:
         return tuple(

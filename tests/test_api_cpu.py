@@ -533,3 +533,88 @@ def test_cpu_autocast_gives_the_models_own_answer(family):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got, want = fused(x), model(x)
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def _conv_of(model):
+    return next(m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose3d)))
+
+
+class _Negated(nn.Module):
+    def forward(self, w):
+        return -w
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "custom", "bias"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_parametrized_conv_gives_the_models_answer(family, kind):
+    """A conv whose weight (or bias) is a parametrization (torch.nn.utils.parametrize) has no such entry among its
+    parameters: the region reads it as the conv's forward does (fullfuse raised KeyError here before)."""
+    torch.manual_seed(0)
+    model = (SeedA() if family == "A" else SeedB()).eval()
+    conv = _conv_of(model)
+    if kind == "weight_norm":
+        torch.nn.utils.parametrizations.weight_norm(conv)
+    else:
+        torch.nn.utils.parametrize.register_parametrization(conv, "weight" if kind == "custom" else "bias",
+                                                            _Negated())
+    x = torch.randn(SMALL_SHAPE[family])
+    fused = fullfuse.fused_model(model)
+    assert fused.plans, "the parametrized conv's pipeline is matched"
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+
+
+def test_conv_weights_reads_a_replicas_attributes():
+    """A DataParallel replica's conv holds its weight and bias as plain attributes, its parameter dict empty
+    (nn.Module._replicate_for_data_parallel): the region reads those, not the original's."""
+    from fullfuse.region import conv_weights
+    conv = nn.Conv2d(8, 4, 3)
+    assert conv_weights(conv) == (conv.weight, conv.bias)
+    assert conv_weights(nn.Conv2d(8, 4, 3, bias=False))[1] is None
+    replica = conv._replicate_for_data_parallel()
+    w, b = conv.weight.detach() * 2, conv.bias.detach() * 2
+    replica.weight, replica.bias = w, b   # (as torch.nn.parallel.replicate sets them)
+    assert "weight" not in replica._parameters
+    got = conv_weights(replica)
+    assert got[0] is w and got[1] is b
+
+
+def test_weight_shapes_of_specs():
+    """The weight shape a region's kernels are planned for (a call with any other runs PyTorch's ops)."""
+    a = fullfuse.spec.ConvActPoolSpec(2, 8, 64, (3, 5), (1, 1), (0, 0), (1, 1), True, groups=2)
+    b = fullfuse.spec.ConvTPoolReduceSpec(3, 32, 64, (5, 5, 5), (2,) * 3, (2,) * 3, (0,) * 3, (1,) * 3, True,
+                                          (6, 6, 6), groups=2)
+    assert a.weight_shape == (64, 4, 3, 5)
+    assert b.weight_shape == (32, 32, 5, 5, 5)
+    assert a.weight_shape == nn.Conv2d(8, 64, (3, 5), groups=2).weight.shape
+    assert b.weight_shape == nn.ConvTranspose3d(32, 64, 5, groups=2).weight.shape
+
+
+def _replicate_like_data_parallel(module: nn.Module, scale: float) -> nn.Module:
+    """One replica of ``module`` made the way torch.nn.parallel.replicate makes them (which needs GPUs): every
+    module copied by _replicate_for_data_parallel, children set as attributes, parameters as plain tensors (here
+    scaled, so that reading the original's would show)."""
+    modules = list(module.modules())
+    copies = {id(m): m._replicate_for_data_parallel() for m in modules}
+    for m in modules:
+        replica = copies[id(m)]
+        for key, child in m._modules.items():
+            setattr(replica, key, None if child is None else copies[id(child)])
+        for key, param in m._parameters.items():
+            setattr(replica, key, None if param is None else param.detach() * scale)
+    return copies[id(module)]
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_data_parallel_replica_uses_its_own_weights(family):
+    """A replica as DataParallel makes it: its modules are copies holding their own weights as attributes (fullfuse
+    keeps called submodules in the graph module's instance dict, which the replica's setattr must replace)."""
+    torch.manual_seed(0)
+    model = (SeedA() if family == "A" else SeedB()).eval()
+    x = torch.randn(SMALL_SHAPE[family])
+    fused = fullfuse.fused_model(model)
+    replica = _replicate_like_data_parallel(fused, 2.0)
+    scaled = _replicate_like_data_parallel(model, 2.0)
+    with torch.no_grad():
+        assert torch.equal(replica(x), scaled(x))
+        assert torch.equal(fused(x), model(x))

@@ -171,6 +171,60 @@ def test_stale_weights_after_update(family, path, dtype, how):
     assert_close(got, ref64(model, x), MODE_OF[dtype], f"after {how}")
 
 
+# ------------------------------------------------------------------ weights of another shape, parametrized weights
+def _replace_with_pruned(conv, family, how):
+    """Keep the first 32 output channels of the conv (its weight and bias), the module's attributes left as they
+    were: PyTorch's conv computes with the weight it finds."""
+    with torch.no_grad():
+        w = conv.weight[:32].clone() if family == "A" else conv.weight[:, :32].clone()
+        b = conv.bias[:32].clone()
+    if how == "parameter":
+        conv.weight, conv.bias = nn.Parameter(w, requires_grad=False), nn.Parameter(b, requires_grad=False)
+    else:   # the same Parameter objects, a new shape behind .data
+        conv.weight.data, conv.bias.data = w, b
+
+
+@pytest.mark.parametrize("how", ["parameter", "data"])
+@pytest.mark.parametrize("path", ["auto", "fused", "fallback"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_weight_of_another_shape(family, path, how):
+    """A weight replaced after fused_model by one of another shape (pruned output channels): auto gives PyTorch's
+    answer with the new weight; an explicit kernel path says it cannot serve (the kernels were planned for the
+    region's conv: reading the new weight as the old shape would be out of bounds)."""
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    x = make_x(family)
+    with torch.no_grad():
+        fused(x)   # the signature's prepared call exists
+        _replace_with_pruned(conv_of(model), family, how)
+        want = ref64(model, x)
+        if path != "auto":
+            with pytest.raises(fullfuse.UnsupportedError, match="weight"):
+                fused(x)
+            return
+        got = fused(x)
+    assert got.shape == want.shape
+    assert fused.plans[0].last_path == "torch", fused.plans[0].last_reason
+    assert_close(got, want, "tf32", "pruned weight")
+
+
+@pytest.mark.parametrize("path", ["auto", "fused", "fallback"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_parametrized_weight(family, path):
+    """A conv whose weight is a parametrization (torch.nn.utils.parametrizations.weight_norm): the region reads
+    the weight as the conv's forward does, computed per call, and the kernels serve it."""
+    model = make_model(family)
+    torch.nn.utils.parametrizations.weight_norm(conv_of(model))
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    x = make_x(family)
+    with torch.no_grad():
+        assert_close(fused(x), ref64(model, x), "tf32", "weight_norm")
+        conv_of(model).parametrizations.weight.original0.mul_(2.0)   # the norm changes: the next call sees it
+        assert_close(fused(x), ref64(model, x), "tf32", "weight_norm after an update")
+    if path != "auto":
+        assert fused.plans[0].last_path == path, fused.plans[0].last_reason
+
+
 # ------------------------------------------------------------------ family B packs its weights in every call
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12), SHAPE["Bw"]],
