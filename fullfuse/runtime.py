@@ -9,10 +9,11 @@ context is made current for the call and the thread's own restored, so torch's c
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -127,12 +128,18 @@ class Kernel:
     def launch(self, grid: Dim3, block: Dim3, smem: int, args: "Args", stream: Optional[int] = None) -> None:
         """Launch on ``stream`` (default: torch's current stream of the kernel's device) with the kernel's arguments
         ``args`` (an Args: it holds the values and the pointer array alive until the driver has copied them)."""
-        params = args.address
+        self.at(grid, block, smem)(stream_of(self.device) if stream is None else stream, args)
+
+    def at(self, grid: Dim3, block: Dim3, smem: int) -> Callable[[int, "Args"], None]:
+        """``launch`` at these dimensions as ``fn(stream, args)``, the dimensions converted once (host time per call:
+        a prepared call keeps it)."""
         gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
         bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
-        if stream is None:
-            stream = stream_of(self.device)
-        err, = _launch_in_context(self, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
+        return functools.partial(self._launch_at, gx, gy, gz, bx, by, bz, smem)
+
+    def _launch_at(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int, stream: int,
+                   args: "Args") -> None:
+        err, = _launch_in_context(self, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, args.address, 0)
         if int(err) != 0:
             _check((err,), f"launching {self.variant.label}")
 

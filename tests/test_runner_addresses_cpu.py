@@ -46,6 +46,9 @@ class _Kernel:
 
     launch_dependent = launch
 
+    def at(self, grid, block, smem):
+        return lambda stream, args: self.launch(grid, block, smem, args, stream)
+
 
 @pytest.fixture
 def device(monkeypatch):

@@ -89,6 +89,33 @@ def test_launch_error_in_the_kernel_s_context_is_final(contexts, monkeypatch):
     assert seen == [7, 7]
 
 
+def _bare_kernel(driver_launch):
+    """A runtime.Kernel with the device-free half of its state: device 1, context 7, the driver's launch faked."""
+    kernel = object.__new__(runtime.Kernel)
+    kernel.device, kernel._ctx, kernel._fn, kernel._launch = 1, 7, "fn", driver_launch
+    kernel.variant = type("V", (), {"label": "test kernel"})()
+    return kernel
+
+
+@pytest.mark.parametrize("grid, block, dims", [(132, 128, (132, 1, 1, 128, 1, 1)),
+                                               ((4, 5, 6), (32, 4, 1), (4, 5, 6, 32, 4, 1))])
+def test_kernel_at_converts_dimensions_once_and_launches_in_context(contexts, monkeypatch, grid, block, dims):
+    """Kernel.at(grid, block, smem)(stream, args): the driver gets the three-dim grid and block, the shared memory,
+    the stream and the argument array's address; a launch error raises with the kernel's name."""
+    contexts(current=7)
+    monkeypatch.setattr(runtime, "current_device_index", lambda: 1)
+    got = []
+    kernel = _bare_kernel(lambda *a: got.append(a) or (0,))
+    args = runtime.Args()
+    kernel.at(grid, block, 4096)(55, args)
+    kernel.launch(grid, block, 4096, args, 55)
+    assert got == [("fn", *dims, 4096, 55, args.address, 0)] * 2
+    failing = _bare_kernel(lambda *a: (1,))
+    monkeypatch.setattr(runtime, "_check", lambda result, what: (_ for _ in ()).throw(RuntimeError(what)))
+    with pytest.raises(RuntimeError, match="test kernel"):
+        failing.at(grid, block, 0)(55, args)
+
+
 class _FakeDriver:
     """cuMemAlloc(Async) / cuMemFree(Async) recorded; pools=False: the device has no memory pools."""
 

@@ -237,58 +237,73 @@ def launch_error(why: str) -> RuntimeError:
 
 
 class _Runner:
-    """Launches bound to a device: the kernel loaded, the mma.sync grid from its occupancy.  A TMA plan's runner
-    makes (and keeps) the tensor map of each call's input; where the driver cannot make one, the call runs the copy
-    loader's plan (``plan.fallback_choice``), prepared on first need."""
+    """One call signature's prepared call (``run``): launches bound to a device, the kernel loaded, the mma.sync grid
+    from its occupancy, and the call's output and kept buffers.  A TMA plan's runner makes (and keeps) the tensor map
+    of each call's input; where the driver cannot make one, the call runs the copy loader's plan
+    (``plan.fallback_choice``), prepared on first need."""
 
-    def __init__(self, launches: Launches, device: int):
-        self.l, self.device = launches, device
-        self._local = threading.local()
+    def __init__(self, launches: Launches, device: int, copy: bool, shape: Tuple[int, ...], dtype: torch.dtype):
+        self.l, self.device, self.copy, self.dtype = launches, device, copy, dtype
+        self._local = threading.local()   # .args: strides -> this thread's parameter struct (one launch, nkb == 1)
         self.kernel = runtime.kernel(launches.variant, device)
         if launches.wgmma:
             self.grid = launches.grid
         else:   # at most the blocks that are resident at once; each loops over its items
             occ = self.kernel.blocks_per_sm(128, launches.smem)
             self.grid = min(launches.grid_blocks, occ * launches.props.sm_count)
+        self._launch = self.kernel.at(self.grid, 128, launches.smem)
         # (the planner's geometry: the maps made once per signature and address)
         self.tmaps = runtime.TensorMaps(launches.geometry) if launches.tma else None
         self._copy_loader: Optional[_Runner] = None
+        # out in the shape the call returns (any view of the N x K values the kernel writes); the atomic mean adds
+        # into a zeroed float32 out, converted after
+        self.shape, self.zeros_sizes = shape, launch.size_args(shape)
+        # counters and maxima (zero; the kernel leaves them zero), the mean's partials (an upper bound)
+        ws_bytes = plan.workspace_bytes(launches.pb, launches.props)
+        self.wanted = ((ws_bytes, workspace.ZEROED),
+                       (ws_bytes if launches.pb.pool == plan.POOL_MEAN else 0, workspace.PARTIALS))
 
     def _without_tensor_map(self) -> "_Runner":
         if self._copy_loader is None:   # (a race prepares it twice: harmless)
             l = self.l
             self._copy_loader = _Runner(Launches(l.pb, l.props, plan.fallback_choice(l.pb, l.props, l.choice)),
-                                        self.device)
+                                        self.device, self.copy, self.shape, self.dtype)
         return self._copy_loader
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                 ws, parts, stream: int):
-        """Launch on ``stream`` (the one ``ws`` and ``parts`` serve).  The kernels read a Conv2d's weight in its own
-        layout (Launches.blocks_for); a Conv3d's is made contiguous for this call where it is not."""
+    def run(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """One call, launched on the current stream of the kernel's device (the one the kept buffers serve).  The
+        kernels read a Conv2d's weight in its own layout (Launches.blocks_for); a Conv3d's is made contiguous for this
+        call where it is not.  Every tensor the kernel reads is held by a name until the launch is enqueued."""
+        if self.copy:
+            x = x.contiguous()
         tmap = None
         if self.tmaps is not None:
             tmap = self.tmaps(x.data_ptr())
             if tmap is None:
-                return self._without_tensor_map()(x, weight, bias, out, ws, parts, stream)
+                return self._without_tensor_map().run(x, weight, bias)
         l = self.l
+        out = (torch.zeros(*self.zeros_sizes, dtype=torch.float32, device=x.device) if l.atomic
+               else launch.new_output(x, self.shape))
+        bias = contiguous(bias)
+        stream, (ws, parts) = workspace.for_launch(self.device, self.wanted)
         strides = weight.stride()
-        if l.nkb == 1:
+        if l.nkb != 1:
+            self._launch_blocks(x, weight, bias, out, ws, parts, stream, tmap, strides)
+        else:
             # one launch: this thread's own parameter struct per weight layout (the layout's strides as the caller
             # has them), made once from the layout's template, gets the call's pointers (a launch copies the
-            # parameters, so the struct is free again when launch() returns); the workspace's pointers and the tensor
-            # map only where they changed
+            # parameters, so the struct is free again when the launch returns); the kept buffers' pointers and the
+            # tensor map only where they changed
             by_strides = getattr(self._local, "args", None)
             if by_strides is None:
                 by_strides = self._local.args = {}
             mine = by_strides.get(strides)
             if mine is None:
                 blocks = l.blocks_for(strides)
-                if blocks is None:
-                    weight = contiguous(weight)
                 mine = by_strides[strides] = runtime.Args(l.params(0, 0, 0, 0, 0, 0, blocks=blocks)[0])
                 mine.contiguous, mine.tmap, mine.ws = blocks is None, None, (0, 0)
-            elif mine.contiguous:
-                weight = contiguous(weight)   # (held by this name until the launch is enqueued)
+            if mine.contiguous:
+                weight = contiguous(weight)
             q = mine.values[0]
             if tmap is not mine.tmap:   # (TensorMaps gives one object per address)
                 l.fill_tmap(q, tmap)
@@ -298,20 +313,23 @@ class _Runner:
                 l.fill_ws(q, *wsp)
                 mine.ws = wsp
             l.fill(q, x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
-            self.kernel.launch(self.grid, 128, l.smem, mine, stream)
-            return
+            self._launch(stream, mine)
+        return out.to(self.dtype) if l.atomic and self.dtype != torch.float32 else out
+
+    def _launch_blocks(self, x, weight, bias, out, ws, parts, stream: int, tmap, strides) -> None:
+        """K > 64: launch kb into its (N, K_kb) block of a tmp buffer of this call (zeroed for the atomic mean, which
+        adds into it), then the block into out's columns, all in stream order."""
+        l = self.l
         blocks = l.blocks_for(strides)
         if blocks is None:
-            weight = contiguous(weight)   # (held by this name until the launch is enqueued)
+            weight = contiguous(weight)   # (held by this name until the launches are enqueued)
         ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                 0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
-        # K > 64: launch kb into its (N, K_kb) block of a tmp buffer of this call (zeroed for the atomic mean, which
-        # adds into it), then the block into out's columns, all in stream order (torch's current stream: ``stream``)
         n = l.pb.N
         tmp = (torch.zeros if l.atomic else torch.empty)(n * l.nkb * 64, dtype=out.dtype, device=out.device)
         for q, (_, k0, kk, _) in zip(l.params(*ptrs, tmap, tmp.data_ptr(), blocks), l.blocks):
             block = tmp[n * k0:n * (k0 + kk)].view(n, kk)
-            self.kernel.launch(self.grid, 128, l.smem, runtime.Args(q), stream)
+            self._launch(stream, runtime.Args(q))
             out.view(n, -1)[:, k0:k0 + kk].copy_(block)
 
 
@@ -319,33 +337,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
     """The call for inputs like ``x`` (dtype, shape, strides, device, 16-byte alignment), everything that depends only
     on those worked out once: returns ``run(x, weight, bias) -> out`` (host time per call)."""
     copy, pb = _problem(spec, x, mode, deterministic)
-    n, dtype, device = x.shape[0], x.dtype, x.device
-    index = launch.device_index(device)
+    index = launch.device_index(x.device)
     props = runtime.device_props(index)
-    # the atomic mean accumulates into out; every other mode writes each element once
-    mean = spec.pool == "mean"
-    atomic = mean and not deterministic
-    shape = spec.output_shape(n)   # (any view of the N x K values the kernel writes)
-    zeros_sizes = launch.size_args(shape)
-    ws_bytes = plan.workspace_bytes(pb, props)
-    wanted = ((ws_bytes, workspace.ZEROED), (ws_bytes if mean else 0, workspace.PARTIALS))
-    call = _Runner(Launches(pb, props, plan.choose_call(pb, props, _aligned(x, copy))), index)
-
-    def run(x, weight, bias):
-        if copy:
-            x = x.contiguous()
-        # out in the shape and dtype the call returns (the kernel writes its N x K values contiguously); the atomic
-        # mean adds into a zeroed float32 out, converted after
-        if atomic:
-            out = torch.zeros(*zeros_sizes, dtype=torch.float32, device=device)
-        else:
-            out = launch.new_output(x, shape)
-        # every tensor the kernel reads is held by a name until the launch is enqueued (the weight: as it lies, or a
-        # contiguous copy made by the runner)
-        bias = contiguous(bias)
-        # counters and maxima (zero; the kernel leaves them zero), the mean's partials (ws_bytes: an upper bound),
-        # both for the stream the launch goes to
-        stream, (ws, parts) = workspace.for_launch(index, wanted)
-        call(x, weight, bias, out, ws, parts, stream)
-        return out.to(dtype) if atomic and dtype != torch.float32 else out
-    return run
+    launches = Launches(pb, props, plan.choose_call(pb, props, _aligned(x, copy)))
+    return _Runner(launches, index, copy, spec.output_shape(x.shape[0]), x.dtype).run
