@@ -20,6 +20,7 @@ import torch
 from cutlass_ops import fallback as abi
 from cutlass_ops import nvrtc
 from cutlass_ops.variants import PORTABLE
+from fullfuse import launch
 from fullfuse.fallback import epilogue_plan as ep
 
 SHAPES = [(n, k, s) for n in (1, 2, 3, 8, 128, 1000) for k in (1, 3, 8, 64, 100, 257, 1000, 4096)
@@ -175,12 +176,16 @@ class _RecordingKernel:
         values = [v if isinstance(v, abi.Geo) else (v.value or 0) for v in values]
         self.launches.append((self.variant, grid, block, smem, values))
 
+    def at(self, grid, block, smem):
+        return lambda stream, args: self.launch(grid, block, smem, args, stream)
+
 
 @pytest.fixture
 def recording(monkeypatch):
     from fullfuse import runtime
     from fullfuse.fallback import conv_act_pool, convt_pool_reduce
     monkeypatch.setattr(runtime, "kernel", _RecordingKernel)
+    monkeypatch.setattr(launch, "stream_of", lambda index: 0)   # (the CPU tensors' device -1 has no stream)
     monkeypatch.setattr(conv_act_pool, "_prepared", type(conv_act_pool._prepared)())
     monkeypatch.setattr(convt_pool_reduce, "_prepared", type(convt_pool_reduce._prepared)())
     _RecordingKernel.launches = []

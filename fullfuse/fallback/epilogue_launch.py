@@ -31,7 +31,8 @@ class PreparedLaunch:
             self.kernel = runtime.kernel(variant, device)
         except (cache.BuildError, runtime.KernelUnavailable) as exc:
             raise UnsupportedError(f"fullfuse: the fallback path cannot serve this call: {_first_line(exc)}") from exc
-        self.grid, self.block, self.smem = grid, block, smem
+        self.device, self.grid, self.block, self.smem = device, grid, block, smem
+        self._launch = self.kernel.at(grid, block, smem)
         self._args = tuple(args)
         self._local = threading.local()
 
@@ -49,7 +50,7 @@ class PreparedLaunch:
         slots, args = made
         for slot, pointer in zip(slots, pointers):
             slot.value = pointer
-        self.kernel.launch(self.grid, self.block, self.smem, args, stream)
+        self._launch(launch.stream_of(self.device) if stream is None else stream, args)
 
 
 class Prepared(dict):

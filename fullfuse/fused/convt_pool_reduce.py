@@ -169,6 +169,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         raise RuntimeError(f"fullfuse: {p.why}")
     fused = _kernel(p, index)
     packer = runtime.kernel(abi.PACK, index) if p.pack_grid else None
+    launch_fused = fused.at(p.blocks, p.threads, p.smem)
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
     shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
@@ -212,7 +213,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             args.ws = (wsp, wp)
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
         if packer is None:
-            fused.launch(grid, threads, smem, args, stream)
+            launch_fused(stream, args)
             return out
         pack = args.pack.values
         pack[0].value, pack[1].value = wptr, wp
