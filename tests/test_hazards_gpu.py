@@ -245,16 +245,16 @@ def test_fused_b_packs_any_weight_layout(shape, dtype, monkeypatch):
     assert waves == (shape == SHAPE["Bw"])   # (on an H200: 132 SMs)
     launches = []
 
-    def counting(name):
-        real = getattr(runtime.Kernel, name)
+    def counting(name, attribute):
+        real = getattr(runtime.Kernel, attribute)
 
         def counted(kernel, *args, **kwargs):
             launches.append((name, kernel.variant.label))
             return real(kernel, *args, **kwargs)
-        monkeypatch.setattr(runtime.Kernel, name, counted)
+        monkeypatch.setattr(runtime.Kernel, attribute, counted)
 
-    counting("launch")
-    counting("launch_dependent")
+    counting("launch", "_launch_at")   # (every plain launch: Kernel.launch and the prepared Kernel.at)
+    counting("launch_dependent", "launch_dependent")
     weight = conv_of(model).weight
     layouts = [weight.data, weight.data.contiguous(memory_format=torch.channels_last_3d),
                weight.data.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2), weight.data * -0.5]
