@@ -6,11 +6,12 @@ from typing import List, Optional
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module
 
 from . import calls
 from .dispatch import check_path
 from .match import find_matches, trace
+from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
+                           region_graph, region_modules)
 from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing
@@ -41,7 +42,7 @@ class FusedModel(nn.Module):
         the checks here are the region's)."""
         d = self.__dict__   # (nn.Module keeps these in the instance dict; read there: host time per call)
         if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
-                or _GLOBAL_FORWARD or _GLOBAL_FORWARD_PRE or _GLOBAL_BACKWARD or _GLOBAL_BACKWARD_PRE
+                or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
                 or d.get("_compiled_call_impl") is not None or _jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
         if len(args) == 1 and not kwargs:
@@ -69,10 +70,6 @@ class FusedModel(nn.Module):
 
 
 _jit_tracing = torch._C._get_tracing_state
-# torch's global module hooks (dicts that registration and removal change in place)
-_GLOBAL_FORWARD, _GLOBAL_FORWARD_PRE, _GLOBAL_BACKWARD, _GLOBAL_BACKWARD_PRE = (
-    getattr(_module, name, {}) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                                            "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
 def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto",
@@ -98,8 +95,10 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
         name = f"fullfuse_region_{index}"
         plan = make_plan(name, match.spec, match.description, path)
         conv = gm.get_submodule(match.conv_module) if match.conv_module else None
-        gm.add_submodule(name, FusedRegion(plan, conv, precision, deterministic))
         args = (match.input_node,) if conv is not None else (match.input_node, match.weight, match.bias)
+        original = region_graph(gm, match.nodes, args)
+        gm.add_submodule(name, FusedRegion(plan, conv, precision, deterministic, original,
+                                           region_modules(gm, match.nodes)))
         with gm.graph.inserting_before(match.output_node):
             new_node = gm.graph.call_module(name, args)
         match.output_node.replace_all_uses_with(new_node)

@@ -1,12 +1,12 @@
 """FusedRegion: the module that replaces one matched region inside the traced model."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from . import calls
+from . import calls, original_ops
 from .plan import Plan
 
 
@@ -14,28 +14,24 @@ _fx = torch.fx._symbolic_trace
 fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 
 
-def conv_weights(conv: nn.Module):
-    """(weight, bias) of a conv module as its own forward reads them: its parameters where they are registered (dict
-    lookups: host time per call), else its attributes — a parametrized weight (torch.nn.utils.parametrize, e.g.
-    weight_norm) is computed there, and a DataParallel replica holds plain tensors there."""
-    params = conv._parameters
-    weight = params.get("weight")
-    if weight is None:
-        weight = conv.weight
-    return weight, (params["bias"] if "bias" in params else conv.bias)
-
-
 class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
-    F.convNd."""
+    F.convNd.  Where the plan no longer describes the model (original_ops.py: a forward hook registered since on one
+    of the region's modules, torch's global module hooks, the conv's hyperparameters re-assigned), it runs the region's
+    own ops instead."""
 
-    def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool):
+    def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool,
+                 original: Optional[nn.Module] = None, modules: Tuple[nn.Module, ...] = ()):
         super().__init__()
         self.plan = plan
         # (None too: forward reads _modules["conv"], which plain assignment of None skips)
         self.add_module("conv", conv)
         self.calls = plan.calls = calls.calls_for(plan.spec, plan.requested, precision, deterministic)
+        # kept outside _modules (no second copy of the conv's parameters in the state dict, no second device move:
+        # the same module objects): the region's own ops and what says the plan no longer describes the model
+        self.__dict__["_original"] = original
+        self.__dict__["_changed"] = original_ops.Changes(modules, conv) if original is not None else None
 
     @property
     def precision(self) -> str:
@@ -46,10 +42,24 @@ class FusedRegion(nn.Module):
         return self.calls.deterministic
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
-        conv = self._modules["conv"]   # (dict lookups, not Module.__getattr__: host time per call; still live)
+        d = self.__dict__   # (dict lookups, not Module.__getattr__: host time per call; still live)
+        conv = d["_modules"]["conv"]
+        changed = d["_changed"]
+        if changed is not None and changed.since_match(conv):
+            return self._run_original(x, weight, bias)
         if conv is not None:
-            weight, bias = conv_weights(conv)
+            params = conv._parameters
+            weight = params.get("weight")
+            if weight is None:   # a parametrized weight (torch.nn.utils.parametrize), a DataParallel replica's tensor
+                weight = conv.weight
+            bias = params["bias"] if "bias" in params else conv.bias
         return self.calls(x, weight, bias)
+
+    def _run_original(self, x, weight, bias):
+        self.calls.last = ("torch", "the region's own ops: a module hook or conv attribute was added or changed "
+                                    "after fused_model")
+        original = self.__dict__["_original"]
+        return original(x) if self._modules["conv"] is not None else original(x, weight, bias)
 
     def __call__(self, *args, **kwargs):
         """``forward`` without nn.Module.__call__'s hook checks (~1.5 us of host time per call; a region is

@@ -564,21 +564,6 @@ def test_parametrized_conv_gives_the_models_answer(family, kind):
         assert torch.equal(fused(x), model(x))
 
 
-def test_conv_weights_reads_a_replicas_attributes():
-    """A DataParallel replica's conv holds its weight and bias as plain attributes, its parameter dict empty
-    (nn.Module._replicate_for_data_parallel): the region reads those, not the original's."""
-    from fullfuse.region import conv_weights
-    conv = nn.Conv2d(8, 4, 3)
-    assert conv_weights(conv) == (conv.weight, conv.bias)
-    assert conv_weights(nn.Conv2d(8, 4, 3, bias=False))[1] is None
-    replica = conv._replicate_for_data_parallel()
-    w, b = conv.weight.detach() * 2, conv.bias.detach() * 2
-    replica.weight, replica.bias = w, b   # (as torch.nn.parallel.replicate sets them)
-    assert "weight" not in replica._parameters
-    got = conv_weights(replica)
-    assert got[0] is w and got[1] is b
-
-
 def test_weight_shapes_of_specs():
     """The weight shape a region's kernels are planned for (a call with any other runs PyTorch's ops)."""
     a = fullfuse.spec.ConvActPoolSpec(2, 8, 64, (3, 5), (1, 1), (0, 0), (1, 1), True, groups=2)
@@ -618,3 +603,60 @@ def test_data_parallel_replica_uses_its_own_weights(family):
     with torch.no_grad():
         assert torch.equal(replica(x), scaled(x))
         assert torch.equal(fused(x), model(x))
+
+
+def _doubling_hook(module, args, output):
+    return output * 2
+
+
+def _shifting_pre_hook(module, args):
+    return (args[0] + 1,)
+
+
+@pytest.mark.parametrize("change", ["conv hook", "conv pre-hook", "activation hook", "pool pre-hook",
+                                    "global hook", "conv padding", "conv stride"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_changes_after_fused_model_give_the_models_answer(family, change):
+    """What the plan cannot see, made after fused_model: a forward hook or pre-hook on one of the region's modules
+    (which may change what flows on), torch's global module hooks, the conv's hyperparameters re-assigned.  The
+    region runs its own ops then (every hook fires, as in the model); once undone, the plan's path again."""
+    torch.manual_seed(0)
+    model = (SeedA() if family == "A" else SeedB()).eval()
+    x = torch.randn(SMALL_SHAPE[family])
+    fused = fullfuse.fused_model(model)
+    modules = [m for m in model.modules() if m is not model]
+    conv, second = modules[0], modules[1]   # (A: conv, GELU, pool; B: conv-transpose, the first max-pool)
+    calls = fused.plans[0].calls
+    with torch.no_grad():
+        fused(x)
+        plain = calls.last
+        fired = []
+        undo = None
+        if change == "conv hook":
+            undo = conv.register_forward_hook(lambda m, a, out: fired.append(1) or out * 2).remove
+        elif change == "conv pre-hook":
+            undo = conv.register_forward_pre_hook(lambda m, a: fired.append(1) or _shifting_pre_hook(m, a)).remove
+        elif change == "activation hook":
+            undo = second.register_forward_hook(lambda m, a, out: fired.append(1) or out * 2).remove
+        elif change == "pool pre-hook":
+            undo = modules[-1].register_forward_pre_hook(lambda m, a: fired.append(1) or (a[0] * 3,)).remove
+        elif change == "global hook":
+            undo = torch.nn.modules.module.register_module_forward_hook(
+                lambda m, a, out: fired.append(m) or None).remove
+        elif change == "conv padding":
+            was, conv.padding = conv.padding, tuple(p + 1 for p in conv.padding)
+            undo = lambda: setattr(conv, "padding", was)   # noqa: E731
+        else:
+            was, conv.stride = conv.stride, tuple(s + 1 for s in conv.stride)
+            undo = lambda: setattr(conv, "stride", was)   # noqa: E731
+        want = model(x)
+        by_model = [m for m in fired if m is not model]
+        del fired[:]
+        got = fused(x)
+        assert torch.equal(got, want), change
+        # (a global hook also sees fullfuse's own modules)
+        assert [m for m in fired if m == 1 or m in modules] == by_model, "the hooks fire as in the model"
+        assert calls.last[0] == "torch" and "own ops" in calls.last[1]
+        undo()
+        assert torch.equal(fused(x), model(x))
+        assert calls.last == plain

@@ -225,6 +225,33 @@ def test_parametrized_weight(family, path):
         assert fused.plans[0].last_path == path, fused.plans[0].last_reason
 
 
+@pytest.mark.parametrize("change", ["conv hook", "conv padding"])
+@pytest.mark.parametrize("path", ["auto", "fused", "fallback"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_hook_or_conv_attribute_added_after_the_first_call(family, path, change):
+    """After calls on the plan's path, a forward hook on the conv (doubling its output) or a new conv padding: the
+    region runs its own ops (PyTorch's, with the hook), then the plan's path again once undone."""
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    x = make_x(family)
+    conv = conv_of(model)
+    with torch.no_grad():
+        fused(x)
+        if change == "conv hook":
+            undo = conv.register_forward_hook(lambda m, a, out: out * 2).remove
+        else:
+            was, conv.padding = conv.padding, tuple(p + 1 for p in conv.padding)
+            undo = lambda: setattr(conv, "padding", was)   # noqa: E731
+        want = ref64(model, x)
+        got = fused(x)
+        assert fused.plans[0].last_path == "torch", fused.plans[0].last_reason
+        assert got.shape == want.shape
+        assert_close(got, want, "tf32", change)
+        undo()
+        assert_close(fused(x), ref64(model, x), "tf32", f"{change} undone")
+    assert fused.plans[0].last_path == (path if path != "auto" else "fused"), fused.plans[0].last_reason
+
+
 # ------------------------------------------------------------------ family B packs its weights in every call
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12), SHAPE["Bw"]],

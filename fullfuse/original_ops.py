@@ -1,0 +1,73 @@
+"""A matched region's own ops, as the model wrote them: what its FusedRegion runs where the kernels' plan no longer
+describes the model — a forward hook (or pre-hook) registered since on one of the region's modules, torch's global
+module hooks, or the conv module's hyperparameters re-assigned.  The ops run with the model's live modules, so every
+hook fires and every attribute counts, as in the original model."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+from torch import nn
+from torch.fx import Graph, GraphModule, Node
+from torch.nn.modules import module as _module
+
+# torch's global module hooks (dicts that registration and removal change in place)
+GLOBAL_FORWARD, GLOBAL_FORWARD_PRE, GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE = (
+    getattr(_module, name, {}) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                            "_global_backward_hooks", "_global_backward_pre_hooks"))
+# the attributes of a conv module that its forward reads besides its parameters (ConvNd / ConvTransposeNd)
+CONV_ATTRIBUTES = ("stride", "padding", "dilation", "groups", "padding_mode", "output_padding")
+
+
+def region_graph(gm: GraphModule, nodes: Sequence[Node], inputs: Sequence[Optional[Node]]) -> Optional[GraphModule]:
+    """The region's ``nodes`` (in graph order, the last one its result) as a GraphModule of ``gm``'s modules, taking
+    the values of ``inputs`` (the input tensor's node, then the weight's and the bias's where the region gets them as
+    arguments; None: absent) as its arguments, in that order; None where a node reads another value of the graph."""
+    graph = Graph()
+    env = {}
+    for i, node in enumerate(inputs):
+        placeholder = graph.placeholder(f"arg{i}")
+        if node is not None:
+            env[node] = placeholder
+    inside = set(nodes)
+
+    def value(node: Node):
+        if node not in env:
+            raise LookupError(node)
+        return env[node]
+    try:
+        for node in nodes:
+            for arg in node.all_input_nodes:
+                if arg not in env and arg not in inside:
+                    return None
+            env[node] = graph.node_copy(node, value)
+    except LookupError:
+        return None
+    graph.output(env[nodes[-1]])
+    return GraphModule(gm, graph, class_name="OriginalOps")
+
+
+def region_modules(gm: GraphModule, nodes: Sequence[Node]) -> Tuple[nn.Module, ...]:
+    """The modules the region's nodes call (the conv, an activation or pooling module...)."""
+    return tuple(gm.get_submodule(str(node.target)) for node in nodes if node.op == "call_module")
+
+
+class Changes:
+    """``changes.since_match(conv)``: whether a region's modules now do more than its plan — a forward hook or
+    pre-hook on one of them, a global module hook, or one of the conv module's CONV_ATTRIBUTES re-assigned since it
+    was matched (compared by identity: any re-assignment counts).  Host time per call: the modules' hook dicts are
+    read as they were when matched (torch registers hooks into those dicts in place); plain attribute reads, which
+    torch.compile traces."""
+
+    __slots__ = ("_hook_dicts", "_was")
+
+    def __init__(self, modules: Sequence[nn.Module], conv: Optional[nn.Module]):
+        self._hook_dicts = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
+        self._was = None if conv is None else tuple(getattr(conv, name, None) for name in CONV_ATTRIBUTES)
+
+    def since_match(self, conv: Optional[nn.Module]) -> bool:
+        if GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or any(self._hook_dicts):
+            return True
+        was = self._was   # (CONV_ATTRIBUTES, in that order)
+        return was is not None and conv is not None and (
+            conv.stride is not was[0] or conv.padding is not was[1] or conv.dilation is not was[2]
+            or conv.groups is not was[3] or conv.padding_mode is not was[4] or conv.output_padding is not was[5])
