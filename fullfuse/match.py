@@ -71,14 +71,25 @@ class Match:
 # tracing
 # --------------------------------------------------------------------------------------------------------------
 
+class _Tracer(torch.fx.Tracer):
+    """fx's symbolic tracer, with fullfuse's own modules inside the model (a fused model or region: a class with
+    ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
+
+
 def trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace(model)``: a new GraphModule sharing ``model``'s parameters.
+    """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls): a new GraphModule sharing
+    ``model``'s parameters.
 
     A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
     Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
     """
     try:
-        return torch.fx.symbolic_trace(model)
+        tracer = _Tracer()
+        graph = tracer.trace(model)
+        return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         name = type(model).__name__
         reason = f"{type(e).__name__}: {e}".strip()

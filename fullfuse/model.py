@@ -23,6 +23,8 @@ class FusedModel(nn.Module):
     Its state dict uses the original model's names (``StateNames``): original checkpoints load into it, and its own
     into the original model — also where either is a submodule of a larger model."""
 
+    _fullfuse_leaf = True   # (match.trace keeps it as a module call inside a larger model)
+
     def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module):
         super().__init__()
         self.graph_module = graph_module
@@ -84,6 +86,9 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     """
     check_path(path)
     check_precision(precision)
+    if isinstance(model, FusedModel):
+        raise ValueError("fullfuse: this model is fused already (a FusedModel); call fused_model on the original "
+                         "model for other arguments (the fused model shares its parameters)")
     gm = trace(model)
     matches = find_matches(gm)
     if not matches:   # nothing to fuse: the original module runs as it is (no re-traced graph, no host time added)

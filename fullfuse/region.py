@@ -21,6 +21,8 @@ class FusedRegion(nn.Module):
     of the region's modules, torch's global module hooks, the conv's hyperparameters re-assigned), it runs the region's
     own ops instead."""
 
+    _fullfuse_leaf = True   # (match.trace keeps it as a module call)
+
     def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool,
                  original: Optional[nn.Module] = None, modules: Tuple[nn.Module, ...] = ()):
         super().__init__()

@@ -660,3 +660,27 @@ def test_changes_after_fused_model_give_the_models_answer(family, change):
         undo()
         assert torch.equal(fused(x), model(x))
         assert calls.last == plain
+
+
+def test_a_model_holding_a_fused_part_fuses_the_rest():
+    """fused_model on a model one of whose parts was fused before (as TraceError's advice suggests): the fused part
+    stays one module call, the rest's pipelines are matched; a fused model itself is refused with the fix."""
+    torch.manual_seed(0)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = SeedA(), SeedA()
+
+        def forward(self, x):
+            return self.first(x) + self.second(x)
+
+    model = Outer().eval()
+    x = torch.randn(SMALL_SHAPE["A"])
+    model.first = fullfuse.fused_model(model.first)
+    fused = fullfuse.fused_model(model)
+    assert len(fused.plans) == 1 and isinstance(fused.graph_module.get_submodule("first"), fullfuse.FusedModel)
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+    with pytest.raises(ValueError, match="fused already"):
+        fullfuse.fused_model(fused)
