@@ -1,11 +1,12 @@
 """A matched region's own ops, as the model wrote them: what its FusedRegion runs where the kernels' plan no longer
-describes the model — a forward hook (or pre-hook) registered since on one of the region's modules, torch's global
-module hooks, or the conv module's hyperparameters re-assigned.  The ops run with the model's live modules, so every
-hook fires and every attribute counts, as in the original model."""
+describes the model — a forward hook (or pre-hook) registered since on one of the region's modules, a backward hook
+there while autograd is on, torch's global module hooks, or the conv module's hyperparameters re-assigned.  The ops
+run with the model's live modules, so every hook fires and every attribute counts, as in the original model."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
+import torch
 from torch import nn
 from torch.fx import Graph, GraphModule, Node
 from torch.nn.modules import module as _module
@@ -14,6 +15,7 @@ from torch.nn.modules import module as _module
 GLOBAL_FORWARD, GLOBAL_FORWARD_PRE, GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE = (
     getattr(_module, name, {}) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
                                             "_global_backward_hooks", "_global_backward_pre_hooks"))
+_grad_enabled = torch.is_grad_enabled
 # the attributes of a conv module that its forward reads besides its parameters (ConvNd / ConvTransposeNd)
 CONV_ATTRIBUTES = ("stride", "padding", "dilation", "groups", "padding_mode", "output_padding")
 
@@ -53,19 +55,22 @@ def region_modules(gm: GraphModule, nodes: Sequence[Node]) -> Tuple[nn.Module, .
 
 class Changes:
     """``changes.since_match(conv)``: whether a region's modules now do more than its plan — a forward hook or
-    pre-hook on one of them, a global module hook, or one of the conv module's CONV_ATTRIBUTES re-assigned since it
-    was matched (compared by identity: any re-assignment counts).  Host time per call: the modules' hook dicts are
-    read as they were when matched (torch registers hooks into those dicts in place); plain attribute reads, which
-    torch.compile traces."""
+    pre-hook on one of them, a backward hook where autograd is on, a global module hook, or one of the conv module's
+    CONV_ATTRIBUTES re-assigned since it was matched (compared by identity: any re-assignment counts).  Host time per
+    call: the modules' hook dicts are read as they were when matched (torch registers hooks into those dicts in
+    place); plain attribute reads, which torch.compile traces."""
 
-    __slots__ = ("_hook_dicts", "_was")
+    __slots__ = ("_forward", "_backward", "_was")
 
     def __init__(self, modules: Sequence[nn.Module], conv: Optional[nn.Module]):
-        self._hook_dicts = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
+        self._forward = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
+        self._backward = tuple(d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
         self._was = None if conv is None else tuple(getattr(conv, name, None) for name in CONV_ATTRIBUTES)
 
     def since_match(self, conv: Optional[nn.Module]) -> bool:
-        if GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or any(self._hook_dicts):
+        if GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or any(self._forward):
+            return True
+        if (GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE or any(self._backward)) and _grad_enabled():
             return True
         was = self._was   # (CONV_ATTRIBUTES, in that order)
         return was is not None and conv is not None and (

@@ -684,3 +684,27 @@ def test_a_model_holding_a_fused_part_fuses_the_rest():
         assert torch.equal(fused(x), model(x))
     with pytest.raises(ValueError, match="fused already"):
         fullfuse.fused_model(fused)
+
+
+def test_backward_hook_fires_as_in_the_model():
+    """A full backward hook registered on the conv after fused_model: with autograd on, the region runs its own ops
+    (the conv module is called, so the hook fires in backward with the same gradients); under no_grad it changes
+    nothing the plan cannot see."""
+    torch.manual_seed(0)
+    model = SeedA().eval()
+    x = torch.randn(SMALL_SHAPE["A"])
+    fused = fullfuse.fused_model(model)
+    seen = {"model": [], "fused": []}
+    which = ["model"]
+    model.conv.register_full_backward_hook(lambda m, gin, gout: seen[which[0]].append(gout[0].clone()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(x).sum().backward()
+        which[0] = "fused"
+        fused(x).sum().backward()
+    assert len(seen["fused"]) == len(seen["model"]) == 1
+    assert torch.allclose(seen["fused"][0], seen["model"][0])
+    assert "own ops" in fused.plans[0].last_reason
+    with torch.no_grad():
+        fused(x)
+    assert "own ops" not in fused.plans[0].last_reason
