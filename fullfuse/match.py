@@ -177,11 +177,12 @@ def _short(t: Tuple[int, ...]) -> str:
 
 
 def _plain_module(mod: nn.Module, base: type, methods: Sequence[str] = ("forward",)) -> bool:
-    """``mod`` is an instance of ``base`` whose class doesn't override its computation and has no hooks."""
+    """``mod`` is an instance of ``base`` whose class and instance don't override its computation (a method set on
+    the instance, as accelerate's hooks set ``forward``) and has no hooks."""
     if not isinstance(mod, base):
         return False
     cls = type(mod)
-    if any(getattr(cls, m) is not getattr(base, m) for m in methods):
+    if any(getattr(cls, m) is not getattr(base, m) or m in vars(mod) for m in methods):
         return False
     for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
         if getattr(mod, hooks, None):

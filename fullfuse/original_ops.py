@@ -1,7 +1,8 @@
 """A matched region's own ops, as the model wrote them: what its FusedRegion runs where the kernels' plan no longer
-describes the model — a forward hook (or pre-hook) registered since on one of the region's modules, a backward hook
-there while autograd is on, torch's global module hooks, or the conv module's hyperparameters re-assigned.  The ops
-run with the model's live modules, so every hook fires and every attribute counts, as in the original model."""
+describes the model — a forward hook (or pre-hook) registered since on one of the region's modules or a forward set
+on one, a backward hook there while autograd is on, torch's global module hooks, or the conv module's
+hyperparameters re-assigned.  The ops run with the model's live modules, so every hook fires and every attribute
+counts, as in the original model."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -55,21 +56,26 @@ def region_modules(gm: GraphModule, nodes: Sequence[Node]) -> Tuple[nn.Module, .
 
 class Changes:
     """``changes.since_match(conv)``: whether a region's modules now do more than its plan — a forward hook or
-    pre-hook on one of them, a backward hook where autograd is on, a global module hook, or one of the conv module's
-    CONV_ATTRIBUTES re-assigned since it was matched (compared by identity: any re-assignment counts).  Host time per
-    call: the modules' hook dicts are read as they were when matched (torch registers hooks into those dicts in
-    place); plain attribute reads, which torch.compile traces."""
+    pre-hook on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on,
+    a global module hook, or one of the conv module's CONV_ATTRIBUTES re-assigned since it was matched (compared by
+    identity: any re-assignment counts).  Host time per call: the modules' hook dicts and instance dicts are read as
+    they were when matched (torch registers hooks into those dicts in place); plain attribute reads, which
+    torch.compile traces."""
 
-    __slots__ = ("_forward", "_backward", "_was")
+    __slots__ = ("_forward", "_backward", "_instances", "_was")
 
     def __init__(self, modules: Sequence[nn.Module], conv: Optional[nn.Module]):
         self._forward = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
         self._backward = tuple(d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
+        self._instances = tuple(vars(m) for m in modules)   # (a forward set on an instance lands there)
         self._was = None if conv is None else tuple(getattr(conv, name, None) for name in CONV_ATTRIBUTES)
 
     def since_match(self, conv: Optional[nn.Module]) -> bool:
         if GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or any(self._forward):
             return True
+        for attributes in self._instances:
+            if "forward" in attributes:
+                return True
         if (GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE or any(self._backward)) and _grad_enabled():
             return True
         was = self._was   # (CONV_ATTRIBUTES, in that order)

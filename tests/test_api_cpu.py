@@ -708,3 +708,24 @@ def test_backward_hook_fires_as_in_the_model():
     with torch.no_grad():
         fused(x)
     assert "own ops" not in fused.plans[0].last_reason
+
+
+@pytest.mark.parametrize("when", ["before fused_model", "after fused_model"])
+def test_a_forward_set_on_an_instance_is_the_one_that_runs(when):
+    """A module whose forward is set on the instance (accelerate's hooks wrap forward this way): matched as a plain
+    module neither before fused_model (its class's forward is not what runs) nor after (the region's own ops then)."""
+    torch.manual_seed(0)
+    model = SeedA().eval()
+    x = torch.randn(SMALL_SHAPE["A"])
+    conv = model.conv
+
+    def patch():
+        plain = conv.forward
+        conv.forward = lambda y: plain(y) * 2
+    if when == "before fused_model":
+        patch()
+    fused = fullfuse.fused_model(model)
+    if when == "after fused_model":
+        patch()
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
