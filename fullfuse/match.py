@@ -451,8 +451,9 @@ def _norm_dims(dim: Any, rank: int) -> Optional[List[int]]:
     return out
 
 
-def _parse_reduce_call(node: Node, src: Node) -> Optional[Tuple[str, Any, Any]]:
-    """('mean'|'sum'|'amax', dim, keepdim) for x.mean/sum/amax(...) and torch.mean/sum/amax(x, ...) on ``src``."""
+def _parse_reduce_call(node: Node, src: Optional[Node]) -> Optional[Tuple[str, Any, Any]]:
+    """('mean'|'sum'|'amax', dim, keepdim) for x.mean/sum/amax(...) and torch.mean/sum/amax(x, ...) on ``src`` (None:
+    on any input)."""
     if node.op == "call_method" and node.target in ("mean", "sum", "amax"):
         kind = node.target
     elif node.op == "call_function" and node.target in (torch.mean, torch.sum, torch.amax):
@@ -465,9 +466,23 @@ def _parse_reduce_call(node: Node, src: Node) -> Optional[Tuple[str, Any, Any]]:
         a = _bind(node, ["input", "dim", "keepdim", "dtype"], {"dim": None, "keepdim": False, "dtype": None})
         if a is not None and a["dtype"] is not None:
             return None  # a dtype-converting reduction is a different computation
-    if a is None or a["input"] is not src or not isinstance(a["keepdim"], bool):
+    if a is None or (src is not None and a["input"] is not src) or not isinstance(a["keepdim"], bool):
         return None
     return kind, a["dim"], a["keepdim"]
+
+
+def counts_dims_from_the_batch(nodes: Sequence[Node]) -> bool:
+    """Whether a mean / sum / amax among ``nodes`` names a dim by a non-negative index (``sum(1)``, ``mean((2, 3))``):
+    on an unbatched input that index names another dim (or none), so the ops as written differ from a batch of one."""
+    for node in nodes:
+        parsed = _parse_reduce_call(node, None)
+        if parsed is None:
+            continue
+        dim = parsed[1]
+        for d in (dim if isinstance(dim, (tuple, list)) else () if dim is None else (dim,)):
+            if not isinstance(d, int) or d >= 0:
+                return True
+    return False
 
 
 def _parse_global_pool(node: Node, src: Node, dims: int,

@@ -9,7 +9,7 @@ from torch import nn
 
 from . import calls
 from .dispatch import check_path
-from .match import find_matches, trace
+from .match import counts_dims_from_the_batch, find_matches, trace
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
 from .plan import Plan, make_plan
@@ -103,7 +103,7 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
         args = (match.input_node,) if conv is not None else (match.input_node, match.weight, match.bias)
         original = region_graph(gm, match.nodes, args)
         gm.add_submodule(name, FusedRegion(plan, conv, precision, deterministic, original,
-                                           region_modules(gm, match.nodes)))
+                                           region_modules(gm, match.nodes), counts_dims_from_the_batch(match.nodes)))
         with gm.graph.inserting_before(match.output_node):
             new_node = gm.graph.call_module(name, args)
         match.output_node.replace_all_uses_with(new_node)

@@ -24,7 +24,8 @@ class FusedRegion(nn.Module):
     _fullfuse_leaf = True   # (match.trace keeps it as a module call)
 
     def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool,
-                 original: Optional[nn.Module] = None, modules: Tuple[nn.Module, ...] = ()):
+                 original: Optional[nn.Module] = None, modules: Tuple[nn.Module, ...] = (),
+                 unbatched_as_written: bool = False):
         super().__init__()
         self.plan = plan
         # (None too: forward reads _modules["conv"], which plain assignment of None skips)
@@ -34,6 +35,9 @@ class FusedRegion(nn.Module):
         # the same module objects): the region's own ops and what says the plan no longer describes the model
         self.__dict__["_original"] = original
         self.__dict__["_changed"] = original_ops.Changes(modules, conv) if original is not None else None
+        # an unbatched input's rank where the region's ops count a dim from the batch (match.counts_dims_from_the_batch:
+        # a batch of one would reduce another dim than the ops as written)
+        self.__dict__["_unbatched_rank"] = plan.spec.dims + 1 if original is not None and unbatched_as_written else None
 
     @property
     def precision(self) -> str:
@@ -47,8 +51,13 @@ class FusedRegion(nn.Module):
         d = self.__dict__   # (dict lookups, not Module.__getattr__: host time per call; still live)
         conv = d["_modules"]["conv"]
         changed = d["_changed"]
-        if changed is not None and changed.since_match(conv):
-            return self._run_original(x, weight, bias)
+        if changed is not None:
+            if changed.since_match(conv):
+                return self._run_original(x, weight, bias, "a module hook, forward or conv attribute was added or "
+                                                           "changed after fused_model")
+            unbatched = d["_unbatched_rank"]
+            if unbatched is not None and x.dim() == unbatched:
+                return self._run_original(x, weight, bias, "an unbatched input, and the ops count a dim from the batch")
         if conv is not None:
             params = conv._parameters
             weight = params.get("weight")
@@ -57,9 +66,8 @@ class FusedRegion(nn.Module):
             bias = params["bias"] if "bias" in params else conv.bias
         return self.calls(x, weight, bias)
 
-    def _run_original(self, x, weight, bias):
-        self.calls.last = ("torch", "the region's own ops: a module hook or conv attribute was added or changed "
-                                    "after fused_model")
+    def _run_original(self, x, weight, bias, why: str):
+        self.calls.last = ("torch", f"the region's own ops: {why}")
         original = self.__dict__["_original"]
         return original(x) if self._modules["conv"] is not None else original(x, weight, bias)
 

@@ -729,3 +729,49 @@ def test_a_forward_set_on_an_instance_is_the_one_that_runs(when):
         patch()
     with torch.no_grad():
         assert torch.equal(fused(x), model(x))
+
+
+class _Tail(nn.Module):
+    """conv -> activation -> the reduction ``tail`` (a function of the conv output)."""
+
+    def __init__(self, conv, tail):
+        super().__init__()
+        self.conv, self.tail = conv, tail
+
+    def forward(self, x):
+        return self.tail(self.conv(x))
+
+
+_UNBATCHED_CASES = {   # name: (model maker, counts a dim from the batch)
+    "B sum(1)": (lambda: SeedB(), True),
+    "B sum(-4)": (lambda: _Tail(nn.ConvTranspose3d(32, 8, 3, 2, 1), lambda y: F.max_pool3d(y, 2).sum(-4)), False),
+    "B amax(dim=1)": (lambda: _Tail(nn.ConvTranspose3d(32, 8, 3, 2, 1), lambda y: F.max_pool3d(y, 2).amax(dim=1)),
+                      True),
+    "A mean((2, 3))": (lambda: _Tail(nn.Conv2d(8, 6, 3), lambda y: F.gelu(y).mean((2, 3))), True),
+    "A mean((-2, -1))": (lambda: _Tail(nn.Conv2d(8, 6, 3), lambda y: F.gelu(y).mean((-2, -1))), False),
+    "A adaptive pool": (lambda: SeedA(), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNBATCHED_CASES))
+def test_unbatched_input_is_the_ops_as_written(case):
+    """An unbatched input where the region's reduction names a dim counted from the batch (``sum(1)``: the channels
+    of a batch, the depth of one unbatched volume; ``mean((2, 3))``: out of range unbatched) gets what the model's ops
+    as written give, PyTorch's error included (before: the channel reduction of a batch of one, another shape).
+    Dims counted from the end mean the same either way: those keep the batch-of-one path."""
+    make, from_batch = _UNBATCHED_CASES[case]
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(SMALL_SHAPE[case[0]][1:])
+    fused = fullfuse.fused_model(model)
+    assert fused.plans, case
+    with torch.no_grad():
+        try:
+            want = model(x)
+        except (IndexError, RuntimeError) as exc:
+            with pytest.raises(type(exc)):
+                fused(x)
+            return
+        got = fused(x)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+    assert ("own ops" in fused.plans[0].last_reason) == from_batch, fused.plans[0].last_reason
