@@ -65,20 +65,24 @@ class Changes:
     __slots__ = ("_forward", "_backward", "_instances", "_was")
 
     def __init__(self, modules: Sequence[nn.Module], conv: Optional[nn.Module]):
-        self._forward = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
-        self._backward = tuple(d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
+        # (torch's global hook dicts among them: one C-level test for all)
+        self._forward = (GLOBAL_FORWARD, GLOBAL_FORWARD_PRE) + tuple(
+            d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
+        self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(
+            d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
         self._instances = tuple(vars(m) for m in modules)   # (a forward set on an instance lands there)
-        self._was = None if conv is None else tuple(getattr(conv, name, None) for name in CONV_ATTRIBUTES)
+        self._was = None if conv is None else tuple(vars(conv).get(name) for name in CONV_ATTRIBUTES)
 
     def since_match(self, conv: Optional[nn.Module]) -> bool:
-        if GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or any(self._forward):
+        if any(self._forward) or (_grad_enabled() and any(self._backward)):
             return True
         for attributes in self._instances:
             if "forward" in attributes:
                 return True
-        if (GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE or any(self._backward)) and _grad_enabled():
-            return True
         was = self._was   # (CONV_ATTRIBUTES, in that order)
-        return was is not None and conv is not None and (
-            conv.stride is not was[0] or conv.padding is not was[1] or conv.dilation is not was[2]
-            or conv.groups is not was[3] or conv.padding_mode is not was[4] or conv.output_padding is not was[5])
+        if was is None or conv is None:
+            return False
+        now = conv.__dict__
+        return (now["stride"] is not was[0] or now["padding"] is not was[1] or now["dilation"] is not was[2]
+                or now["groups"] is not was[3] or now["padding_mode"] is not was[4]
+                or now["output_padding"] is not was[5])
