@@ -778,3 +778,19 @@ def test_unbatched_input_is_the_ops_as_written(case):
         got = fused(x)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
     assert ("own ops" in fused.plans[0].last_reason) == from_batch, fused.plans[0].last_reason
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_a_conv_bias_held_as_a_buffer_is_added(family):
+    """A conv whose bias parameter was replaced by a buffer of that name (its forward reads ``self.bias`` either way):
+    the region adds it (fullfuse read the parameter dict only and dropped the bias, silently)."""
+    torch.manual_seed(0)
+    model = (SeedA() if family == "A" else SeedB()).eval()
+    conv = _conv_of(model)
+    x = torch.randn(SMALL_SHAPE[family])
+    fused = fullfuse.fused_model(model)
+    bias = conv.bias.detach() + 3.0
+    del conv.bias
+    conv.register_buffer("bias", bias)
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
