@@ -17,9 +17,9 @@ fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
-    F.convNd.  Where the plan no longer describes the model (original_ops.py: a forward hook registered since on one
-    of the region's modules, torch's global module hooks, the conv's hyperparameters re-assigned), it runs the region's
-    own ops instead."""
+    F.convNd.  Where the plan no longer describes the model (``original_ops.Changes``: hooks, a forward set on one of
+    its modules, the conv's hyperparameters re-assigned) or an unbatched input means something else to the ops as
+    written, it runs the region's own ops instead."""
 
     _fullfuse_leaf = True   # (match.trace keeps it as a module call)
 
