@@ -34,6 +34,8 @@ class FusedRegion(nn.Module):
         # kept outside _modules (no second copy of the conv's parameters in the state dict, no second device move:
         # the same module objects): the region's own ops and what says the plan no longer describes the model
         self.__dict__["_original"] = original
+        # (True: to be made on the next call, from _watch; pickling and copying drop it: __getstate__)
+        self.__dict__["_watch"] = (modules, conv) if original is not None else None
         self.__dict__["_changed"] = original_ops.Changes(modules, conv) if original is not None else None
         # an unbatched input's rank where the region's ops count a dim from the batch (match.counts_dims_from_the_batch:
         # a batch of one would reduce another dim than the ops as written)
@@ -52,6 +54,8 @@ class FusedRegion(nn.Module):
         conv = d["_modules"]["conv"]
         changed = d["_changed"]
         if changed is not None:
+            if changed is True:
+                changed = d["_changed"] = original_ops.Changes(*d["_watch"])
             if changed.since_match(conv):
                 return self._run_original(x, weight, bias, "a module hook, forward or conv attribute was added or "
                                                            "changed after fused_model")
@@ -65,6 +69,14 @@ class FusedRegion(nn.Module):
                 weight = conv.weight
             bias = params["bias"] if "bias" in params else conv.bias
         return self.calls(x, weight, bias)
+
+    def __getstate__(self):
+        """Pickling and deepcopy: without the change test, which holds the live dicts it reads (the modules' instance
+        dicts, torch's global hooks): a copy makes its own on its first call."""
+        state = dict(super().__getstate__())
+        if state.get("_changed") is not None:
+            state["_changed"] = True
+        return state
 
     def _run_original(self, x, weight, bias, why: str):
         self.calls.last = ("torch", f"the region's own ops: {why}")

@@ -794,3 +794,40 @@ def test_a_conv_bias_held_as_a_buffer_is_added(family):
     conv.register_buffer("bias", bias)
     with torch.no_grad():
         assert torch.equal(fused(x), model(x))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_fused_model_sees_changes_to_its_own_modules(how):
+    """A deepcopy or an unpickled fused model watches its own modules' instance dicts and torch's live global hooks
+    (a copy of the watch would hold the original's dicts, or copies of the globals, and miss both)."""
+    import copy
+    import io
+    torch.manual_seed(0)
+    model = SeedA().eval()
+    x = torch.randn(SMALL_SHAPE["A"])
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        fused(x)
+    if how == "deepcopy":
+        twin = copy.deepcopy(fused)
+    else:
+        buf = io.BytesIO()
+        torch.save(fused, buf)
+        buf.seek(0)
+        twin = torch.load(buf, weights_only=False)
+    conv = twin.graph_module.get_submodule("fullfuse_region_0").conv
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        fired = []
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, a, out: fired.append(m) if m is conv else None)
+        try:
+            twin(x)
+        finally:
+            handle.remove()
+        assert fired == [conv]
+        plain = conv.forward
+        conv.forward = lambda y: plain(y) * 2
+        ref_plain = reference.conv.forward
+        reference.conv.forward = lambda y: ref_plain(y) * 2
+        assert torch.equal(twin(x), reference(x))
