@@ -28,6 +28,8 @@ from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
 # whether torch.compile is tracing the call (torch.compiler.is_compiling; never on torch builds without it)
 compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 _grad_enabled = torch.is_grad_enabled
+_deterministic_algorithms = getattr(torch._C, "_get_deterministic_algorithms",
+                                    torch.are_deterministic_algorithms_enabled)
 _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -113,11 +115,14 @@ class SpecCalls:
         mode = self._modes.get(dtype)
         if mode is None:
             mode = torch_conv_precision() if dtype is torch.float32 else resolve(self.precision, dtype)
-        key = (mode, dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16, weight.dtype, weight.device,
-               weight.shape, None if bias is None else (bias.dtype, bias.device, bias.shape))
+        # (torch.use_deterministic_algorithms(True) asks for deterministic reductions whatever this object's own
+        # setting: read per call only where that setting allows the atomic ones)
+        deterministic = self.deterministic or _deterministic_algorithms()
+        key = (mode, deterministic, dtype, x.device, x.shape, x.stride(), x.data_ptr() % 16, weight.dtype,
+               weight.device, weight.shape, None if bias is None else (bias.dtype, bias.device, bias.shape))
         entry = self._prepared.get(key)
         if entry is None:
-            entry = dispatch.prepare(self.spec, self.path, self.precision, mode, self.deterministic, x, weight, bias)
+            entry = dispatch.prepare(self.spec, self.path, self.precision, mode, deterministic, x, weight, bias)
             if len(self._prepared) >= self.LIMIT:
                 self._prepared.clear()
             self._prepared[key] = entry

@@ -831,3 +831,30 @@ def test_a_copied_fused_model_sees_changes_to_its_own_modules(how):
         ref_plain = reference.conv.forward
         reference.conv.forward = lambda y: ref_plain(y) * 2
         assert torch.equal(twin(x), reference(x))
+
+
+def test_torch_deterministic_algorithms_override_a_nondeterministic_region(monkeypatch):
+    """fused_model(..., deterministic=False) under torch.use_deterministic_algorithms(True): each call is prepared
+    deterministic, as PyTorch's own ops would be; the same signature without it prepares the atomic variant."""
+    from fullfuse import dispatch
+    seen = []
+    real = dispatch.prepare
+
+    def recording(spec, path, precision, mode, deterministic, x, weight, bias):
+        seen.append(deterministic)
+        return real(spec, path, precision, mode, deterministic, x, weight, bias)
+    monkeypatch.setattr(dispatch, "prepare", recording)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 5, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1)).eval()   # (a spec of its own)
+    fused = fullfuse.fused_model(model, deterministic=False)
+    x = torch.randn(2, 8, 9, 9)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        with torch.no_grad():
+            fused(x)
+            torch.use_deterministic_algorithms(True)
+            fused(x)
+            fused(x)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert seen == [False, True]

@@ -95,7 +95,7 @@ def host_pieces() -> None:
         xs = torch.randn(4, 8, 64, 64, device="cuda")
         fused(xs)
         wg_kernel, wg_grid, wg_smem, wg_args = _launched(next(e[1] for k, e in region.calls._prepared.items()
-                                                              if k[3] == xs.shape))
+                                                              if k[4] == xs.shape))
         print(f"(4, 8, 64, 64): {wg_kernel.name[:40]}..., {ctypes.sizeof(wg_args.values[0])} parameter bytes")
         pieces["fused_model(x), (4, 8, 64, 64)"] = lambda: fused(xs)
         pieces["cuLaunchKernel, (4, 8, 64, 64)'s kernel"] = lambda: wg_kernel._launch(
@@ -135,7 +135,7 @@ def fallback_pieces() -> None:
                 x = torch.randn(shape, device="cuda")
                 fallback(x)
                 runner = next(entry[1] for key, entry in calls.calls_for(spec, "fallback")._prepared.items()
-                              if key[3] == x.shape)
+                              if key[4] == x.shape)
                 mode = precision.resolve("auto", x.dtype)
                 w = conv.weight
                 if family == "A":
