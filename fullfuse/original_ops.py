@@ -31,19 +31,10 @@ def region_graph(gm: GraphModule, nodes: Sequence[Node], inputs: Sequence[Option
         placeholder = graph.placeholder(f"arg{i}")
         if node is not None:
             env[node] = placeholder
-    inside = set(nodes)
-
-    def value(node: Node):
-        if node not in env:
-            raise LookupError(node)
-        return env[node]
     try:
         for node in nodes:
-            for arg in node.all_input_nodes:
-                if arg not in env and arg not in inside:
-                    return None
-            env[node] = graph.node_copy(node, value)
-    except LookupError:
+            env[node] = graph.node_copy(node, env.__getitem__)   # (KeyError: a value from outside the region)
+    except KeyError:
         return None
     graph.output(env[nodes[-1]])
     return GraphModule(gm, graph, class_name="OriginalOps")

@@ -858,3 +858,20 @@ def test_torch_deterministic_algorithms_override_a_nondeterministic_region(monke
     finally:
         torch.use_deterministic_algorithms(was)
     assert seen == [False, True]
+
+
+def test_region_graph_takes_only_its_inputs():
+    """original_ops.region_graph: the region's nodes as a graph of the given inputs; None where a node reads any other
+    value of the model's graph (the region's own ops could not run alone)."""
+    from fullfuse.original_ops import region_graph
+
+    class TwoInputs(nn.Module):
+        def forward(self, x, y):
+            return (x + y).relu()
+    gm = torch.fx.symbolic_trace(TwoInputs())
+    named = {n.name: n for n in gm.graph.nodes}
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert region_graph(gm, nodes, (named["x"],)) is None
+    both = region_graph(gm, nodes, (named["x"], named["y"]))
+    a, b = torch.randn(3), torch.randn(3)
+    assert torch.equal(both(a, b), (a + b).relu())
