@@ -14,7 +14,7 @@ from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD,
                            region_graph, region_modules)
 from .plan import Plan, make_plan
 from .precision import check_precision
-from .region import FusedRegion, fx_tracing
+from .region import FusedRegion, fx_tracing, jit_tracing
 from .state_names import StateNames
 
 
@@ -45,7 +45,7 @@ class FusedModel(nn.Module):
         d = self.__dict__   # (nn.Module keeps these in the instance dict; read there: host time per call)
         if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
-                or d.get("_compiled_call_impl") is not None or _jit_tracing() or fx_tracing() or calls.compiling()):
+                or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
         if len(args) == 1 and not kwargs:
             gm = d["_modules"]["graph_module"]
@@ -71,7 +71,6 @@ class FusedModel(nn.Module):
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
 
-_jit_tracing = torch._C._get_tracing_state
 
 
 def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto",

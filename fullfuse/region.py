@@ -6,12 +6,13 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from . import calls, original_ops
+from . import calls, original_ops, torch_path
 from .plan import Plan
 
 
 _fx = torch.fx._symbolic_trace
 fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
+jit_tracing = torch._C._get_tracing_state   # (torch.jit.trace and ONNX export set it)
 
 
 class FusedRegion(nn.Module):
@@ -86,10 +87,23 @@ class FusedRegion(nn.Module):
     def __call__(self, *args, **kwargs):
         """``forward`` without nn.Module.__call__'s hook checks (~1.5 us of host time per call; a region is
         fullfuse's own and has no hooks), except under fx tracing (a pickled fused model is re-traced when loaded)
-        and torch.compile, which see the module call as usual."""
+        and torch.compile, which see the module call as usual.  Under a TorchScript trace (torch.jit.trace, ONNX
+        export) the region runs PyTorch's ops, which the trace records (a kernel launch would be missing from it).
+        (A fused model whose graph is this region alone calls ``forward`` itself, outside any such trace.)"""
         if fx_tracing() or calls.compiling():
             return super().__call__(*args, **kwargs)
+        if jit_tracing():
+            return self._traced(*args, **kwargs)
         return self.forward(*args, **kwargs)
+
+    def _traced(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
+        if self.__dict__["_original"] is not None:
+            return self._run_original(x, weight, bias, "a TorchScript trace records PyTorch's ops")
+        conv = self._modules["conv"]
+        if conv is not None:
+            weight, bias = conv.weight, conv.bias
+        self.calls.last = ("torch", "a TorchScript trace records PyTorch's ops")
+        return torch_path.run(self.plan.spec, x, weight, bias)
 
     def extra_repr(self) -> str:
         return f"{self.plan.description} -> {self.plan.path}, precision={self.precision}"
