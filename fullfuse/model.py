@@ -71,8 +71,6 @@ class FusedModel(nn.Module):
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
 
-
-
 def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto",
                 deterministic: bool = True) -> FusedModel:
     """Return a module computing the same outputs as ``model``, with every conv pipeline of family A

@@ -35,9 +35,10 @@ class FusedRegion(nn.Module):
         # kept outside _modules (no second copy of the conv's parameters in the state dict, no second device move:
         # the same module objects): the region's own ops and what says the plan no longer describes the model
         self.__dict__["_original"] = original
-        # (True: to be made on the next call, from _watch; pickling and copying drop it: __getstate__)
+        # the change test (original_ops.Changes) of _watch's modules and conv, made on the first call (True until
+        # then; pickling and copying set it back: __getstate__)
         self.__dict__["_watch"] = (modules, conv) if original is not None else None
-        self.__dict__["_changed"] = original_ops.Changes(modules, conv) if original is not None else None
+        self.__dict__["_changed"] = True if original is not None else None
         # an unbatched input's rank where the region's ops count a dim from the batch (match.counts_dims_from_the_batch:
         # a batch of one would reduce another dim than the ops as written)
         self.__dict__["_unbatched_rank"] = plan.spec.dims + 1 if original is not None and unbatched_as_written else None

@@ -169,7 +169,9 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         raise RuntimeError(f"fullfuse: {p.why}")
     fused = _kernel(p, index)
     packer = runtime.kernel(abi.PACK, index) if p.pack_grid else None
+    # the launches at this signature's dimensions, converted once (host time per call)
     launch_fused = fused.at(p.blocks, p.threads, p.smem)
+    launch_packing = packer.at(p.pack_grid, abi.PACK_THREADS, 0) if packer is not None else None
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
     shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
@@ -177,7 +179,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
     template = bytes(p.params)   # every field but the pointers, the weight's strides and ncdhw_vec
     grid, threads, smem, ws_cnt, ws_pack = p.blocks, p.threads, p.smem, p.ws_cnt_offset, p.ws_pack_offset
-    pack_grid = p.pack_grid
     # window maxima and counters (zero; the kernel leaves them zero), this thread's buffer for the packed weights
     wanted = ((p.ws_bytes, workspace.ZEROED),
               (p.params.pg.nslices * planner.slice_bytes(p.kv, p.ks), workspace.PACKED))
@@ -217,7 +218,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             return out
         pack = args.pack.values
         pack[0].value, pack[1].value = wptr, wp
-        packer.launch(pack_grid, abi.PACK_THREADS, 0, args.pack, stream)
+        launch_packing(stream, args.pack)
         # the fused kernel's first blocks load their tiles while the packing runs and wait for it (griddepcontrol.wait)
         # before their first weight read; whatever wrote x came before the packing, complete before it started
         fused.launch_dependent(grid, threads, smem, args, stream)
