@@ -7,18 +7,20 @@
 
 Both take ``path`` ("auto" | "fused" | "fallback" | "torch"), ``precision`` ("auto" | "tf32" | "ieee") and
 ``deterministic``.  Under torch.compile the wrappers call the registered ops; in eager mode they call the
-dispatcher directly (same code, less host time per call).  Inputs that need gradients run the torch path (this is an
-inference library), with a one-time warning.
+dispatcher directly (same code, less host time per call); the registered ops called directly behave as the
+wrappers (an unbatched input too).  Inputs that need gradients run the torch path (this is an inference library),
+with a one-time warning.
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from . import calls
+from . import calls, torch_path
 from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 
@@ -66,12 +68,15 @@ def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride:
                       dilation: List[int], activation: str, pool: str, keepdim: bool, post: str, path: str,
                       precision: str, deterministic: bool) -> Tensor:
     spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
-    return calls.calls_for(spec, path, precision, deterministic).run(x, weight, bias)
+    return calls.calls_for(spec, path, precision, deterministic)(x, weight, bias)
 
 
 @_conv_act_pool_op.register_fake
 def _(x, weight, bias, stride, padding, dilation, activation, pool, keepdim, post, path, precision, deterministic):
     spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
+    if x.dim() == spec.dims + 1:   # unbatched: a batch of one, the post view taken after (as calls.SpecCalls)
+        pooled = dataclasses.replace(spec, post="none").output_shape(1)[1:]
+        return torch_path.post_view(spec, x.new_empty(pooled))
     return x.new_empty(spec.output_shape(x.shape[0]))
 
 
@@ -80,19 +85,20 @@ def _convt_pool_reduce_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], str
                           output_padding: List[int], dilation: List[int], window: List[int], activation: str,
                           reduction: str, keepdim: bool, path: str, precision: str, deterministic: bool) -> Tensor:
     spec = _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim)
-    return calls.calls_for(spec, path, precision, deterministic).run(x, weight, bias)
+    return calls.calls_for(spec, path, precision, deterministic)(x, weight, bias)
 
 
 @_convt_pool_reduce_op.register_fake
 def _(x, weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim, path,
       precision, deterministic):
     dims = weight.dim() - 2
+    batch = x.dim() == dims + 2   # (unbatched: a batch of one, its batch dim dropped, as calls.SpecCalls)
     pooled = []
     for i in range(dims):
-        size = ((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
-                + output_padding[i] + 1)
+        size = ((x.shape[x.dim() - dims + i] - 1) * stride[i] - 2 * padding[i]
+                + dilation[i] * (weight.shape[2 + i] - 1) + output_padding[i] + 1)
         pooled.append(size // window[i])
-    return x.new_empty((x.shape[0], *([1] if keepdim else []), *pooled))
+    return x.new_empty((*x.shape[:1 if batch else 0], *([1] if keepdim else []), *pooled))
 
 
 # ---------------------------------------------------------------- public wrappers

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fullfuse
-from fullfuse import calls, ops, precision, weights
+from fullfuse import calls, ops, precision, torch_path, weights
 from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
 
 
@@ -238,6 +238,25 @@ def test_custom_ops_are_registered_and_pass_opcheck():
     torch.library.opcheck(torch.ops.fullfuse.convt_pool_reduce.default,
                           (v, wt, None, [2, 2, 2], [1, 1, 1], [0, 0, 0], [1, 1, 1], [2, 2, 2], "none", "sum", False,
                            "auto", "auto", True))
+
+
+@pytest.mark.parametrize("post", ["none", "flatten", "squeeze"])
+def test_custom_ops_take_unbatched_inputs_as_the_wrappers(post):
+    """The registered ops called directly, as the wrappers: an unbatched input is a batch of one, and the fake
+    implementation gives the shape the real one returns (opcheck compares them)."""
+    torch.manual_seed(3)
+    x, w, b = torch.randn(3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    args = (w, b, [1, 1], [0, 0], [1, 1], "gelu_erf", "mean", True, post, "auto", "auto", True)
+    got = torch.ops.fullfuse.conv_act_pool(x, *args)
+    pooled = F.gelu(F.conv2d(x, w, b)).mean((-2, -1), keepdim=True)
+    _close(got, torch_path.post_view(ops._spec_a_from(w, b, 1, 0, 1, "gelu_erf", "mean", True, post), pooled))
+    torch.library.opcheck(torch.ops.fullfuse.conv_act_pool.default, (x, *args))
+    v, wt = torch.randn(3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    b_args = (wt, None, [2, 2, 2], [1, 1, 1], [0, 0, 0], [1, 1, 1], [2, 2, 2], "none", "sum", False, "auto", "auto",
+              True)
+    got = torch.ops.fullfuse.convt_pool_reduce(v, *b_args)
+    _close(got, fullfuse.ops.convt_pool_reduce(v[None], wt, None, 2, 1, 0, 1, 2, keepdim=False)[0])
+    torch.library.opcheck(torch.ops.fullfuse.convt_pool_reduce.default, (v, *b_args))
 
 
 def test_torch_compile_fullgraph():
