@@ -6,6 +6,9 @@
   call, with nothing else in between (host time per call; ``run``);
 - an unbatched input (as torch convs accept it) runs as a batch of one, the spec's post view (family A) taken after;
 - an input or weight that needs gradients runs the torch path (fullfuse is inference-only), with a one-time warning;
+- under a torch.func transform (vmap, grad, jvp, functionalize), forward-mode AD (a dual level) or a torch dispatch
+  mode (make_fx, FakeTensorMode, FlopCounterMode...) the call runs PyTorch's ops, which those see and transform (a
+  kernel launch would be invisible to them, and their tensors have no storage to launch on);
 - under autocast the region computes in the autocast dtype, as the original would (float32 out where autocast runs
   the last op in float32);
 - under torch.compile the call goes through the registered op (``ops``), which dynamo sees as one opaque op.
@@ -20,6 +23,7 @@ import warnings
 from typing import Dict, Optional
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from . import dispatch, torch_path
 from .precision import NATIVE_MODES, check_precision, resolve, torch_conv_precision
@@ -31,6 +35,10 @@ _grad_enabled = torch.is_grad_enabled
 _deterministic_algorithms = getattr(torch._C, "_get_deterministic_algorithms",
                                     torch.are_deterministic_algorithms_enabled)
 _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+# torch.func's transforms active (vmap, grad, jvp, functionalize: None when none is), torch dispatch modes active
+# (their count), forward-mode AD's dual level (-1 outside one): one C call or module global each
+_functorch_stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: None)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 
 
 def _autocast_query():
@@ -56,6 +64,17 @@ def _warn_grad_once():
         _warned_grad = True
         warnings.warn("fullfuse: an input or weight requires grad; running the torch path so autograd works "
                       "(fullfuse's kernels are inference-only)", stacklevel=4)
+
+
+def _transformed() -> Optional[str]:
+    """Why PyTorch's ops must run instead of a kernel (None: nothing transforms or watches the call's ops)."""
+    if _functorch_stack() is not None:
+        return "a torch.func transform (vmap, grad, jvp, functionalize) runs PyTorch's ops"
+    if _forward_ad._current_level >= 0:
+        return "forward-mode AD (a dual level) runs PyTorch's ops"
+    if _dispatch_modes():
+        return "a torch dispatch mode (make_fx, FakeTensorMode, FlopCounterMode...) sees PyTorch's ops"
+    return None
 
 
 def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
@@ -104,7 +123,9 @@ class SpecCalls:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         needs_grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                           or (bias is not None and bias.requires_grad))
-        if x.dim() == self._rank and not needs_grad and not _any_autocast_on() and not compiling():
+        # (compiling() before the C queries after it: torch.compile traces none of them)
+        if (x.dim() == self._rank and not needs_grad and not _any_autocast_on() and not compiling()
+                and not _dispatch_modes() and _functorch_stack() is None and _forward_ad._current_level < 0):
             return self.run(x, weight, bias)
         return self._general(x, weight, bias, needs_grad)
 
@@ -145,6 +166,11 @@ class SpecCalls:
             _warn_grad_once()
             self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
             return torch_path.run(spec, x, weight, bias)
+        if not compiling():
+            why = _transformed()
+            if why is not None:   # (under the caller's autocast, as the original's ops)
+                self.last = ("torch", why)
+                return torch_path.run(spec, x, weight, bias)
         cast = _autocast_dtype(x)
         if cast is not None:
             if self.path == "torch":                      # PyTorch's own ops under the caller's autocast

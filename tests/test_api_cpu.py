@@ -911,3 +911,61 @@ def test_a_torchscript_trace_records_the_regions_ops(family):
         assert "own ops" in fused.plans[0].last_reason and "TorchScript" in fused.plans[0].last_reason
         assert any("convolution" in node.kind() for node in traced.inlined_graph.nodes())
         assert torch.equal(traced(x * 2), model(x * 2))
+
+
+def _transform_cases():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils.flop_counter import FlopCounterMode
+    fwad = torch.autograd.forward_ad
+
+    def vmapped(model, x):
+        return torch.func.vmap(model)(torch.stack([x, 2 * x]))
+
+    def jvp(model, x):
+        return torch.func.jvp(model, (x,), (torch.ones_like(x),))
+
+    def dual(model, x):
+        with fwad.dual_level():
+            out = fwad.unpack_dual(model(fwad.make_dual(x, torch.ones_like(x))))
+        return out.primal, out.tangent
+
+    def traced(model, x):
+        return make_fx(model)(x)(x)   # the graph make_fx recorded, run
+
+    def flops(model, x):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = model(x)
+        return out, torch.tensor(float(counter.get_total_flops()))
+    return {"vmap": vmapped, "jvp": jvp, "dual": dual, "make_fx": traced, "flop_counter": flops}
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("case", ["vmap", "jvp", "dual", "make_fx", "flop_counter"])
+def test_torch_func_transforms_and_dispatch_modes_see_pytorchs_ops(monkeypatch, family, case):
+    """Under a torch.func transform, forward-mode AD or a torch dispatch mode, a region runs PyTorch's ops: the
+    transform's answer (batched values, tangents), a make_fx graph that computes the model, FlopCounterMode's count
+    are the original model's.  A kernel there would be invisible to them (its tensors have no storage to launch on,
+    or its work would be missing from the graph).  The kernel path is stubbed with NaN outputs, which the plain call
+    returns: the stub is live."""
+    from fullfuse import dispatch
+    launched = []
+
+    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
+        def run(x, weight, bias):
+            launched.append(case)
+            return torch.full_like(torch_path.run(spec, x, weight, bias), float("nan"))
+        return ("fused", "stub"), run
+    monkeypatch.setattr(dispatch, "prepare", stub)
+    monkeypatch.setattr(calls, "_registry", {})   # (no prepared call of another test)
+    torch.manual_seed(0)
+    model = (SeedA(8, 6) if family == "A" else SeedB(4, 6, 3, 2, 1)).eval()
+    x = torch.randn(2, 8, 9, 9) if family == "A" else torch.randn(2, 4, 5, 5, 5)
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        assert torch.isnan(fused(x)).all() and launched == [case]
+        got, want = _transform_cases()[case](fused, x), _transform_cases()[case](model, x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        _close(g, w)
+    assert launched == [case]
+    assert fused.plans[0].last_path == "torch"
