@@ -6,6 +6,8 @@
   call, with nothing else in between (host time per call; ``run``);
 - an unbatched input (as torch convs accept it) runs as a batch of one, the spec's post view (family A) taken after;
 - an input or weight that needs gradients runs the torch path (fullfuse is inference-only), with a one-time warning;
+- a tensor subclass (its own __torch_function__ / __torch_dispatch__, DTensor...) runs PyTorch's ops, which it
+  overrides as it defines (nn.Parameter is no subclass here);
 - under a torch.func transform (vmap, grad, jvp, functionalize), forward-mode AD (a dual level) or a torch dispatch
   mode (make_fx, FakeTensorMode, FlopCounterMode...) the call runs PyTorch's ops, which those see and transform (a
   kernel launch would be invisible to them, and their tensors have no storage to launch on);
@@ -39,6 +41,7 @@ _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 # (their count), forward-mode AD's dual level (-1 outside one): one C call or module global each
 _functorch_stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))   # the tensor types the kernels take (exact types)
 
 
 def _autocast_query():
@@ -124,7 +127,8 @@ class SpecCalls:
         needs_grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                           or (bias is not None and bias.requires_grad))
         # (compiling() before the C queries after it: torch.compile traces none of them)
-        if (x.dim() == self._rank and not needs_grad and not _any_autocast_on() and not compiling()
+        if (x.dim() == self._rank and not needs_grad and type(x) in _PLAIN and type(weight) in _PLAIN
+                and (bias is None or type(bias) in _PLAIN) and not _any_autocast_on() and not compiling()
                 and not _dispatch_modes() and _functorch_stack() is None and _forward_ad._current_level < 0):
             return self.run(x, weight, bias)
         return self._general(x, weight, bias, needs_grad)
@@ -165,6 +169,9 @@ class SpecCalls:
         if needs_grad:
             _warn_grad_once()
             self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
+            return torch_path.run(spec, x, weight, bias)
+        if not (type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)):
+            self.last = ("torch", "a tensor subclass runs PyTorch's ops, as it overrides them")
             return torch_path.run(spec, x, weight, bias)
         if not compiling():
             why = _transformed()

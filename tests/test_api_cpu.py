@@ -969,3 +969,47 @@ def test_torch_func_transforms_and_dispatch_modes_see_pytorchs_ops(monkeypatch, 
         _close(g, w)
     assert launched == [case]
     assert fused.plans[0].last_path == "torch"
+
+
+class _Scaled(torch.Tensor):
+    """A tensor subclass whose __torch_function__ changes what conv ops return (doubles them): PyTorch's answer for it
+    is its own."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func in (F.conv2d, F.conv_transpose3d, torch.conv2d, torch.conv_transpose3d):
+            out = out * 2
+        return out
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+@pytest.mark.parametrize("which", ["input", "weight"])
+def test_tensor_subclasses_get_their_own_answer(monkeypatch, family, which):
+    """An input or weight of a tensor subclass runs PyTorch's ops, which the subclass overrides: the answer is the
+    original model's with that subclass; a plain tensor, or a Parameter, still runs the kernel path (stubbed: NaN)."""
+    from fullfuse import dispatch
+    launched = []
+
+    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
+        def run(x, weight, bias):
+            launched.append(type(x))
+            return torch.full_like(torch_path.run(spec, x.as_subclass(torch.Tensor), weight, bias), float("nan"))
+        return ("fused", "stub"), run
+    monkeypatch.setattr(dispatch, "prepare", stub)
+    monkeypatch.setattr(calls, "_registry", {})
+    torch.manual_seed(0)
+    model = (SeedA(8, 6) if family == "A" else SeedB(4, 6, 3, 2, 1)).eval()
+    x = torch.randn(2, 8, 9, 9) if family == "A" else torch.randn(2, 4, 5, 5, 5)
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        assert torch.isnan(fused(x)).all() and torch.isnan(fused(nn.Parameter(x))).all() and len(launched) == 2
+        if which == "input":
+            got, want = fused(x.as_subclass(_Scaled)), model(x.as_subclass(_Scaled))
+        else:
+            conv = _conv_of(model)
+            conv.weight = nn.Parameter(conv.weight.detach().as_subclass(_Scaled))
+            got, want = fused(x), model(x)
+    assert len(launched) == 2 and not torch.isnan(got).any()
+    _close(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
+    assert fused.plans[0].last_path == "torch"
