@@ -65,6 +65,26 @@ class FusedModel(nn.Module):
         state["_lone_checked"] = state["_lone_name"] = None
         return state
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        """torch.jit.script (which calls this first): TorchScript cannot launch fullfuse's kernels, so it gets the model's
+        own ops — the traced graph with each region's own ops in its place, over the same modules — with a warning;
+        a model with no region is the original module itself."""
+        gm = self._modules["graph_module"]
+        if self._unchanged:
+            return gm
+        ops = torch.fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)   # (shares gm's modules)
+        for name, region in gm.named_children():
+            if isinstance(region, FusedRegion):
+                original = region.__dict__["_original"]
+                if original is None:
+                    raise RuntimeError(f"fullfuse: torch.jit.script cannot script {name}: its ops read values of the "
+                                       f"model outside the region; script the original model instead (the fused "
+                                       f"model shares its parameters), or use torch.jit.trace / torch.compile")
+                setattr(ops, name, original)
+        warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch fullfuse's "
+                      "kernels); torch.compile keeps them", stacklevel=3)
+        return ops
+
     def forward(self, *args, **kwargs):
         if self._unchanged:
             return self._modules["graph_module"](*args, **kwargs)

@@ -1013,3 +1013,27 @@ def test_tensor_subclasses_get_their_own_answer(monkeypatch, family, which):
     assert len(launched) == 2 and not torch.isnan(got).any()
     _close(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
     assert fused.plans[0].last_path == "torch"
+
+
+def test_torch_jit_script_scripts_the_models_own_ops():
+    """torch.jit.script of a fused model (and of a model holding one) gives a ScriptModule of the model's own ops, with
+    a warning: the original's answers, also after a weight update (shared parameters)."""
+    torch.manual_seed(5)
+    model = Backbone().eval()
+    fused = fullfuse.fused_model(model)
+    x, v = torch.randn(2, 3, 20, 20), torch.randn(2, 4, 5, 5, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # (torch.jit.script's own, on newer torch)
+        with pytest.warns(UserWarning, match="own ops"):
+            scripted = torch.jit.script(fused)
+        outer = nn.Sequential(nn.Identity(), fullfuse.fused_model(SeedA(8, 6).eval()))
+        with pytest.warns(UserWarning, match="own ops"):
+            scripted_outer = torch.jit.script(outer)
+    with torch.no_grad():
+        for got, want in zip(scripted(x, v), model(x, v)):
+            _close(got, want)
+        model.head[0].weight.mul_(2)
+        for got, want in zip(scripted(x, v), model(x, v)):
+            _close(got, want)
+        y = torch.randn(2, 8, 9, 9)
+        _close(scripted_outer(y), outer[1](y))
