@@ -96,9 +96,9 @@ def trace(model: nn.Module) -> torch.fx.GraphModule:
         raise TraceError(
             f"fullfuse: torch.fx could not trace {name}: {reason}\n"
             f"{name}.forward probably contains data-dependent Python control flow (an `if`/`for` on tensor values) "
-            f"or another construct symbolic tracing cannot follow. Apply fullfuse to a traceable submodule instead, "
-            f"e.g. `model.head = fused_model(model.head, ...)` for the part holding the conv pipeline, or make that "
-            f"part of forward traceable (torch.fx.wrap the offending function)."
+            f"or another construct symbolic tracing cannot follow (fused_model then fuses its submodules that trace); "
+            f"to fuse a conv pipeline that {name}.forward itself calls, make that part of forward traceable "
+            f"(torch.fx.wrap the offending function, or move the pipeline into a submodule)."
         ) from e
 
 

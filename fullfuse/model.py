@@ -9,6 +9,7 @@ from torch import nn
 
 from . import calls
 from .dispatch import check_path
+from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches, trace
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -19,7 +20,8 @@ from .state_names import StateNames
 
 
 class FusedModel(nn.Module):
-    """The traced model with its regions replaced; ``plans`` lists each region's family, spec, path and reason.
+    """The traced model with its regions replaced (or, for a model fx cannot trace as a whole, a copy of it whose
+    children hold the fused parts: ``_fused_parts``); ``plans`` lists each region's family, spec, path and reason.
     Its state dict uses the original model's names (``StateNames``): original checkpoints load into it, and its own
     into the original model — also where either is a submodule of a larger model."""
 
@@ -29,8 +31,9 @@ class FusedModel(nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
-        # no region: graph_module is the original module itself, called as the user would (its hooks run)
-        self._unchanged = graph_module is original
+        # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
+        # as the user would (its hooks run), not a traced graph
+        self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
         # the graph forward whose shape _lone_name describes (None: not yet looked at), and the name of the region the
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
@@ -68,10 +71,15 @@ class FusedModel(nn.Module):
     def __prepare_scriptable__(self) -> nn.Module:
         """torch.jit.script (which calls this first): TorchScript cannot launch fullfuse's kernels, so it gets the model's
         own ops — the traced graph with each region's own ops in its place, over the same modules — with a warning;
-        a model with no region is the original module itself."""
+        a model with no region is the original module itself, a copy with fused parts is scripted as it is (its
+        fused children come here in turn)."""
         gm = self._modules["graph_module"]
-        if self._unchanged:
-            return gm
+        if self._as_module:
+            ops = _own_ops(gm)
+            if ops is not gm:
+                warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch "
+                              "fullfuse's kernels); torch.compile keeps them", stacklevel=3)
+            return ops
         ops = torch.fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)   # (shares gm's modules)
         for name, region in gm.named_children():
             if isinstance(region, FusedRegion):
@@ -86,7 +94,7 @@ class FusedModel(nn.Module):
         return ops
 
     def forward(self, *args, **kwargs):
-        if self._unchanged:
+        if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
@@ -99,19 +107,37 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     path: "auto" (fused where available, else the fallback, else torch), "fused" (raise UnsupportedError where
     the fused kernel cannot serve), "fallback", "torch".  precision: "auto" (PyTorch's own setting for cuDNN
     convs), "tf32" or "ieee" for float32 inputs.  deterministic: fixed reduction order (same bits every run).
-    The parameters stay shared with ``model``.
+    The parameters stay shared with ``model``.  Where fx cannot trace ``model`` as a whole (data-dependent control
+    flow...), its submodules that trace are fused and its own forward runs around them.
     """
     check_path(path)
     check_precision(precision)
     if isinstance(model, FusedModel):
         raise ValueError("fullfuse: this model is fused already (a FusedModel); call fused_model on the original "
                          "model for other arguments (the fused model shares its parameters)")
-    gm = trace(model)
-    matches = find_matches(gm)
-    if not matches:   # nothing to fuse: the original module runs as it is (no re-traced graph, no host time added)
+    try:
+        gm = trace(model)
+    except TraceError as error:   # fx cannot follow the model's forward: its children are fused where they trace
+        parts = _fused_parts(model, path, precision, deterministic)
+        if parts is None:
+            warnings.warn(f"{error}\nNone of its submodules that trace holds a fusable conv pipeline: the fused "
+                          f"model runs {type(model).__name__}'s own forward unchanged", stacklevel=2)
+            return FusedModel(model, [], model)
+        return FusedModel(*parts, model)
+    fused = _fused_graph(model, gm, path, precision, deterministic)
+    if fused is None:   # nothing to fuse: the original module runs as it is (no re-traced graph, no host time added)
         warnings.warn(f"fullfuse: no fusable conv pipeline found in {type(model).__name__}; the fused model runs its "
                       f"own forward unchanged", stacklevel=2)
         return FusedModel(model, [], model)
+    return fused
+
+
+def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precision: str,
+                 deterministic: bool) -> Optional[FusedModel]:
+    """``model`` traced as ``gm``, its matched regions replaced (in ``gm``); None where nothing matched."""
+    matches = find_matches(gm)
+    if not matches:
+        return None
     plans = []
     for index, match in enumerate(matches):
         name = f"fullfuse_region_{index}"
@@ -132,6 +158,62 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     gm.recompile()
     _bind_called_submodules(gm)
     return FusedModel(gm, plans, model)
+
+
+def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bool):
+    """For a module fx cannot trace: (a copy of it whose children holding a fusable pipeline are fused, the plans of
+    their regions, named by the child's path), or None where no child holds one.  A child that traces becomes a copy
+    of itself whose forward is its fused model's; one that does not becomes such a copy of its own children in turn.
+    Copies (``_copy_of``) keep the class, attributes and hooks of their original (the model's own forward finds what
+    it looks for there, its hooks fire) and state-dict names (their children are the original ones), and change
+    nothing of the user's model."""
+    replaced, plans = {}, []
+    for name, child in module.named_children():
+        if child is None or isinstance(child, FusedModel):
+            continue
+        try:
+            gm = trace(child)
+        except TraceError:
+            part = _fused_parts(child, path, precision, deterministic)
+        else:   # (no region in a child that traces: none in its children either)
+            fused = _fused_graph(child, gm, path, precision, deterministic)
+            part = None if fused is None else (_copy_of(child, forward=fused.forward), fused.plans)
+        if part is None:
+            continue
+        replaced[name] = part[0]
+        for plan in part[1]:
+            plan.name = f"{name}.{plan.name}"
+            plans.append(plan)
+    return (_copy_of(module, children=replaced), plans) if replaced else None
+
+
+def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None) -> nn.Module:
+    """A shallow copy of ``module`` (as DataParallel's replicas: the same parameters, buffers, attributes and hook
+    dicts) with its own dicts of children (``children`` replacing some), parameters and buffers, and ``forward`` set
+    on the instance where given (nn.Module.__call__ runs the copy's hooks around it)."""
+    copy = type(module).__new__(type(module))
+    copy.__dict__ = dict(module.__dict__)
+    copy.__dict__.update(_modules={**module._modules, **(children or {})}, _parameters=dict(module._parameters),
+                         _buffers=dict(module._buffers))
+    if forward is not None:
+        copy.__dict__["forward"] = forward
+    return copy
+
+
+def _own_ops(module: nn.Module) -> nn.Module:
+    """``module`` with every fused part below it (``_fused_parts``' copies) running its own forward again, as copies
+    (TorchScript compiles the class's forward); ``module`` itself where it holds none."""
+    changed = {}
+    for name, child in module._modules.items():
+        own = None if child is None else _own_ops(child)
+        if own is not child:
+            changed[name] = own
+    fused_forward = isinstance(getattr(module.__dict__.get("forward"), "__self__", None), FusedModel)
+    if not changed and not fused_forward:
+        return module
+    copy = _copy_of(module, changed)
+    copy.__dict__.pop("forward", None)
+    return copy
 
 
 def lone_region(gm: nn.Module) -> Optional[str]:

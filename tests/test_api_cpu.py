@@ -329,13 +329,16 @@ def test_precision_auto_follows_torch(monkeypatch):
     assert precision.resolve("auto", torch.bfloat16) == "bfloat16"
 
 
-def test_trace_error_is_clear():
+def test_untraceable_model_without_parts_runs_as_it_is_and_says_why():
     class Branchy(nn.Module):
         def forward(self, x):
             return x if x.sum() > 0 else -x
 
-    with pytest.raises(fullfuse.TraceError, match="Branchy"):
-        fullfuse.fused_model(Branchy())
+    model = Branchy()
+    with pytest.warns(UserWarning, match="(?s)could not trace Branchy.*control flow.*own forward unchanged"):
+        fused = fullfuse.fused_model(model)
+    x = torch.randn(3)
+    assert torch.equal(fused(x), model(x)) and fused.plans == []
 
 
 class _SumChannels(nn.Module):
@@ -1037,3 +1040,104 @@ def test_torch_jit_script_scripts_the_models_own_ops():
             _close(got, want)
         y = torch.randn(2, 8, 9, 9)
         _close(scripted_outer(y), outer[1](y))
+        branchy = _ScriptableBranchy().eval()
+        with pytest.warns(UserWarning, match="own ops"):
+            scripted_branchy = torch.jit.script(fullfuse.fused_model(branchy))
+        _close(scripted_branchy(y), branchy(y))
+
+
+class _ScriptableBranchy(nn.Module):
+    """fx cannot trace it (a branch on a tensor's value), TorchScript can: its fused part scripts as its own ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = _Head()
+
+    def forward(self, x):
+        if bool(x.sum() > -1e9):
+            x = x + 0
+        return self.head(x)
+
+
+class _Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 6, 3)
+        self.out_features = 6
+
+    def forward(self, x):
+        return F.gelu(self.conv(x)).mean((2, 3))
+
+
+class _Untraceable(nn.Module):
+    """Data-dependent control flow (fx cannot trace it), an attribute and a class test of its children, its own
+    parameter and buffer, fusable pipelines in a child that traces (A, B) and in a child that does not (B)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = _Head()
+        self.up = SeedB(4, 6, 3, 2, 1)
+        self.branchy = nn.ModuleList([SeedB(4, 6, 3, 2, 1), nn.Identity()])
+        self.fc = nn.Linear(6, 3)
+        self.scale = nn.Parameter(torch.tensor(2.0))
+        self.register_buffer("shift", torch.tensor(0.5))
+
+    def forward(self, x, v):
+        if x.sum() > -1e9:
+            x = x + 0
+        assert self.head.out_features == 6 and isinstance(self.up, SeedB)
+        b = self.branchy[0](v) if v.sum() > -1e9 else v
+        return self.fc(self.head(x)) * self.scale + self.shift, self.up(v), self.branchy[1](b)
+
+
+def test_untraceable_model_gets_its_traceable_parts_fused(monkeypatch):
+    """A model fx cannot trace: its children that trace and hold a pipeline run fused (the kernel path is stubbed:
+    NaN where a region runs it), inside copies of the model's modules, so its own forward finds their attributes and
+    classes, its hooks and theirs fire (also hooks registered after), its state dict keeps its names both ways, copies
+    work, and the user's model is unchanged."""
+    import copy
+    import io
+    from fullfuse import dispatch
+    real = dispatch.prepare
+    stubbed = {"on": True}
+
+    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
+        kept = real(spec, path, precision, mode, deterministic, x, weight, bias)
+        if not stubbed["on"]:
+            return kept
+        return ("fused", "stub"), lambda x, weight, bias: torch.full_like(kept[1](x, weight, bias), float("nan"))
+    monkeypatch.setattr(dispatch, "prepare", stub)
+    monkeypatch.setattr(calls, "_registry", {})
+    torch.manual_seed(0)
+    model = _Untraceable().eval()
+    fired = []
+    hooks = [model.head.register_forward_hook(lambda m, a, out: fired.append(("head", type(m).__name__)))]
+    fused = fullfuse.fused_model(model)
+    assert [p.name for p in fused.plans] == ["head.fullfuse_region_0", "up.fullfuse_region_0",
+                                             "branchy.0.fullfuse_region_0"]
+    hooks.append(model.register_forward_hook(lambda m, a, out: fired.append(("root", type(m).__name__))))
+    x, v = torch.randn(2, 8, 9, 9), torch.randn(2, 4, 5, 5, 5)
+    with torch.no_grad():
+        assert all(torch.isnan(out).all() for out in fused(x, v))
+        assert fired == [("head", "_Head"), ("root", "_Untraceable")]
+        stubbed["on"] = False
+        monkeypatch.setattr(calls, "_registry", {})
+        fused = fullfuse.fused_model(model)
+        for got, want in zip(fused(x, v), model(x, v)):
+            _close(got, want)
+        assert [p.last_path for p in fused.plans] == ["torch"] * 3   # (CPU inputs)
+    assert type(model.head) is _Head and type(model.up) is SeedB and isinstance(model.branchy, nn.ModuleList)
+    assert list(fused.state_dict()) == list(model.state_dict())
+    new = {k: torch.randn_like(t) for k, t in model.state_dict().items()}
+    fused.load_state_dict(new)
+    assert all(torch.equal(model.state_dict()[k], t) for k, t in new.items())
+    model.load_state_dict(fused.state_dict())
+    for hook in hooks:   # (lambdas: they would not pickle)
+        hook.remove()
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        for twin in (copy.deepcopy(fused), torch.load(buffer, weights_only=False)):
+            for got, want in zip(twin(x, v), model(x, v)):
+                _close(got, want)
