@@ -39,6 +39,7 @@ Rules common to both:
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -79,16 +80,32 @@ class _Tracer(torch.fx.Tracer):
         return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
 
 
+def optional_inputs(model: nn.Module) -> Dict[str, Optional[int]]:
+    """The parameters of ``model.forward`` after its first that default to None: name -> position (None where
+    keyword-only).  ``trace`` takes them as None: fx would trace a proxy for each, for which ``arg is None`` is False,
+    so the graph would hold the branch for a given value, which a call without one would then run.  Empty for a
+    forward taking ``*args``."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return {}
+    return {p.name: (i if p.kind is not inspect.Parameter.KEYWORD_ONLY else None)
+            for i, p in enumerate(params) if i > 0 and p.default is None
+            and p.kind is not inspect.Parameter.VAR_KEYWORD}
+
+
 def trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls): a new GraphModule sharing
-    ``model``'s parameters.
+    """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls; the parameters of
+    ``optional_inputs`` taken as None): a new GraphModule sharing ``model``'s parameters.
 
     A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
     Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
     """
     try:
         tracer = _Tracer()
-        graph = tracer.trace(model)
+        graph = tracer.trace(model, concrete_args=dict.fromkeys(optional_inputs(model)) or None)
         return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         name = type(model).__name__

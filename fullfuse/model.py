@@ -10,7 +10,7 @@ from torch import nn
 from . import calls
 from .dispatch import check_path
 from .errors import TraceError
-from .match import counts_dims_from_the_batch, find_matches, trace
+from .match import counts_dims_from_the_batch, find_matches, optional_inputs, trace
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
 from .plan import Plan, make_plan
@@ -34,6 +34,11 @@ class FusedModel(nn.Module):
         # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
         # as the user would (its hooks run), not a traced graph
         self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
+        # the forward parameters the graph was traced with as None (match.optional_inputs), and, where there are any,
+        # the original module, whose own forward runs a call that gives one of them
+        self._optional = {} if self._as_module else optional_inputs(original)
+        if self._optional:
+            self.__dict__["_model"] = original
         # the graph forward whose shape _lone_name describes (None: not yet looked at), and the name of the region the
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
@@ -96,6 +101,11 @@ class FusedModel(nn.Module):
     def forward(self, *args, **kwargs):
         if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)
+        if self._optional and (kwargs or len(args) > 1):
+            graph_args = _graph_arguments(self._optional, args, kwargs)
+            if graph_args is None:   # an optional input given: the graph holds only the branch for None
+                return self.__dict__["_model"].forward(*args, **kwargs)
+            args, kwargs = graph_args
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
 
@@ -198,6 +208,19 @@ def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None) -
     if forward is not None:
         copy.__dict__["forward"] = forward
     return copy
+
+
+def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
+    """The arguments of a call for the graph traced with ``optional``'s parameters as None (fx renamed them there:
+    None values passed by name are dropped), or None where one of them is given a value."""
+    for name, position in optional.items():
+        if position is not None and position < len(args) and args[position] is not None:
+            return None
+        if name in kwargs:
+            if kwargs[name] is not None:
+                return None
+            kwargs = {k: v for k, v in kwargs.items() if k != name}
+    return args, kwargs
 
 
 def _own_ops(module: nn.Module) -> nn.Module:

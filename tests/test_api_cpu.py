@@ -1141,3 +1141,55 @@ def test_untraceable_model_gets_its_traceable_parts_fused(monkeypatch):
         for twin in (copy.deepcopy(fused), torch.load(buffer, weights_only=False)):
             for got, want in zip(twin(x, v), model(x, v)):
                 _close(got, want)
+
+
+class _OptionalInputs(nn.Module):
+    """Optional inputs (None by default) that switch branches, positional, by name and keyword-only."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 6, 3)
+
+    def forward(self, x, mask=None, scale=2.0, *, labels=None):
+        if mask is not None:
+            x = x * mask
+        y = F.gelu(self.conv(x)).mean((2, 3)) * scale
+        if labels is not None:
+            return y, (y - labels).pow(2).mean()
+        return y
+
+
+def test_optional_inputs_give_the_models_answer(monkeypatch):
+    """fx traced a forward's None-default inputs as proxies, keeping the branch for a given value, which a call
+    without it then ran (a TypeError on `x * None`).  They are traced as None now: calls that leave them None run the
+    fused graph (the kernel path stubbed: NaN), calls that give one run the model's own forward; both give the
+    model's answer."""
+    from fullfuse import dispatch
+    real = dispatch.prepare
+    stubbed = {"on": True}
+
+    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
+        kept = real(spec, path, precision, mode, deterministic, x, weight, bias)
+        if not stubbed["on"]:
+            return kept
+        return ("fused", "stub"), lambda x, weight, bias: torch.full_like(kept[1](x, weight, bias), float("nan"))
+    monkeypatch.setattr(dispatch, "prepare", stub)
+    monkeypatch.setattr(calls, "_registry", {})
+    torch.manual_seed(0)
+    model = _OptionalInputs().eval()
+    x = torch.randn(2, 8, 9, 9)
+    mask, labels = torch.rand_like(x), torch.randn(2, 6)
+    defaults = [((x,), {}), ((x, None), {}), ((x,), {"mask": None}), ((x,), {"labels": None, "scale": 3.0}),
+                ((x, None, 4.0), {})]
+    given = [((x, mask), {}), ((x,), {"mask": mask}), ((x,), {"labels": labels}), ((x, mask, 3.0), {"labels": None})]
+    with torch.no_grad():
+        fused = fullfuse.fused_model(model)
+        for args, kwargs in defaults:
+            assert torch.isnan(fused(*args, **kwargs)).all(), (len(args), kwargs)
+        stubbed["on"] = False
+        monkeypatch.setattr(calls, "_registry", {})
+        fused = fullfuse.fused_model(model)
+        for args, kwargs in defaults + given:
+            got, want = fused(*args, **kwargs), model(*args, **kwargs)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                _close(g, w)
