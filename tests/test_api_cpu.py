@@ -916,6 +916,39 @@ def test_a_torchscript_trace_records_the_regions_ops(family):
         assert torch.equal(traced(x * 2), model(x * 2))
 
 
+def _small_seed(family: str):
+    """A small seed model of ``family`` (random weights, seed 0) and an input for it."""
+    torch.manual_seed(0)
+    model = (SeedA(8, 6) if family == "A" else SeedB(4, 6, 3, 2, 1)).eval()
+    return model, torch.randn(2, 8, 9, 9) if family == "A" else torch.randn(2, 4, 5, 5, 5)
+
+
+def _stub_kernel_path(monkeypatch):
+    """Every call signature prepared from here on runs a stub of the kernel path: PyTorch's answer as NaN (its shape
+    and dtype), each call's input type appended to the returned list ``launched``.  ``launched.stubbed = False``
+    prepares the real calls again (for signatures not prepared yet: the registry starts empty here)."""
+    from fullfuse import dispatch
+    real = dispatch.prepare
+    launched = _Launched()
+
+    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
+        kept = real(spec, path, precision, mode, deterministic, x, weight, bias)
+        if not launched.stubbed:
+            return kept
+
+        def run(x, weight, bias):
+            launched.append(type(x))
+            return torch.full_like(torch_path.run(spec, x.as_subclass(torch.Tensor), weight, bias), float("nan"))
+        return ("fused", "stub"), run
+    monkeypatch.setattr(dispatch, "prepare", stub)
+    monkeypatch.setattr(calls, "_registry", {})
+    return launched
+
+
+class _Launched(list):
+    stubbed = True
+
+
 def _transform_cases():
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils.flop_counter import FlopCounterMode
@@ -951,26 +984,15 @@ def test_torch_func_transforms_and_dispatch_modes_see_pytorchs_ops(monkeypatch, 
     are the original model's.  A kernel there would be invisible to them (its tensors have no storage to launch on,
     or its work would be missing from the graph).  The kernel path is stubbed with NaN outputs, which the plain call
     returns: the stub is live."""
-    from fullfuse import dispatch
-    launched = []
-
-    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
-        def run(x, weight, bias):
-            launched.append(case)
-            return torch.full_like(torch_path.run(spec, x, weight, bias), float("nan"))
-        return ("fused", "stub"), run
-    monkeypatch.setattr(dispatch, "prepare", stub)
-    monkeypatch.setattr(calls, "_registry", {})   # (no prepared call of another test)
-    torch.manual_seed(0)
-    model = (SeedA(8, 6) if family == "A" else SeedB(4, 6, 3, 2, 1)).eval()
-    x = torch.randn(2, 8, 9, 9) if family == "A" else torch.randn(2, 4, 5, 5, 5)
+    launched = _stub_kernel_path(monkeypatch)
+    model, x = _small_seed(family)
     fused = fullfuse.fused_model(model)
     with torch.no_grad():
-        assert torch.isnan(fused(x)).all() and launched == [case]
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
         got, want = _transform_cases()[case](fused, x), _transform_cases()[case](model, x)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         _close(g, w)
-    assert launched == [case]
+    assert len(launched) == 1
     assert fused.plans[0].last_path == "torch"
 
 
@@ -991,19 +1013,8 @@ class _Scaled(torch.Tensor):
 def test_tensor_subclasses_get_their_own_answer(monkeypatch, family, which):
     """An input or weight of a tensor subclass runs PyTorch's ops, which the subclass overrides: the answer is the
     original model's with that subclass; a plain tensor, or a Parameter, still runs the kernel path (stubbed: NaN)."""
-    from fullfuse import dispatch
-    launched = []
-
-    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
-        def run(x, weight, bias):
-            launched.append(type(x))
-            return torch.full_like(torch_path.run(spec, x.as_subclass(torch.Tensor), weight, bias), float("nan"))
-        return ("fused", "stub"), run
-    monkeypatch.setattr(dispatch, "prepare", stub)
-    monkeypatch.setattr(calls, "_registry", {})
-    torch.manual_seed(0)
-    model = (SeedA(8, 6) if family == "A" else SeedB(4, 6, 3, 2, 1)).eval()
-    x = torch.randn(2, 8, 9, 9) if family == "A" else torch.randn(2, 4, 5, 5, 5)
+    launched = _stub_kernel_path(monkeypatch)
+    model, x = _small_seed(family)
     fused = fullfuse.fused_model(model)
     with torch.no_grad():
         assert torch.isnan(fused(x)).all() and torch.isnan(fused(nn.Parameter(x))).all() and len(launched) == 2
@@ -1097,17 +1108,7 @@ def test_untraceable_model_gets_its_traceable_parts_fused(monkeypatch):
     work, and the user's model is unchanged."""
     import copy
     import io
-    from fullfuse import dispatch
-    real = dispatch.prepare
-    stubbed = {"on": True}
-
-    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
-        kept = real(spec, path, precision, mode, deterministic, x, weight, bias)
-        if not stubbed["on"]:
-            return kept
-        return ("fused", "stub"), lambda x, weight, bias: torch.full_like(kept[1](x, weight, bias), float("nan"))
-    monkeypatch.setattr(dispatch, "prepare", stub)
-    monkeypatch.setattr(calls, "_registry", {})
+    launched = _stub_kernel_path(monkeypatch)
     torch.manual_seed(0)
     model = _Untraceable().eval()
     fired = []
@@ -1120,7 +1121,7 @@ def test_untraceable_model_gets_its_traceable_parts_fused(monkeypatch):
     with torch.no_grad():
         assert all(torch.isnan(out).all() for out in fused(x, v))
         assert fired == [("head", "_Head"), ("root", "_Untraceable")]
-        stubbed["on"] = False
+        launched.stubbed = False
         monkeypatch.setattr(calls, "_registry", {})
         fused = fullfuse.fused_model(model)
         for got, want in zip(fused(x, v), model(x, v)):
@@ -1164,17 +1165,7 @@ def test_optional_inputs_give_the_models_answer(monkeypatch):
     without it then ran (a TypeError on `x * None`).  They are traced as None now: calls that leave them None run the
     fused graph (the kernel path stubbed: NaN), calls that give one run the model's own forward; both give the
     model's answer."""
-    from fullfuse import dispatch
-    real = dispatch.prepare
-    stubbed = {"on": True}
-
-    def stub(spec, path, precision, mode, deterministic, x, weight, bias):
-        kept = real(spec, path, precision, mode, deterministic, x, weight, bias)
-        if not stubbed["on"]:
-            return kept
-        return ("fused", "stub"), lambda x, weight, bias: torch.full_like(kept[1](x, weight, bias), float("nan"))
-    monkeypatch.setattr(dispatch, "prepare", stub)
-    monkeypatch.setattr(calls, "_registry", {})
+    launched = _stub_kernel_path(monkeypatch)
     torch.manual_seed(0)
     model = _OptionalInputs().eval()
     x = torch.randn(2, 8, 9, 9)
@@ -1186,7 +1177,7 @@ def test_optional_inputs_give_the_models_answer(monkeypatch):
         fused = fullfuse.fused_model(model)
         for args, kwargs in defaults:
             assert torch.isnan(fused(*args, **kwargs)).all(), (len(args), kwargs)
-        stubbed["on"] = False
+        launched.stubbed = False
         monkeypatch.setattr(calls, "_registry", {})
         fused = fullfuse.fused_model(model)
         for args, kwargs in defaults + given:
