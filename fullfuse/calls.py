@@ -13,7 +13,8 @@
   kernel launch would be invisible to them, and their tensors have no storage to launch on);
 - under autocast the region computes in the autocast dtype, as the original would (float32 out where autocast runs
   the last op in float32);
-- under torch.compile the call goes through the registered op (``ops``), which dynamo sees as one opaque op.
+- under torch.compile the call goes through the registered op (``ops``), which dynamo sees as one opaque op; under
+  torch.export it runs PyTorch's ops, so the exported program runs without fullfuse (ONNX, AOTInductor, ExecuTorch).
 
 ``last`` is (path, reason) of the most recent call: what ``FusedModel.plans`` shows.
 """
@@ -33,6 +34,8 @@ from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 # whether torch.compile is tracing the call (torch.compiler.is_compiling; never on torch builds without it)
 compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+# whether torch.export is tracing it (a stricter test than compiling(); never on torch builds without it)
+_exporting = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 _grad_enabled = torch.is_grad_enabled
 _deterministic_algorithms = getattr(torch._C, "_get_deterministic_algorithms",
                                     torch.are_deterministic_algorithms_enabled)
@@ -69,14 +72,20 @@ def _warn_grad_once():
                       "(fullfuse's kernels are inference-only)", stacklevel=4)
 
 
-def _transformed() -> Optional[str]:
-    """Why PyTorch's ops must run instead of a kernel (None: nothing transforms or watches the call's ops)."""
-    if _functorch_stack() is not None:
+def _torch_ops_needed(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[str]:
+    """Why PyTorch's ops must run instead of a kernel (None: nothing records, transforms or overrides the call's ops).
+    Under torch.compile only the export and subclass tests apply (dynamo traces neither C query of the others)."""
+    if compiling():
+        if _exporting():
+            return "torch.export records PyTorch's ops (the program then runs where fullfuse does not)"
+    elif _functorch_stack() is not None:
         return "a torch.func transform (vmap, grad, jvp, functionalize) runs PyTorch's ops"
-    if _forward_ad._current_level >= 0:
+    elif _forward_ad._current_level >= 0:
         return "forward-mode AD (a dual level) runs PyTorch's ops"
-    if _dispatch_modes():
+    elif _dispatch_modes():
         return "a torch dispatch mode (make_fx, FakeTensorMode, FlopCounterMode...) sees PyTorch's ops"
+    if not (type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)):
+        return "a tensor subclass runs PyTorch's ops, as it overrides them"
     return None
 
 
@@ -170,14 +179,10 @@ class SpecCalls:
             _warn_grad_once()
             self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
             return torch_path.run(spec, x, weight, bias)
-        if not (type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)):
-            self.last = ("torch", "a tensor subclass runs PyTorch's ops, as it overrides them")
+        why = _torch_ops_needed(x, weight, bias)
+        if why is not None:   # (under the caller's autocast, as the original's ops)
+            self.last = ("torch", why)
             return torch_path.run(spec, x, weight, bias)
-        if not compiling():
-            why = _transformed()
-            if why is not None:   # (under the caller's autocast, as the original's ops)
-                self.last = ("torch", why)
-                return torch_path.run(spec, x, weight, bias)
         cast = _autocast_dtype(x)
         if cast is not None:
             if self.path == "torch":                      # PyTorch's own ops under the caller's autocast

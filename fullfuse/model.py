@@ -74,10 +74,10 @@ class FusedModel(nn.Module):
         return state
 
     def __prepare_scriptable__(self) -> nn.Module:
-        """torch.jit.script (which calls this first): TorchScript cannot launch fullfuse's kernels, so it gets the model's
-        own ops — the traced graph with each region's own ops in its place, over the same modules — with a warning;
-        a model with no region is the original module itself, a copy with fused parts is scripted as it is (its
-        fused children come here in turn)."""
+        """torch.jit.script (which calls this first): TorchScript cannot launch fullfuse's kernels, so it gets the
+        model's own ops — the traced graph with each region's own ops in its place, over the same modules — with a
+        warning; a model with no region is the original module itself, a copy with fused parts (``_fused_parts``) is
+        scripted with each part's own forward back (``_own_ops``)."""
         gm = self._modules["graph_module"]
         if self._as_module:
             ops = _own_ops(gm)

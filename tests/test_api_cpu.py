@@ -1184,3 +1184,24 @@ def test_optional_inputs_give_the_models_answer(monkeypatch):
             got, want = fused(*args, **kwargs), model(*args, **kwargs)
             for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 _close(g, w)
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_export_records_pytorchs_ops_and_compile_the_fused_op(family):
+    """torch.export (strict and not) records PyTorch's ops for a region, so the exported program runs without fullfuse
+    (ONNX, AOTInductor); torch.compile's graph holds the region as one torch.ops.fullfuse op."""
+    model, x = _small_seed(family)
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        for strict in (True, False):
+            program = torch.export.export(fused, (x,), strict=strict)
+            targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+            assert not any("fullfuse" in t for t in targets) and any("conv" in t for t in targets), targets
+            _close(program.module()(x), model(x))
+        seen = []
+
+        def backend(gm, inputs):
+            seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return gm.forward
+        _close(torch.compile(fused, backend=backend, fullgraph=True)(x), model(x))
+    assert any(t.startswith("fullfuse.") for t in seen), seen
