@@ -8,9 +8,10 @@
 - an input or weight that needs gradients runs the torch path (fullfuse is inference-only), with a one-time warning;
 - a tensor subclass (its own __torch_function__ / __torch_dispatch__, DTensor...) runs PyTorch's ops, which it
   overrides as it defines (nn.Parameter is no subclass here);
-- under a torch.func transform (vmap, grad, jvp, functionalize), forward-mode AD (a dual level) or a torch dispatch
-  mode (make_fx, FakeTensorMode, FlopCounterMode...) the call runs PyTorch's ops, which those see and transform (a
-  kernel launch would be invisible to them, and their tensors have no storage to launch on);
+- under a torch.func transform (vmap, grad, jvp, functionalize), forward-mode AD (a dual level), a torch dispatch
+  mode (make_fx, FakeTensorMode, FlopCounterMode...) or a torch function mode (but ``torch.device(...)``'s) the call
+  runs PyTorch's ops, which those see and transform (a kernel launch would be invisible to them, and their tensors
+  have no storage to launch on);
 - under autocast the region computes in the autocast dtype, as the original would (float32 out where autocast runs
   the last op in float32);
 - under torch.compile the call goes through the registered op (``ops``), which dynamo sees as one opaque op; under
@@ -44,6 +45,14 @@ _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 # (their count), forward-mode AD's dual level (-1 outside one): one C call or module global each
 _functorch_stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 0)
+# torch function modes that change nothing a kernel call does: `with torch.device(...)` (the default device of
+# factory functions; every tensor a call makes gets its device explicitly)
+try:
+    from torch.utils._device import DeviceContext as _DeviceContext
+    _PASSIVE_FUNCTION_MODES: tuple = (_DeviceContext,)
+except ImportError:   # (torch without it: every function mode counts)
+    _PASSIVE_FUNCTION_MODES = ()
 _PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))   # the tensor types the kernels take (exact types)
 
 
@@ -84,6 +93,9 @@ def _torch_ops_needed(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
         return "forward-mode AD (a dual level) runs PyTorch's ops"
     elif _dispatch_modes():
         return "a torch dispatch mode (make_fx, FakeTensorMode, FlopCounterMode...) sees PyTorch's ops"
+    elif _function_modes() and not all(isinstance(mode, _PASSIVE_FUNCTION_MODES)
+                                       for mode in torch.overrides._get_current_function_mode_stack()):
+        return "a torch function mode sees PyTorch's ops"
     if not (type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)):
         return "a tensor subclass runs PyTorch's ops, as it overrides them"
     return None
@@ -138,7 +150,8 @@ class SpecCalls:
         # (compiling() before the C queries after it: torch.compile traces none of them)
         if (x.dim() == self._rank and not needs_grad and type(x) in _PLAIN and type(weight) in _PLAIN
                 and (bias is None or type(bias) in _PLAIN) and not _any_autocast_on() and not compiling()
-                and not _dispatch_modes() and _functorch_stack() is None and _forward_ad._current_level < 0):
+                and not _dispatch_modes() and not _function_modes() and _functorch_stack() is None
+                and _forward_ad._current_level < 0):
             return self.run(x, weight, bias)
         return self._general(x, weight, bias, needs_grad)
 

@@ -973,11 +973,23 @@ def _transform_cases():
         with counter:
             out = model(x)
         return out, torch.tensor(float(counter.get_total_flops()))
-    return {"vmap": vmapped, "jvp": jvp, "dual": dual, "make_fx": traced, "flop_counter": flops}
+    def function_mode(model, x):
+        with _DoublingConvs():
+            return model(x)
+    return {"vmap": vmapped, "jvp": jvp, "dual": dual, "make_fx": traced, "flop_counter": flops,
+            "function_mode": function_mode}
+
+
+class _DoublingConvs(torch.overrides.TorchFunctionMode):
+    """A torch function mode that changes what conv ops return (doubles them)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func in (F.conv2d, F.conv_transpose3d, torch.conv2d, torch.conv_transpose3d) else out
 
 
 @pytest.mark.parametrize("family", ["A", "B"])
-@pytest.mark.parametrize("case", ["vmap", "jvp", "dual", "make_fx", "flop_counter"])
+@pytest.mark.parametrize("case", ["vmap", "jvp", "dual", "make_fx", "flop_counter", "function_mode"])
 def test_torch_func_transforms_and_dispatch_modes_see_pytorchs_ops(monkeypatch, family, case):
     """Under a torch.func transform, forward-mode AD or a torch dispatch mode, a region runs PyTorch's ops: the
     transform's answer (batched values, tangents), a make_fx graph that computes the model, FlopCounterMode's count
@@ -1205,3 +1217,13 @@ def test_export_records_pytorchs_ops_and_compile_the_fused_op(family):
             return gm.forward
         _close(torch.compile(fused, backend=backend, fullgraph=True)(x), model(x))
     assert any(t.startswith("fullfuse.") for t in seen), seen
+
+
+def test_torch_device_context_keeps_the_kernel_path(monkeypatch):
+    """`with torch.device(...)` (a torch function mode that only sets factories' default device) leaves a region on its
+    kernel path (stubbed: NaN)."""
+    launched = _stub_kernel_path(monkeypatch)
+    model, x = _small_seed("A")
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad(), torch.device("cpu"):
+        assert torch.isnan(fused(x)).all() and torch.isnan(fused(x)).all() and len(launched) == 2
