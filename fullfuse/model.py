@@ -73,6 +73,22 @@ class FusedModel(nn.Module):
         state["_lone_checked"] = state["_lone_name"] = None
         return state
 
+    def _apply(self, fn, recurse=True):
+        """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own
+        forward (``_optional``): a module only the branch for a given input calls is not in the traced graph."""
+        super()._apply(fn, recurse)
+        model = self.__dict__.get("_model")
+        if model is not None and recurse:
+            model._apply(fn, recurse)
+        return self
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        model = self.__dict__.get("_model")
+        if model is not None:
+            model.train(mode)
+        return self
+
     def __prepare_scriptable__(self) -> nn.Module:
         """torch.jit.script (which calls this first): TorchScript cannot launch fullfuse's kernels, so it gets the
         model's own ops — the traced graph with each region's own ops in its place, over the same modules — with a
@@ -104,6 +120,8 @@ class FusedModel(nn.Module):
         if self._optional and (kwargs or len(args) > 1):
             graph_args = _graph_arguments(self._optional, args, kwargs)
             if graph_args is None:   # an optional input given: the graph holds only the branch for None
+                for plan in self.plans:
+                    plan.calls.last = ("torch", "an optional input given: the model's own forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
             args, kwargs = graph_args
         return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)

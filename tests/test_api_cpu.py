@@ -1162,10 +1162,11 @@ class _OptionalInputs(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(8, 6, 3)
+        self.gate = nn.Conv2d(8, 8, 1)   # (only the branch for a given mask calls it)
 
     def forward(self, x, mask=None, scale=2.0, *, labels=None):
         if mask is not None:
-            x = x * mask
+            x = x * self.gate(mask)
         y = F.gelu(self.conv(x)).mean((2, 3)) * scale
         if labels is not None:
             return y, (y - labels).pow(2).mean()
@@ -1196,6 +1197,10 @@ def test_optional_inputs_give_the_models_answer(monkeypatch):
             got, want = fused(*args, **kwargs), model(*args, **kwargs)
             for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 _close(g, w)
+        assert "optional input" in fused.plans[0].last_reason
+        fused.double().train(False)   # (reaches the modules only the given-mask branch calls)
+        assert model.gate.weight.dtype == torch.float64
+        _close(fused(x.double(), mask.double()), model(x.double(), mask.double()))
 
 
 @pytest.mark.parametrize("family", ["A", "B"])
