@@ -80,32 +80,33 @@ class _Tracer(torch.fx.Tracer):
         return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
 
 
-def optional_inputs(model: nn.Module) -> Dict[str, Optional[int]]:
-    """The parameters of ``model.forward`` after its first that default to None: name -> position (None where
-    keyword-only).  ``trace`` takes them as None: fx would trace a proxy for each, for which ``arg is None`` is False,
-    so the graph would hold the branch for a given value, which a call without one would then run.  Empty for a
-    forward taking ``*args``."""
+def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
+    """The parameters of ``model.forward`` after its first whose default is None or a bool: name -> (position, None
+    where keyword-only; the default).  ``trace`` takes each as its default: fx would trace a proxy for it, for which
+    ``arg is None`` is False (the graph would hold the branch for a given value, which a call without one would then
+    run) and ``if flag:`` fails.  Empty for a forward taking ``*args``."""
     try:
         params = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
         return {}
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
         return {}
-    return {p.name: (i if p.kind is not inspect.Parameter.KEYWORD_ONLY else None)
-            for i, p in enumerate(params) if i > 0 and p.default is None
+    return {p.name: (i if p.kind is not inspect.Parameter.KEYWORD_ONLY else None, p.default)
+            for i, p in enumerate(params) if i > 0 and (p.default is None or isinstance(p.default, bool))
             and p.kind is not inspect.Parameter.VAR_KEYWORD}
 
 
 def trace(model: nn.Module) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls; the parameters of
-    ``optional_inputs`` taken as None): a new GraphModule sharing ``model``'s parameters.
+    ``optional_inputs`` taken as their defaults): a new GraphModule sharing ``model``'s parameters.
 
     A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
     Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
     """
     try:
         tracer = _Tracer()
-        graph = tracer.trace(model, concrete_args=dict.fromkeys(optional_inputs(model)) or None)
+        optional = optional_inputs(model)
+        graph = tracer.trace(model, concrete_args={name: default for name, (_, default) in optional.items()} or None)
         return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         name = type(model).__name__

@@ -34,8 +34,8 @@ class FusedModel(nn.Module):
         # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
         # as the user would (its hooks run), not a traced graph
         self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
-        # the forward parameters the graph was traced with as None (match.optional_inputs), and, where there are any,
-        # the original module, whose own forward runs a call that gives one of them
+        # the forward parameters the graph was traced with as their defaults (None, a bool: match.optional_inputs),
+        # and, where there are any, the original module, whose own forward runs a call that gives another value
         self._optional = {} if self._as_module else optional_inputs(original)
         if self._optional:
             self.__dict__["_model"] = original
@@ -119,7 +119,7 @@ class FusedModel(nn.Module):
             return self._modules["graph_module"](*args, **kwargs)
         if self._optional and (kwargs or len(args) > 1):
             graph_args = _graph_arguments(self._optional, args, kwargs)
-            if graph_args is None:   # an optional input given: the graph holds only the branch for None
+            if graph_args is None:   # an optional input given: the graph holds only the branch for its default
                 for plan in self.plans:
                     plan.calls.last = ("torch", "an optional input given: the model's own forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
@@ -229,13 +229,13 @@ def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None) -
 
 
 def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
-    """The arguments of a call for the graph traced with ``optional``'s parameters as None (fx renamed them there:
-    None values passed by name are dropped), or None where one of them is given a value."""
-    for name, position in optional.items():
-        if position is not None and position < len(args) and args[position] is not None:
+    """The arguments of a call for the graph traced with ``optional``'s parameters as their defaults (fx renamed them
+    there: defaults passed by name are dropped), or None where one of them is given another value."""
+    for name, (position, default) in optional.items():
+        if position is not None and position < len(args) and args[position] is not default:
             return None
         if name in kwargs:
-            if kwargs[name] is not None:
+            if kwargs[name] is not default:
                 return None
             kwargs = {k: v for k, v in kwargs.items() if k != name}
     return args, kwargs

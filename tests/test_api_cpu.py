@@ -1157,16 +1157,18 @@ def test_untraceable_model_gets_its_traceable_parts_fused(monkeypatch):
 
 
 class _OptionalInputs(nn.Module):
-    """Optional inputs (None by default) that switch branches, positional, by name and keyword-only."""
+    """Optional inputs (None or a bool by default) that switch branches, positional, by name and keyword-only."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(8, 6, 3)
         self.gate = nn.Conv2d(8, 8, 1)   # (only the branch for a given mask calls it)
 
-    def forward(self, x, mask=None, scale=2.0, *, labels=None):
+    def forward(self, x, mask=None, scale=2.0, *, labels=None, features=False):
         if mask is not None:
             x = x * self.gate(mask)
+        if features:
+            return F.gelu(self.conv(x))
         y = F.gelu(self.conv(x)).mean((2, 3)) * scale
         if labels is not None:
             return y, (y - labels).pow(2).mean()
@@ -1175,17 +1177,18 @@ class _OptionalInputs(nn.Module):
 
 def test_optional_inputs_give_the_models_answer(monkeypatch):
     """fx traced a forward's None-default inputs as proxies, keeping the branch for a given value, which a call
-    without it then ran (a TypeError on `x * None`).  They are traced as None now: calls that leave them None run the
-    fused graph (the kernel path stubbed: NaN), calls that give one run the model's own forward; both give the
-    model's answer."""
+    without it then ran (a TypeError on `x * None`), and failed on a branch on a bool input.  They are traced as their
+    defaults now: calls that leave them so run the fused graph (the kernel path stubbed: NaN), calls that give another
+    value run the model's own forward; both give the model's answer."""
     launched = _stub_kernel_path(monkeypatch)
     torch.manual_seed(0)
     model = _OptionalInputs().eval()
     x = torch.randn(2, 8, 9, 9)
     mask, labels = torch.rand_like(x), torch.randn(2, 6)
     defaults = [((x,), {}), ((x, None), {}), ((x,), {"mask": None}), ((x,), {"labels": None, "scale": 3.0}),
-                ((x, None, 4.0), {})]
-    given = [((x, mask), {}), ((x,), {"mask": mask}), ((x,), {"labels": labels}), ((x, mask, 3.0), {"labels": None})]
+                ((x, None, 4.0), {}), ((x,), {"features": False})]
+    given = [((x,), {"features": True}), ((x, mask), {}), ((x,), {"mask": mask}), ((x,), {"labels": labels}),
+             ((x, mask, 3.0), {"labels": None})]
     with torch.no_grad():
         fused = fullfuse.fused_model(model)
         for args, kwargs in defaults:
