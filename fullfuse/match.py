@@ -107,6 +107,7 @@ def trace(model: nn.Module) -> torch.fx.GraphModule:
         tracer = _Tracer()
         optional = optional_inputs(model)
         graph = tracer.trace(model, concrete_args={name: default for name, (_, default) in optional.items()} or None)
+        _drop_specialization_guards(graph)
         return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         name = type(model).__name__
@@ -118,6 +119,24 @@ def trace(model: nn.Module) -> torch.fx.GraphModule:
             f"to fuse a conv pipeline that {name}.forward itself calls, make that part of forward traceable "
             f"(torch.fx.wrap the offending function, or move the pipeline into a submodule)."
         ) from e
+
+
+def _drop_specialization_guards(graph: torch.fx.Graph) -> None:
+    """fx guards each argument traced as a given value (``_assert_is_none``, ``torch._assert`` of an equality); the
+    fused model checks those arguments itself before the graph runs (``model._graph_arguments``), and a GraphModule
+    whose code names fx's ``_assert_is_none`` breaks every later symbolic trace in the process once it is unpickled
+    (fx registers that dotted name as a wrapped function it then cannot find: KeyError, torch 2.13)."""
+    is_none = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        guard = node.target is is_none or (node.target is torch._assert and len(node.args) > 1
+                                           and "has been specialized" in str(node.args[1]))
+        if guard and not node.users:
+            tested = node.args[0]
+            graph.erase_node(node)
+            if isinstance(tested, Node) and tested.op == "call_function" and not tested.users:
+                graph.erase_node(tested)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -37,8 +37,8 @@ class FusedModel(nn.Module):
         # the forward parameters the graph was traced with as their defaults (None, a bool: match.optional_inputs),
         # and, where there are any, the original module, whose own forward runs a call that gives another value
         self._optional = {} if self._as_module else optional_inputs(original)
-        if self._optional:
-            self.__dict__["_model"] = original
+        if self._optional:   # (a copy without the root's hooks, which its forward does not run: nothing to pickle)
+            self.__dict__["_model"] = _copy_of(original, hooks=False)
         # the graph forward whose shape _lone_name describes (None: not yet looked at), and the name of the region the
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
@@ -215,14 +215,18 @@ def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bo
     return (_copy_of(module, children=replaced), plans) if replaced else None
 
 
-def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None) -> nn.Module:
+def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, hooks: bool = True) -> nn.Module:
     """A shallow copy of ``module`` (as DataParallel's replicas: the same parameters, buffers, attributes and hook
-    dicts) with its own dicts of children (``children`` replacing some), parameters and buffers, and ``forward`` set
-    on the instance where given (nn.Module.__call__ runs the copy's hooks around it)."""
+    dicts, or empty hook dicts where not ``hooks``) with its own dicts of children (``children`` replacing some),
+    parameters and buffers, and ``forward`` set on the instance where given (nn.Module.__call__ runs the copy's hooks
+    around it)."""
     copy = type(module).__new__(type(module))
     copy.__dict__ = dict(module.__dict__)
     copy.__dict__.update(_modules={**module._modules, **(children or {})}, _parameters=dict(module._parameters),
                          _buffers=dict(module._buffers))
+    if not hooks:
+        copy.__dict__.update({name: type(hooks)() for name, hooks in module.__dict__.items()
+                              if "_hooks" in name and isinstance(hooks, dict)})
     if forward is not None:
         copy.__dict__["forward"] = forward
     return copy

@@ -1235,3 +1235,20 @@ def test_torch_device_context_keeps_the_kernel_path(monkeypatch):
     fused = fullfuse.fused_model(model)
     with torch.no_grad(), torch.device("cpu"):
         assert torch.isnan(fused(x)).all() and torch.isnan(fused(x)).all() and len(launched) == 2
+
+
+def test_a_fused_model_with_optional_inputs_pickles_without_the_models_hooks():
+    """The original module a call with an optional input runs is kept without the root's hooks (its forward runs
+    none): a hook that does not pickle on the original model does not keep the fused model from pickling.  Loading it
+    leaves torch.fx able to trace (fx's guard of an argument traced as None broke every later trace once unpickled)."""
+    import io
+    model = _OptionalInputs().eval()
+    model.register_forward_hook(lambda m, a, out: None)
+    fused = fullfuse.fused_model(model)
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    x = torch.randn(2, 8, 9, 9)
+    with torch.no_grad():
+        _close(torch.load(buffer, weights_only=False)(x, torch.ones_like(x)), model(x, torch.ones_like(x)))
+    assert len(fullfuse.fused_model(SeedA(8, 6).eval()).plans) == 1
