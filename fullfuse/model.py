@@ -225,8 +225,8 @@ def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, h
     copy.__dict__.update(_modules={**module._modules, **(children or {})}, _parameters=dict(module._parameters),
                          _buffers=dict(module._buffers))
     if not hooks:
-        copy.__dict__.update({name: type(hooks)() for name, hooks in module.__dict__.items()
-                              if "_hooks" in name and isinstance(hooks, dict)})
+        copy.__dict__.update({name: type(value)() for name, value in module.__dict__.items()
+                              if "_hooks" in name and isinstance(value, dict)})
     if forward is not None:
         copy.__dict__["forward"] = forward
     return copy
