@@ -98,8 +98,7 @@ class FusedModel(nn.Module):
         if self._as_module:
             ops = _own_ops(gm)
             if ops is not gm:
-                warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch "
-                              "fullfuse's kernels); torch.compile keeps them", stacklevel=3)
+                _warn_scripted_ops()
             return ops
         ops = torch.fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)   # (shares gm's modules)
         for name, region in gm.named_children():
@@ -110,8 +109,7 @@ class FusedModel(nn.Module):
                                        f"model outside the region; script the original model instead (the fused "
                                        f"model shares its parameters), or use torch.jit.trace / torch.compile")
                 setattr(ops, name, original)
-        warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch fullfuse's "
-                      "kernels); torch.compile keeps them", stacklevel=3)
+        _warn_scripted_ops()
         return ops
 
     def forward(self, *args, **kwargs):
@@ -243,6 +241,11 @@ def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
                 return None
             kwargs = {k: v for k, v in kwargs.items() if k != name}
     return args, kwargs
+
+
+def _warn_scripted_ops() -> None:
+    warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch fullfuse's "
+                  "kernels); torch.compile keeps them", stacklevel=4)
 
 
 def _own_ops(module: nn.Module) -> nn.Module:
