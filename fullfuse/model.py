@@ -112,6 +112,13 @@ class FusedModel(nn.Module):
         _warn_scripted_ops()
         return ops
 
+    def extra_repr(self) -> str:
+        """Where the regions live in copies of the model's modules (``_fused_parts``), which print as the originals:
+        each region's path and plan."""
+        if not (self._as_module and self.plans):
+            return ""
+        return "fused parts:\n" + "\n".join(f"  {plan}" for plan in self.plans)
+
     def forward(self, *args, **kwargs):
         if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)

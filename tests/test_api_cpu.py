@@ -1128,6 +1128,7 @@ def test_untraceable_model_gets_its_traceable_parts_fused(monkeypatch):
     fused = fullfuse.fused_model(model)
     assert [p.name for p in fused.plans] == ["head.fullfuse_region_0", "up.fullfuse_region_0",
                                              "branchy.0.fullfuse_region_0"]
+    assert all(str(plan) in repr(fused) for plan in fused.plans)
     hooks.append(model.register_forward_hook(lambda m, a, out: fired.append(("root", type(m).__name__))))
     x, v = torch.randn(2, 8, 9, 9), torch.randn(2, 4, 5, 5, 5)
     with torch.no_grad():
