@@ -96,17 +96,20 @@ def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
             and p.kind is not inspect.Parameter.VAR_KEYWORD}
 
 
-def trace(model: nn.Module) -> torch.fx.GraphModule:
+def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls; the parameters of
-    ``optional_inputs`` taken as their defaults): a new GraphModule sharing ``model``'s parameters.
+    ``optional_inputs`` taken as their defaults, but those named in ``given``, which a call gives another value: a
+    proxy for a None default, the other bool for a bool one): a new GraphModule sharing ``model``'s parameters.
 
     A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
     Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
     """
     try:
         tracer = _Tracer()
-        optional = optional_inputs(model)
-        graph = tracer.trace(model, concrete_args={name: default for name, (_, default) in optional.items()} or None)
+        concrete = {name: (not default if name in given else default)
+                    for name, (_, default) in optional_inputs(model).items()
+                    if name not in given or isinstance(default, bool)}
+        graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct

@@ -39,6 +39,10 @@ class FusedModel(nn.Module):
         self._optional = {} if self._as_module else optional_inputs(original)
         if self._optional:   # (a copy without the root's hooks, which its forward does not run: nothing to pickle)
             self.__dict__["_model"] = _copy_of(original, hooks=False)
+        # the graphs of calls that give optional inputs another value (``_graph_for``): the names given -> the graph
+        # traced so, its regions fused (None: the model's own forward serves them); their plans follow the first
+        # ``_plans_of_the_graph`` of ``plans``
+        self.__dict__["_graphs"], self._plans_of_the_graph = {}, len(plans)
         # the graph forward whose shape _lone_name describes (None: not yet looked at), and the name of the region the
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
@@ -71,6 +75,8 @@ class FusedModel(nn.Module):
         name); the copy looks at its own graph again."""
         state = dict(super().__getstate__())
         state["_lone_checked"] = state["_lone_name"] = None
+        # (the graphs for given optional inputs are traced again where needed, their plans added again)
+        state["_graphs"], state["plans"] = {}, state["plans"][:state["_plans_of_the_graph"]]
         return state
 
     def _apply(self, fn, recurse=True):
@@ -122,14 +128,37 @@ class FusedModel(nn.Module):
     def forward(self, *args, **kwargs):
         if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)
+        graph = self._modules["graph_module"]
         if self._optional and (kwargs or len(args) > 1):
-            graph_args = _graph_arguments(self._optional, args, kwargs)
-            if graph_args is None:   # an optional input given: the graph holds only the branch for its default
+            call = _graph_arguments(self._optional, args, kwargs)
+            graph = None if call is None else self._graph_for(call[0])
+            if graph is None:   # (the model's own forward: see _graph_for)
                 for plan in self.plans:
                     plan.calls.last = ("torch", "an optional input given: the model's own forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
-            args, kwargs = graph_args
-        return self._modules["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
+            _, args, kwargs = call
+        return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
+
+    def _graph_for(self, given: frozenset):
+        """The graph of calls giving the optional inputs named in ``given`` another value than their default (the
+        fused model's own for none), traced and fused on the first such call, its plans added to ``plans``; None where
+        fx cannot trace the model so or no region matches there (the model's own forward runs those calls)."""
+        if not given:
+            return self._modules["graph_module"]
+        graphs = self.__dict__["_graphs"]
+        if given not in graphs:
+            model, first = self.__dict__["_model"], self.plans[0]
+            try:
+                gm = trace(model, given)
+            except TraceError:
+                gm = None
+            plans = [] if gm is None else _fuse_regions(gm, first.requested, first.calls.precision,
+                                                        first.calls.deterministic)
+            for plan in plans:
+                plan.name = f"{plan.name} ({', '.join(sorted(given))} given)"
+            self.plans.extend(plans)
+            graphs[given] = gm if plans else None
+        return graphs[given]
 
 
 def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto",
@@ -168,9 +197,16 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
 def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precision: str,
                  deterministic: bool) -> Optional[FusedModel]:
     """``model`` traced as ``gm``, its matched regions replaced (in ``gm``); None where nothing matched."""
+    plans = _fuse_regions(gm, path, precision, deterministic)
+    return FusedModel(gm, plans, model) if plans else None
+
+
+def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, deterministic: bool) -> List[Plan]:
+    """Replace each region matched in ``gm`` by a FusedRegion (``gm`` recompiled); their plans (none: ``gm`` as it
+    was)."""
     matches = find_matches(gm)
     if not matches:
-        return None
+        return []
     plans = []
     for index, match in enumerate(matches):
         name = f"fullfuse_region_{index}"
@@ -190,7 +226,7 @@ def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precisio
     gm.delete_all_unused_submodules()
     gm.recompile()
     _bind_called_submodules(gm)
-    return FusedModel(gm, plans, model)
+    return plans
 
 
 def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bool):
@@ -238,16 +274,25 @@ def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, h
 
 
 def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
-    """The arguments of a call for the graph traced with ``optional``'s parameters as their defaults (fx renamed them
-    there: defaults passed by name are dropped), or None where one of them is given another value."""
+    """(the names of ``optional``'s inputs a call gives another value than their default, and its arguments for the
+    graph traced so: ``match.trace(model, given)``, where fx renamed the parameters it took as values, so those passed
+    by name are dropped), or None where a bool input is given a value that is no bool (the model's own forward)."""
+    given = []
     for name, (position, default) in optional.items():
-        if position is not None and position < len(args) and args[position] is not default:
-            return None
-        if name in kwargs:
-            if kwargs[name] is not default:
+        by_name = name in kwargs
+        if by_name:
+            value = kwargs[name]
+        elif position is not None and position < len(args):
+            value = args[position]
+        else:
+            continue
+        if value is not default:
+            if isinstance(default, bool) and type(value) is not bool:
                 return None
+            given.append(name)
+        if by_name and (value is default or isinstance(default, bool)):
             kwargs = {k: v for k, v in kwargs.items() if k != name}
-    return args, kwargs
+    return frozenset(given), args, kwargs
 
 
 def _warn_scripted_ops() -> None:

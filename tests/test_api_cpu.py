@@ -1179,8 +1179,10 @@ class _OptionalInputs(nn.Module):
 def test_optional_inputs_give_the_models_answer(monkeypatch):
     """fx traced a forward's None-default inputs as proxies, keeping the branch for a given value, which a call
     without it then ran (a TypeError on `x * None`), and failed on a branch on a bool input.  They are traced as their
-    defaults now: calls that leave them so run the fused graph (the kernel path stubbed: NaN), calls that give another
-    value run the model's own forward; both give the model's answer."""
+    defaults now, and a call that gives some of them another value runs a graph traced for that (on its first such
+    call; a proxy for a None default, the other bool for a bool one), fused where a region matches there (the kernel
+    path stubbed: NaN), else the model's own forward (a bool input given a value that is no bool too): every call
+    gives the model's answer."""
     launched = _stub_kernel_path(monkeypatch)
     torch.manual_seed(0)
     model = _OptionalInputs().eval()
@@ -1188,16 +1190,23 @@ def test_optional_inputs_give_the_models_answer(monkeypatch):
     mask, labels = torch.rand_like(x), torch.randn(2, 6)
     defaults = [((x,), {}), ((x, None), {}), ((x,), {"mask": None}), ((x,), {"labels": None, "scale": 3.0}),
                 ((x, None, 4.0), {}), ((x,), {"features": False})]
-    given = [((x,), {"features": True}), ((x, mask), {}), ((x,), {"mask": mask}), ((x,), {"labels": labels}),
-             ((x, mask, 3.0), {"labels": None})]
+    given = [((x, mask), {}), ((x,), {"mask": mask}), ((x,), {"labels": labels}), ((x, mask, 3.0), {"labels": None}),
+             ((x, mask), {"labels": labels, "features": False})]
+    unfused = [((x,), {"features": True}), ((x, mask), {"features": 1})]   # (no region there; no bool)
     with torch.no_grad():
         fused = fullfuse.fused_model(model)
-        for args, kwargs in defaults:
-            assert torch.isnan(fused(*args, **kwargs)).all(), (len(args), kwargs)
+        for args, kwargs in defaults + given:
+            out = fused(*args, **kwargs)
+            assert all(torch.isnan(o).all() for o in (out if isinstance(out, tuple) else (out,))), (len(args), kwargs)
+        for args, kwargs in unfused:
+            _close(fused(*args, **kwargs), model(*args, **kwargs))
+        assert sorted(p.name for p in fused.plans) == ["fullfuse_region_0", "fullfuse_region_0 (labels given)",
+                                                       "fullfuse_region_0 (labels, mask given)",
+                                                       "fullfuse_region_0 (mask given)"]
         launched.stubbed = False
         monkeypatch.setattr(calls, "_registry", {})
         fused = fullfuse.fused_model(model)
-        for args, kwargs in defaults + given:
+        for args, kwargs in defaults + given + unfused:
             got, want = fused(*args, **kwargs), model(*args, **kwargs)
             for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 _close(g, w)
@@ -1247,10 +1256,14 @@ def test_a_fused_model_with_optional_inputs_pickles_without_the_models_hooks():
     model = _OptionalInputs().eval()
     model.register_forward_hook(lambda m, a, out: None)
     fused = fullfuse.fused_model(model)
-    buffer = io.BytesIO()
-    torch.save(fused, buffer)
-    buffer.seek(0)
     x = torch.randn(2, 8, 9, 9)
     with torch.no_grad():
-        _close(torch.load(buffer, weights_only=False)(x, torch.ones_like(x)), model(x, torch.ones_like(x)))
+        fused(x, torch.ones_like(x))   # (a graph for a given mask, its plan: traced again by a copy)
+        buffer = io.BytesIO()
+        torch.save(fused, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert len(fused.plans) == 2 and len(loaded.plans) == 1
+        _close(loaded(x, torch.ones_like(x)), model(x, torch.ones_like(x)))
+        assert [p.name for p in loaded.plans] == [p.name for p in fused.plans]
     assert len(fullfuse.fused_model(SeedA(8, 6).eval()).plans) == 1
