@@ -142,11 +142,14 @@ class FusedModel(nn.Module):
     def _graph_for(self, given: frozenset):
         """The graph of calls giving the optional inputs named in ``given`` another value than their default (the
         fused model's own for none), traced and fused on the first such call, its plans added to ``plans``; None where
-        fx cannot trace the model so or no region matches there (the model's own forward runs those calls)."""
+        fx cannot trace the model so or no region matches there (the model's own forward runs those calls), and under
+        torch.compile where it is not made yet (dynamo does not trace fx's tracing)."""
         if not given:
             return self._modules["graph_module"]
         graphs = self.__dict__["_graphs"]
         if given not in graphs:
+            if calls.compiling():
+                return None
             model, first = self.__dict__["_model"], self.plans[0]
             try:
                 gm = trace(model, given)

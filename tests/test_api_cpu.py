@@ -1267,3 +1267,19 @@ def test_a_fused_model_with_optional_inputs_pickles_without_the_models_hooks():
         _close(loaded(x, torch.ones_like(x)), model(x, torch.ones_like(x)))
         assert [p.name for p in loaded.plans] == [p.name for p in fused.plans]
     assert len(fullfuse.fused_model(SeedA(8, 6).eval()).plans) == 1
+
+
+def test_optional_inputs_under_torch_compile():
+    """torch.compile (fullgraph) of a fused model called with an optional input: the model's own forward where the
+    graph for that input is not made yet (dynamo does not trace fx's tracing), that graph once an eager call made it."""
+    torch.manual_seed(0)
+    model = _OptionalInputs().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(2, 8, 9, 9)
+    mask = torch.rand_like(x)
+    with torch.no_grad():
+        _close(torch.compile(fused, backend="aot_eager", fullgraph=True)(x, mask), model(x, mask))
+        assert len(fused.plans) == 1
+        fused(x, mask)
+        assert len(fused.plans) == 2
+        _close(torch.compile(fused, backend="aot_eager", fullgraph=True)(x, mask), model(x, mask))
