@@ -176,6 +176,16 @@ class SpecCalls:
         self.last = entry[0]
         return entry[1](x, weight, bias)
 
+    def run_op(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The registered op's call (``ops``): the dispatcher on the inputs as given — a custom op computes in its
+        inputs' dtypes, autocast aside, as its fake implementation says (torch.compile's graphs call it so, under the
+        caller's autocast) — an unbatched input as a batch of one, as the wrappers take it."""
+        if x.dim() != self.spec.dims + 1:
+            return self.run(x, weight, bias)
+        pooled = self._pooled_calls()
+        out = pooled.run(x.unsqueeze(0), weight, bias).squeeze(0)
+        return out if pooled is self else torch_path.post_view(self.spec, out)
+
     def _general(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  needs_grad: bool) -> torch.Tensor:
         """Every call that is not the common one (the module's text, in this order; needs_grad: autograd needs the

@@ -7,9 +7,9 @@
 
 Both take ``path`` ("auto" | "fused" | "fallback" | "torch"), ``precision`` ("auto" | "tf32" | "ieee") and
 ``deterministic``.  Under torch.compile the wrappers call the registered ops; in eager mode they call the
-dispatcher directly (same code, less host time per call); the registered ops called directly behave as the
-wrappers (an unbatched input too).  Inputs that need gradients run the torch path (this is an inference library),
-with a one-time warning.
+dispatcher directly (same code, less host time per call), which runs inputs that need gradients on the torch path
+(this is an inference library), with a one-time warning.  The registered ops called directly take an unbatched
+input as the wrappers do and compute in their inputs' dtypes (autocast does not apply to custom ops).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride:
                       dilation: List[int], activation: str, pool: str, keepdim: bool, post: str, path: str,
                       precision: str, deterministic: bool) -> Tensor:
     spec = _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post)
-    return calls.calls_for(spec, path, precision, deterministic)(x, weight, bias)
+    return calls.calls_for(spec, path, precision, deterministic).run_op(x, weight, bias)
 
 
 @_conv_act_pool_op.register_fake
@@ -85,7 +85,7 @@ def _convt_pool_reduce_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], str
                           output_padding: List[int], dilation: List[int], window: List[int], activation: str,
                           reduction: str, keepdim: bool, path: str, precision: str, deterministic: bool) -> Tensor:
     spec = _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim)
-    return calls.calls_for(spec, path, precision, deterministic)(x, weight, bias)
+    return calls.calls_for(spec, path, precision, deterministic).run_op(x, weight, bias)
 
 
 @_convt_pool_reduce_op.register_fake

@@ -240,6 +240,24 @@ def test_custom_ops_are_registered_and_pass_opcheck():
                            "auto", "auto", True))
 
 
+def test_custom_ops_compute_in_their_inputs_dtype_under_autocast(monkeypatch):
+    """A registered op computes in its inputs' dtypes whatever autocast says, as its fake implementation says:
+    torch.compile's graphs call it under the caller's autocast, on inputs their own casts made (autocast on CUDA
+    simulated here: the region's autocast tests report it on for every input)."""
+    monkeypatch.setattr(calls, "_any_autocast_on", lambda: True)
+    monkeypatch.setattr(calls, "_autocast_dtype", lambda x: torch.bfloat16 if x.dtype == torch.float32 else None)
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    for xs in (x, x[0]):
+        out = torch.ops.fullfuse.conv_act_pool(xs, w, b, [1, 1], [0, 0], [1, 1], "gelu_erf", "mean", True, "none",
+                                               "auto", "auto", True)
+        assert out.dtype == torch.float32
+    v, wt = torch.randn(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    out = torch.ops.fullfuse.convt_pool_reduce(v, wt, None, [2, 2, 2], [1, 1, 1], [0, 0, 0], [1, 1, 1], [2, 2, 2],
+                                               "none", "sum", False, "auto", "auto", True)
+    assert out.dtype == torch.float32
+    assert fullfuse.ops.conv_act_pool(x, w, b).dtype == torch.bfloat16   # (the wrapper: autocast's dtype)
+
+
 @pytest.mark.parametrize("post", ["none", "flatten", "squeeze"])
 def test_custom_ops_take_unbatched_inputs_as_the_wrappers(post):
     """The registered ops called directly, as the wrappers: an unbatched input is a batch of one, and the fake
