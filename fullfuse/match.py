@@ -74,10 +74,30 @@ class Match:
 
 class _Tracer(torch.fx.Tracer):
     """fx's symbolic tracer, with fullfuse's own modules inside the model (a fused model or region: a class with
-    ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs."""
+    ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs.  Each node
+    notes the grad mode it was traced in (``GRAD_MODE``): fx records no grad-mode change, so a forward under
+    ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``grad_mode``)."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
+
+    def create_node(self, *args, **kwargs) -> Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta[GRAD_MODE] = ("inference_mode" if torch.is_inference_mode_enabled()
+                                else "grad" if torch.is_grad_enabled() else "no_grad")
+        return node
+
+
+GRAD_MODE = "fullfuse_grad_mode"   # a node's meta entry: the grad mode it was traced in
+
+
+def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
+    """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace``, with grad on) was traced in that
+    mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the caller's
+    mode; a block inside forward is not kept)."""
+    modes = {node.meta.get(GRAD_MODE) for node in gm.graph.nodes if node.op in ("call_function", "call_method",
+                                                                                "call_module")}
+    return modes.pop() if len(modes) == 1 and modes <= {"no_grad", "inference_mode"} else None
 
 
 def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
@@ -109,7 +129,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         concrete = {name: (not default if name in given else default)
                     for name, (_, default) in optional_inputs(model).items()
                     if name not in given or isinstance(default, bool)}
-        graph = tracer.trace(model, concrete_args=concrete or None)
+        with torch.inference_mode(False), torch.enable_grad():   # (the modes a forward sets itself: grad_mode)
+            graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct

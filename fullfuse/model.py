@@ -10,7 +10,7 @@ from torch import nn
 from . import calls
 from .dispatch import check_path
 from .errors import TraceError
-from .match import counts_dims_from_the_batch, find_matches, optional_inputs, trace
+from .match import counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
 from .plan import Plan, make_plan
@@ -27,10 +27,14 @@ class FusedModel(nn.Module):
 
     _fullfuse_leaf = True   # (match.trace keeps it as a module call inside a larger model)
 
-    def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module):
+    def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module,
+                 grad_mode: Optional[str] = None):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
+        # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (match.grad_mode): the
+        # graph runs in it, as the forward would
+        self._grad_mode = grad_mode
         # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
         # as the user would (its hooks run), not a traced graph
         self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
@@ -59,7 +63,7 @@ class FusedModel(nn.Module):
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
                 or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
-        if len(args) == 1 and not kwargs:
+        if len(args) == 1 and not kwargs and d["_grad_mode"] is None:
             gm = d["_modules"]["graph_module"]
             if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
                 d["_lone_name"] = lone_region(gm)
@@ -137,6 +141,9 @@ class FusedModel(nn.Module):
                     plan.calls.last = ("torch", "an optional input given: the model's own forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
             _, args, kwargs = call
+        if self._grad_mode is not None:
+            with torch.inference_mode() if self._grad_mode == "inference_mode" else torch.no_grad():
+                return graph.forward(*args, **kwargs)
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
     def _graph_for(self, given: frozenset):
@@ -200,8 +207,9 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
 def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precision: str,
                  deterministic: bool) -> Optional[FusedModel]:
     """``model`` traced as ``gm``, its matched regions replaced (in ``gm``); None where nothing matched."""
+    mode = grad_mode(gm)   # (before the regions replace traced nodes)
     plans = _fuse_regions(gm, path, precision, deterministic)
-    return FusedModel(gm, plans, model) if plans else None
+    return FusedModel(gm, plans, model, mode) if plans else None
 
 
 def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, deterministic: bool) -> List[Plan]:

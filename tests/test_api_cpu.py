@@ -1301,3 +1301,41 @@ def test_optional_inputs_under_torch_compile():
         fused(x, mask)
         assert len(fused.plans) == 2
         _close(torch.compile(fused, backend="aot_eager", fullgraph=True)(x, mask), model(x, mask))
+
+
+class _NoGradForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 6, 3)
+
+    @torch.no_grad()
+    def forward(self, x):
+        return F.gelu(self.conv(x)).mean((2, 3))
+
+
+class _InferenceForward(_NoGradForward):
+    @torch.inference_mode()
+    def forward(self, x):
+        return F.gelu(self.conv(x)).mean((2, 3))
+
+
+@pytest.mark.parametrize("model_class", [_NoGradForward, _InferenceForward])
+def test_a_forward_under_a_grad_mode_decorator_keeps_it(monkeypatch, model_class):
+    """fx records no grad-mode change: a forward under @torch.no_grad() / @torch.inference_mode() lost it, so with
+    grad on (parameters that require grad) a region ran PyTorch's ops with autograd, unfused, its output requiring grad
+    where the model's does not.  The fused graph runs in the forward's mode now: the kernel path (stubbed: NaN), an
+    output without grad (an inference tensor under inference_mode).  A model fused inside `torch.no_grad()` keeps
+    the caller's mode."""
+    launched = _stub_kernel_path(monkeypatch)
+    torch.manual_seed(0)
+    model = model_class()
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    out, want = fused(x), model(x)
+    assert torch.isnan(out).all() and len(launched) == 1
+    assert not out.requires_grad and out.is_inference() == want.is_inference()
+    plain = SeedA(8, 6)
+    with torch.no_grad():
+        fused_plain = fullfuse.fused_model(plain)
+    y = torch.randn(2, 8, 9, 9)
+    assert fused_plain(y).requires_grad and plain(y).requires_grad
