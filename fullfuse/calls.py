@@ -182,9 +182,17 @@ class SpecCalls:
         caller's autocast) — an unbatched input as a batch of one, as the wrappers take it."""
         if x.dim() != self.spec.dims + 1:
             return self.run(x, weight, bias)
+        return self._batch_of_one(SpecCalls.run, x, weight, bias)
+
+    def _batch_of_one(self, call, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """An unbatched input through ``call`` (``SpecCalls.__call__`` or ``run``) of the spec without its post view
+        as a batch of one, the post view (family A) taken after."""
         pooled = self._pooled_calls()
-        out = pooled.run(x.unsqueeze(0), weight, bias).squeeze(0)
-        return out if pooled is self else torch_path.post_view(self.spec, out)
+        out = call(pooled, x.unsqueeze(0), weight, bias).squeeze(0)
+        if pooled is not self:
+            self.last = pooled.last
+            out = torch_path.post_view(self.spec, out)
+        return out
 
     def _general(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  needs_grad: bool) -> torch.Tensor:
@@ -192,12 +200,7 @@ class SpecCalls:
         call's graph)."""
         spec = self.spec
         if x.dim() == spec.dims + 1:
-            pooled = self._pooled_calls()
-            out = pooled(x.unsqueeze(0), weight, bias).squeeze(0)
-            if pooled is not self:
-                self.last = pooled.last
-                out = torch_path.post_view(spec, out)
-            return out
+            return self._batch_of_one(SpecCalls.__call__, x, weight, bias)
         if needs_grad:
             _warn_grad_once()
             self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
