@@ -252,6 +252,37 @@ def test_hook_or_conv_attribute_added_after_the_first_call(family, path, change)
     assert fused.plans[0].last_path == (path if path != "auto" else "fused"), fused.plans[0].last_reason
 
 
+class _NoGradForward(nn.Module):
+    """A model whose forward runs under @torch.no_grad() (its parameters require grad)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    @torch.no_grad()
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_transforms_and_grad_mode_decorators_on_the_gpu(family):
+    """On the GPU: a forward under @torch.no_grad() runs its region on the kernel path, its output without grad;
+    vmap over the fused model (PyTorch's ops) and the fused model on one poisoned-output call agree with float64."""
+    model = make_model(family)
+    wrapped = _NoGradForward(model)
+    fused = fullfuse.fused_model(wrapped, path="auto", precision="tf32")
+    x = make_x(family)
+    out = fused(x)   # (grad on: the parameters require grad)
+    assert not out.requires_grad and fused.plans[0].last_path in ("fused", "fallback"), fused.plans[0].last_reason
+    assert_close(out, ref64(model, x), "tf32", "no_grad forward")
+    batched = torch.stack([x[:1], x[1:2]]) if x.shape[0] > 1 else torch.stack([x, x])
+    with torch.no_grad():
+        got = torch.func.vmap(fused)(batched)
+    assert fused.plans[0].last_path == "torch", fused.plans[0].last_reason
+    for i in range(batched.shape[0]):
+        assert_close(got[i], ref64(model, batched[i]), "tf32", f"vmap item {i}")
+
+
 # ------------------------------------------------------------------ family B packs its weights in every call
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12), SHAPE["Bw"]],
