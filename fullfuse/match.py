@@ -49,6 +49,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import TraceError
+from .grad_blocks import CALLS as GRAD_BLOCK_CALLS
+from .grad_blocks import GRAD_MODE
 from .spec import POSTS, ConvActPoolSpec, ConvTPoolReduceSpec
 
 Node = torch.fx.Node
@@ -76,7 +78,12 @@ class _Tracer(torch.fx.Tracer):
     """fx's symbolic tracer, with fullfuse's own modules inside the model (a fused model or region: a class with
     ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs.  Each node
     notes the grad mode it was traced in (``GRAD_MODE``): fx records no grad-mode change, so a forward under
-    ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``grad_mode``)."""
+    ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``grad_mode``), and so would a block in it
+    (``grad_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("autowrap_functions", GRAD_BLOCK_CALLS)
+        super().__init__(*args, **kwargs)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
@@ -88,13 +95,11 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
-GRAD_MODE = "fullfuse_grad_mode"   # a node's meta entry: the grad mode it was traced in
-
 
 def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
     """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace``, with grad on) was traced in that
     mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the caller's
-    mode; a block inside forward is not kept)."""
+    mode, blocks inside forward as ``grad_blocks`` keeps them)."""
     modes = {node.meta.get(GRAD_MODE) for node in gm.graph.nodes if node.op in ("call_function", "call_method",
                                                                                 "call_module")}
     return modes.pop() if len(modes) == 1 and modes <= {"no_grad", "inference_mode"} else None

@@ -10,6 +10,7 @@ from torch import nn
 from . import calls
 from .dispatch import check_path
 from .errors import TraceError
+from .grad_blocks import GRAD_MODE, keep_grad_blocks, region_mode, without_grad_blocks
 from .match import counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -26,15 +27,19 @@ class FusedModel(nn.Module):
     into the original model — also where either is a submodule of a larger model."""
 
     _fullfuse_leaf = True   # (match.trace keeps it as a module call inside a larger model)
+    _grad_blocks = False
 
     def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module,
-                 grad_mode: Optional[str] = None):
+                 grad_mode: Optional[str] = None, grad_blocks: bool = False):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
         # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (match.grad_mode): the
         # graph runs in it, as the forward would
         self._grad_mode = grad_mode
+        # whether a graph turns grad off for a block of the forward (grad_blocks): forward restores the caller's mode
+        # where an op of the block raises
+        self._grad_blocks = grad_blocks
         # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
         # as the user would (its hooks run), not a traced graph
         self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
@@ -110,7 +115,8 @@ class FusedModel(nn.Module):
             if ops is not gm:
                 _warn_scripted_ops()
             return ops
-        ops = torch.fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)   # (shares gm's modules)
+        # (shares gm's modules; without grad_blocks' calls, which TorchScript cannot compile)
+        ops = torch.fx.GraphModule(gm, without_grad_blocks(gm.graph), class_name=type(gm).__name__)
         for name, region in gm.named_children():
             if isinstance(region, FusedRegion):
                 original = region.__dict__["_original"]
@@ -119,7 +125,7 @@ class FusedModel(nn.Module):
                                        f"model outside the region; script the original model instead (the fused "
                                        f"model shares its parameters), or use torch.jit.trace / torch.compile")
                 setattr(ops, name, original)
-        _warn_scripted_ops()
+        _warn_scripted_ops(self._grad_blocks)
         return ops
 
     def extra_repr(self) -> str:
@@ -144,6 +150,9 @@ class FusedModel(nn.Module):
         if self._grad_mode is not None:
             with torch.inference_mode() if self._grad_mode == "inference_mode" else torch.no_grad():
                 return graph.forward(*args, **kwargs)
+        if self._grad_blocks and not calls.compiling():
+            with torch.set_grad_enabled(torch.is_grad_enabled()):
+                return graph.forward(*args, **kwargs)
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
     def _graph_for(self, given: frozenset):
@@ -164,6 +173,8 @@ class FusedModel(nn.Module):
                 gm = None
             plans = [] if gm is None else _fuse_regions(gm, first.requested, first.calls.precision,
                                                         first.calls.deterministic)
+            if plans and keep_grad_blocks(gm):
+                self._grad_blocks = True
             for plan in plans:
                 plan.name = f"{plan.name} ({', '.join(sorted(given))} given)"
             self.plans.extend(plans)
@@ -209,7 +220,10 @@ def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precisio
     """``model`` traced as ``gm``, its matched regions replaced (in ``gm``); None where nothing matched."""
     mode = grad_mode(gm)   # (before the regions replace traced nodes)
     plans = _fuse_regions(gm, path, precision, deterministic)
-    return FusedModel(gm, plans, model, mode) if plans else None
+    if not plans:
+        return None
+    blocks = keep_grad_blocks(gm)
+    return FusedModel(gm, plans, model, mode, blocks)
 
 
 def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, deterministic: bool) -> List[Plan]:
@@ -229,6 +243,7 @@ def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, determini
                                            region_modules(gm, match.nodes), counts_dims_from_the_batch(match.nodes)))
         with gm.graph.inserting_before(match.output_node):
             new_node = gm.graph.call_module(name, args)
+        new_node.meta[GRAD_MODE] = region_mode(match.nodes)
         match.output_node.replace_all_uses_with(new_node)
         for node in reversed(match.nodes):
             gm.graph.erase_node(node)
@@ -306,9 +321,11 @@ def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
     return frozenset(given), args, kwargs
 
 
-def _warn_scripted_ops() -> None:
+def _warn_scripted_ops(grad_blocks: bool = False) -> None:
+    blocks = ("; the forward's grad-mode blocks run in the caller's mode there (script the original model to keep "
+              "them)") if grad_blocks else ""
     warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch fullfuse's "
-                  "kernels); torch.compile keeps them", stacklevel=4)
+                  f"kernels); torch.compile keeps them{blocks}", stacklevel=4)
 
 
 def _own_ops(module: nn.Module) -> nn.Module:

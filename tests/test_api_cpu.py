@@ -1339,3 +1339,107 @@ def test_a_forward_under_a_grad_mode_decorator_keeps_it(monkeypatch, model_class
         fused_plain = fullfuse.fused_model(plain)
     y = torch.randn(2, 8, 9, 9)
     assert fused_plain(y).requires_grad and plain(y).requires_grad
+
+
+class _FrozenFeatures(nn.Module):
+    """A frozen conv pipeline under `with torch.no_grad():` inside forward, a trainable head after it (``across``:
+    the block ends inside the pipeline, before its pool)."""
+
+    def __init__(self, across: bool = False, inference: bool = False, fail: bool = False):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(8, 6, 3), nn.Linear(6, 3)
+        self.across, self.inference, self.fail = across, inference, fail
+
+    def forward(self, x):
+        with torch.inference_mode() if self.inference else torch.no_grad():
+            y = F.gelu(self.conv(x))
+            if not self.across:
+                y = y.mean((2, 3))
+            if self.fail:
+                y = y.view(5, 7)
+        if self.across:
+            y = y.mean((2, 3))
+        return self.head(y.clone())
+
+
+def _grads(model, out):
+    model.zero_grad(set_to_none=True)
+    out.sum().backward()
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", ["block", "across", "inference"])
+def test_a_grad_mode_block_inside_forward_is_kept(monkeypatch, kind):
+    """fx records no grad-mode change: a `with torch.no_grad():` block inside forward ran in the caller's mode, so with
+    grad on the frozen conv got gradients (an optimizer would update it) and its region ran PyTorch's ops with autograd.
+    The fused graph turns grad off around the block now: the same output and gradients as the model (none for the
+    conv), the region on the kernel path (stubbed: NaN), also where the block ends inside the pipeline; the caller's
+    mode is back after the call."""
+    torch.manual_seed(0)
+    model = _FrozenFeatures(across=kind == "across", inference=kind == "inference")
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    assert len(fused.plans) == 1
+    want, out = model(x), fused(x)
+    _close(out, want)
+    assert out.requires_grad and torch.is_grad_enabled()
+    got, expected = _grads(model, out), _grads(model, want)
+    assert got["conv.weight"] is None and got["conv.bias"] is None
+    for name in ("head.weight", "head.bias"):
+        _close(got[name], expected[name])
+    with torch.no_grad():
+        _close(fused(x), want)
+        assert not torch.is_grad_enabled()
+    launched = _stub_kernel_path(monkeypatch)
+    fused = fullfuse.fused_model(model)
+    assert torch.isnan(fused(x)).all() and len(launched) == 1
+
+
+def test_a_grad_mode_block_gives_the_callers_mode_back_where_it_raises():
+    torch.manual_seed(0)
+    fused = fullfuse.fused_model(_FrozenFeatures(fail=True))
+    with pytest.raises(RuntimeError, match="invalid"):
+        fused(torch.randn(2, 8, 9, 9))
+    assert torch.is_grad_enabled()
+
+
+def test_a_grad_mode_block_survives_pickling_and_later_traces_still_work():
+    """A pickled GraphModule is traced again from its code when loaded: the block's calls must be recorded there (a
+    call fx does not record would run once at load time and vanish), and the loaded code must not break later traces
+    in the process."""
+    import io
+    torch.manual_seed(0)
+    model = _FrozenFeatures()
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    for _ in range(2):   # (a loaded model pickled again)
+        buffer = io.BytesIO()
+        torch.save(fused, buffer)
+        buffer.seek(0)
+        fused = torch.load(buffer, weights_only=False)
+    out = fused(x)
+    _close(out, model(x))
+    fused.zero_grad(set_to_none=True)
+    out.sum().backward()
+    assert fused.graph_module.fullfuse_region_0.conv.weight.grad is None
+    assert fused.graph_module.head.weight.grad is not None
+    torch.fx.symbolic_trace(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+    other = fullfuse.fused_model(SeedA(8, 6))
+    assert len(other.plans) == 1 and other(x).shape == (2, 6)
+
+
+def test_a_grad_mode_block_under_torchscript_and_torch_compile():
+    """TorchScript cannot compile the block's calls: the scripted own ops run without them, and the warning says so;
+    torch.compile keeps them."""
+    torch.manual_seed(0)
+    model = _FrozenFeatures()
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    with pytest.warns(UserWarning, match="grad-mode blocks run in the caller's mode"):
+        scripted = torch.jit.script(fused)
+    _close(scripted(x), model(x))
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, backend="eager")
+    out = compiled(x)
+    _close(out, model(x))
+    assert _grads(model, out)["conv.weight"] is None

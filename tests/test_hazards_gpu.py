@@ -283,6 +283,34 @@ def test_transforms_and_grad_mode_decorators_on_the_gpu(family):
         assert_close(got[i], ref64(model, batched[i]), "tf32", f"vmap item {i}")
 
 
+class _FrozenBody(nn.Module):
+    """``body`` frozen by a `with torch.no_grad():` block inside forward, a trainable scale after it."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body, self.scale = body, nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = self.body(x)
+        return y * self.scale
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_a_grad_mode_block_inside_forward_on_the_gpu(family):
+    """On the GPU, grad on: the region inside the block runs on the kernel path, the output (scaled outside the block)
+    requires grad and agrees with float64, and backward reaches the scale only."""
+    model = make_model(family)
+    wrapped = _FrozenBody(model).cuda()
+    fused = fullfuse.fused_model(wrapped, path="auto", precision="tf32")
+    x = make_x(family)
+    out = fused(x)
+    assert out.requires_grad and fused.plans[0].last_path in ("fused", "fallback"), fused.plans[0].last_reason
+    assert_close(out.detach(), 2 * ref64(model, x), "tf32", "no_grad block")
+    out.sum().backward()
+    assert wrapped.scale.grad is not None and all(p.grad is None for p in model.parameters())
+
+
 # ------------------------------------------------------------------ family B packs its weights in every call
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12), SHAPE["Bw"]],
