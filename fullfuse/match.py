@@ -137,7 +137,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         with torch.inference_mode(False), torch.enable_grad():   # (the modes a forward sets itself: grad_mode)
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
-        return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+        gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         name = type(model).__name__
         reason = f"{type(e).__name__}: {e}".strip()
@@ -148,6 +148,28 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
             f"to fuse a conv pipeline that {name}.forward itself calls, make that part of forward traceable "
             f"(torch.fx.wrap the offending function, or move the pipeline into a submodule)."
         ) from e
+    share_tensor_dicts(gm, model)
+    return gm
+
+
+def share_tensor_dicts(copy: nn.Module, model: nn.Module) -> None:
+    """Give the graph (or a copy of ``model``) and each attribute holder fx made in it (a plain nn.Module at a path of
+    ``model``) the parameter and buffer dicts of ``model``'s module at that path, where it holds nothing else: a
+    tensor the forward reads by attribute (``self.scale``) is then one entry for the model, the fused graph, the
+    graphs traced for optional inputs and the copies of untraceable models — a Parameter assigned later, or one
+    ``torch.func.functional_call`` swaps in under either model's name, reaches all of them."""
+    for path, module in copy.named_modules():
+        try:
+            source = model.get_submodule(path) if path else model
+        except AttributeError:
+            continue
+        if source is module or (path and type(module) is not nn.Module):
+            continue
+        own = (module._parameters, module._buffers)
+        if all(source_dict.get(k, _MISSING) is v for mine, source_dict in zip(own, (source._parameters, source._buffers))
+               for k, v in mine.items()):
+            module.__dict__.update(_parameters=source._parameters, _buffers=source._buffers,
+                                   _non_persistent_buffers_set=source._non_persistent_buffers_set)
 
 
 def _drop_specialization_guards(graph: torch.fx.Graph) -> None:

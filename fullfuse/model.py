@@ -17,6 +17,7 @@ from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD,
 from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing
+from .original_names import OriginalNames
 from .state_names import StateNames
 
 
@@ -55,7 +56,24 @@ class FusedModel(nn.Module):
         # the graph forward whose shape _lone_name describes (None: not yet looked at), and the name of the region the
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
-        StateNames(original, self).register(self)
+        names = StateNames(original, self)
+        names.register(self)
+        self.__dict__["_original_names"] = OriginalNames(self, graph_module, original, names.modules)
+
+    def __getattr__(self, name: str):
+        """The original model's attribute names reach the same objects here (``original_names``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            names = self.__dict__.get("_original_names")
+            if names is None:
+                raise
+            return names.get(self, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        names = self.__dict__.get("_original_names")
+        if names is None or name in self.__dict__ or not names.set(self, name, value):
+            super().__setattr__(name, value)
 
     def __call__(self, *args, **kwargs):
         """``forward`` without nn.Module.__call__ where that would only add host time (~1 us per call): no hooks on
@@ -283,14 +301,13 @@ def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bo
 
 
 def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, hooks: bool = True) -> nn.Module:
-    """A shallow copy of ``module`` (as DataParallel's replicas: the same parameters, buffers, attributes and hook
-    dicts, or empty hook dicts where not ``hooks``) with its own dicts of children (``children`` replacing some),
-    parameters and buffers, and ``forward`` set on the instance where given (nn.Module.__call__ runs the copy's hooks
-    around it)."""
+    """A shallow copy of ``module`` (as DataParallel's replicas: the same attributes, hook dicts, or empty ones where
+    not ``hooks``, and parameter and buffer dicts: ``match.share_tensor_dicts``) with its own dict of children
+    (``children`` replacing some), and ``forward`` set on the instance where given (nn.Module.__call__ runs the copy's
+    hooks around it)."""
     copy = type(module).__new__(type(module))
     copy.__dict__ = dict(module.__dict__)
-    copy.__dict__.update(_modules={**module._modules, **(children or {})}, _parameters=dict(module._parameters),
-                         _buffers=dict(module._buffers))
+    copy.__dict__["_modules"] = {**module._modules, **(children or {})}
     if not hooks:
         copy.__dict__.update({name: type(value)() for name, value in module.__dict__.items()
                               if "_hooks" in name and isinstance(value, dict)})

@@ -1443,3 +1443,100 @@ def test_a_grad_mode_block_under_torchscript_and_torch_compile():
     out = compiled(x)
     _close(out, model(x))
     assert _grads(model, out)["conv.weight"] is None
+
+
+class _RootTensors(nn.Module):
+    """Tensors the forward reads by attribute: a root Parameter and buffer, one of a plain submodule (fx copies each
+    into its graph), an optional input (a second graph)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(8, 6, 3), nn.Linear(6, 2)
+        self.scale = nn.Parameter(torch.tensor(2.0))
+        self.register_buffer("shift", torch.zeros(2))
+        self.head = nn.Module()
+        self.head.w = nn.Parameter(torch.ones(2))
+
+    def forward(self, x, mask=None):
+        y = self.fc(F.gelu(self.conv(x)).mean((2, 3)) * self.scale) + self.shift
+        if mask is not None:
+            y = y * mask
+        return y * self.head.w
+
+
+class _UntraceableHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head, self.bias = _ScaledHead(), nn.Parameter(torch.zeros(6))
+
+    def forward(self, x):
+        return self.head(x) + self.bias if x.sum() > 0 else self.head(x) - self.bias
+
+
+class _ScaledHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.scale = nn.Conv2d(8, 6, 3), nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return F.gelu(self.conv(x)).mean((2, 3)) * self.scale
+
+
+def _swapped(model, names):
+    return {name: torch.randn_like(value) for name, value in names(model)}
+
+
+@pytest.mark.parametrize("kind", ["graph", "optional input given", "untraceable", "fused submodule"])
+def test_functional_call_with_either_models_names(kind):
+    """torch.func.functional_call swaps tensors in by name: the state dict's (the original model's) names set a
+    root-level one as an attribute, which landed on the fused model unseen by its graph — a silent wrong answer — and
+    a nested one raised AttributeError.  Both the original's and the fused model's own names (named_parameters) give
+    the original's answer now, and the fused model is as it was after the call."""
+    torch.manual_seed(0)
+    original = {"graph": _RootTensors, "optional input given": _RootTensors, "untraceable": _UntraceableHead,
+                "fused submodule": _RootTensors}[kind]()
+    x = torch.randn(2, 8, 9, 9)
+    args = (x, torch.randn(2)) if kind == "optional input given" else (x,)
+    if kind == "fused submodule":
+        model = nn.Sequential(original)
+        fused = nn.Sequential(fullfuse.fused_model(original))
+    else:
+        model, fused = original, fullfuse.fused_model(original)
+    assert list(fused.state_dict()) == list(model.state_dict())
+    before = fused(*args)
+    by_state = _swapped(model, lambda m: m.state_dict().items())
+    _close(torch.func.functional_call(fused, by_state, args), torch.func.functional_call(model, by_state, args))
+    own = {**dict(fused.named_parameters()), **dict(fused.named_buffers())}
+    state_name = {id(v): k for k, v in model.state_dict(keep_vars=True).items()}
+    by_own = {name: torch.randn_like(value) for name, value in own.items()}
+    _close(torch.func.functional_call(fused, by_own, args),
+           torch.func.functional_call(model, {state_name[id(v)]: by_own[k] for k, v in own.items()}, args))
+    _close(fused(*args), before)
+
+
+def test_the_original_models_attribute_names_on_the_fused_model():
+    """The fused model answers to the original's attribute names with the same objects; a Parameter or buffer assigned
+    later, on either model, reaches the fused graph (one entry for both); a module the graph calls can be replaced
+    on the fused model; one a region took in cannot (the error says to fuse again)."""
+    torch.manual_seed(0)
+    model = _RootTensors()
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    assert fused.fc is model.fc and fused.conv is model.conv and fused.scale is model.scale
+    assert fused.head.w is model.head.w and fused.shift is model.shift
+    model.scale = nn.Parameter(torch.tensor(5.0))
+    _close(fused(x), model(x))
+    fused.shift = torch.full((2,), 3.0)
+    assert model.shift[0] == 3.0
+    _close(fused(x), model(x))
+    mask = torch.randn(2)
+    _close(fused(x, mask=mask), model(x, mask=mask))   # (the graph traced for a given mask)
+    with pytest.raises(AttributeError, match="call fused_model again"):
+        fused.conv = nn.Conv2d(8, 6, 3)
+    plain = SeedA(8, 6)
+    head = nn.Sequential(plain, nn.Linear(6, 2))
+    fused_head = fullfuse.fused_model(head)
+    setattr(fused_head, "1", nn.Linear(6, 2))
+    _close(fused_head(x), nn.Sequential(plain, getattr(fused_head, "1"))(x))
+    with pytest.raises(AttributeError):
+        fused.no_such_attribute
