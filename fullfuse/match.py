@@ -165,9 +165,8 @@ def share_tensor_dicts(copy: nn.Module, model: nn.Module) -> None:
             continue
         if source is module or (path and type(module) is not nn.Module):
             continue
-        own = (module._parameters, module._buffers)
-        if all(source_dict.get(k, _MISSING) is v for mine, source_dict in zip(own, (source._parameters, source._buffers))
-               for k, v in mine.items()):
+        pairs = ((module._parameters, source._parameters), (module._buffers, source._buffers))
+        if all(theirs.get(k, _MISSING) is v for mine, theirs in pairs for k, v in mine.items()):
             module.__dict__.update(_parameters=source._parameters, _buffers=source._buffers,
                                    _non_persistent_buffers_set=source._non_persistent_buffers_set)
 
