@@ -124,16 +124,18 @@ def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
 def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls; the parameters of
     ``optional_inputs`` taken as their defaults, but those named in ``given``, which a call gives another value: a
-    proxy for a None default, the other bool for a bool one): a new GraphModule sharing ``model``'s parameters.
+    proxy for a None default, the other bool for a bool one, the value of a (name, value) item): a new GraphModule
+    sharing ``model``'s parameters.
 
     A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
     Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
     """
     try:
         tracer = _Tracer()
-        concrete = {name: (not default if name in given else default)
+        constants = dict(item for item in given if isinstance(item, tuple))
+        concrete = {name: constants[name] if name in constants else (not default if name in given else default)
                     for name, (_, default) in optional_inputs(model).items()
-                    if name not in given or isinstance(default, bool)}
+                    if name not in given or isinstance(default, bool) or name in constants}
         with torch.inference_mode(False), torch.enable_grad():   # (the modes a forward sets itself: grad_mode)
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)

@@ -29,6 +29,7 @@ class FusedModel(nn.Module):
 
     _fullfuse_leaf = True   # (match.trace keeps it as a module call inside a larger model)
     _grad_blocks = False
+    GRAPH_LIMIT = 32   # graphs traced for calls giving optional inputs (``_graph_for``)
 
     def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module,
                  grad_mode: Optional[str] = None, grad_blocks: bool = False):
@@ -176,13 +177,14 @@ class FusedModel(nn.Module):
     def _graph_for(self, given: frozenset):
         """The graph of calls giving the optional inputs named in ``given`` another value than their default (the
         fused model's own for none), traced and fused on the first such call, its plans added to ``plans``; None where
-        fx cannot trace the model so or no region matches there (the model's own forward runs those calls), and under
-        torch.compile where it is not made yet (dynamo does not trace fx's tracing)."""
+        fx cannot trace the model so or no region matches there (the model's own forward runs those calls), under
+        torch.compile where it is not made yet (dynamo does not trace fx's tracing), and past ``GRAPH_LIMIT`` graphs
+        (a flag given ever new ints)."""
         if not given:
             return self._modules["graph_module"]
         graphs = self.__dict__["_graphs"]
         if given not in graphs:
-            if calls.compiling():
+            if calls.compiling() or len(graphs) >= self.GRAPH_LIMIT:
                 return None
             model, first = self.__dict__["_model"], self.plans[0]
             try:
@@ -193,8 +195,9 @@ class FusedModel(nn.Module):
                                                         first.calls.deterministic)
             if plans and keep_grad_blocks(gm):
                 self._grad_blocks = True
+            named = sorted(item if isinstance(item, str) else f"{item[0]}={item[1]!r}" for item in given)
             for plan in plans:
-                plan.name = f"{plan.name} ({', '.join(sorted(given))} given)"
+                plan.name = f"{plan.name} ({', '.join(named)} given)"
             self.plans.extend(plans)
             graphs[given] = gm if plans else None
         return graphs[given]
@@ -316,10 +319,15 @@ def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, h
     return copy
 
 
+_CONSTANTS = (bool, int, str)   # values of a None-default input a graph is traced for (``_graph_arguments``)
+
+
 def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
-    """(the names of ``optional``'s inputs a call gives another value than their default, and its arguments for the
-    graph traced so: ``match.trace(model, given)``, where fx renamed the parameters it took as values, so those passed
-    by name are dropped), or None where a bool input is given a value that is no bool (the model's own forward)."""
+    """(what a call gives ``optional``'s inputs other than their default — a name where the graph takes the value as
+    an input, (name, value) for a None-default input given a bool, int or str, which the graph is traced for, as a
+    flag (``return_dict=True``, ``mode="features"``: a branch on it traces) — and its arguments for the graph traced so:
+    ``match.trace(model, given)``, where fx renamed the parameters it took as values, so those passed by name are
+    dropped), or None where a bool input is given a value that is no bool (the model's own forward)."""
     given = []
     for name, (position, default) in optional.items():
         by_name = name in kwargs
@@ -329,11 +337,13 @@ def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
             value = args[position]
         else:
             continue
+        constant = value is default or isinstance(default, bool)
         if value is not default:
             if isinstance(default, bool) and type(value) is not bool:
                 return None
-            given.append(name)
-        if by_name and (value is default or isinstance(default, bool)):
+            constant = constant or type(value) in _CONSTANTS
+            given.append((name, value) if constant and not isinstance(default, bool) else name)
+        if by_name and constant:
             kwargs = {k: v for k, v in kwargs.items() if k != name}
     return frozenset(given), args, kwargs
 

@@ -1540,3 +1540,48 @@ def test_the_original_models_attribute_names_on_the_fused_model():
     _close(fused_head(x), nn.Sequential(plain, getattr(fused_head, "1"))(x))
     with pytest.raises(AttributeError):
         fused.no_such_attribute
+
+
+class _Flags(nn.Module):
+    """None-default flags a call gives as constants (a branch on each), and one that is a value (``scale``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(8, 6, 3), nn.Linear(6, 2)
+
+    def forward(self, x, mode=None, repeat=None, return_dict=None, scale=None):
+        y = F.gelu(self.conv(x)).mean((2, 3))
+        for _ in range(repeat or 1):
+            y = y * 1.5
+        if scale is not None:
+            y = y * scale
+        if mode == "features":
+            return y
+        out = self.fc(y)
+        return {"logits": out} if return_dict else out
+
+
+_FLAG_CALLS = [((), {"mode": "features"}), ((), {"repeat": 3}), ((), {"return_dict": True}),
+               (("features", 2), {}), ((), {"scale": 2.0, "return_dict": False})]
+
+
+@pytest.mark.parametrize("args,kwargs", _FLAG_CALLS)
+def test_a_none_default_flag_given_a_constant_is_traced_for_it(monkeypatch, args, kwargs):
+    """A None-default input given a bool, int or str (`return_dict=True`, `mode="features"`) was traced as a proxy, on
+    which a branch fails to trace: the call ran the model's own forward, unfused.  The graph is traced for the value
+    now: the region on the kernel path (stubbed: NaN), the model's answer with the real path, the value in the plan's
+    name; past FusedModel.GRAPH_LIMIT graphs the model's own forward serves."""
+    torch.manual_seed(0)
+    model = _Flags().requires_grad_(False)
+    x = torch.randn(2, 8, 9, 9)
+
+    def first(out):
+        return out["logits"] if isinstance(out, dict) else out
+    _close(first(fullfuse.fused_model(model)(x, *args, **kwargs)), first(model(x, *args, **kwargs)))
+    launched = _stub_kernel_path(monkeypatch)
+    fused = fullfuse.fused_model(model)
+    assert torch.isnan(first(fused(x, *args, **kwargs))).all() and len(launched) == 1
+    assert fused.plans[-1].name.endswith(" given)") and len(fused.plans) == 2
+    monkeypatch.setattr(fullfuse.FusedModel, "GRAPH_LIMIT", 1)
+    _close(fused(x, repeat=7), model(x, repeat=7))   # (a second pattern: past the limit)
+    assert len(launched) == 1 and len(fused.plans) == 2
