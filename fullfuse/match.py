@@ -49,8 +49,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import TraceError
-from .grad_blocks import CALLS as GRAD_BLOCK_CALLS
-from .grad_blocks import GRAD_MODE
+from .mode_blocks import AUTOCAST, GRAD_MODE, recording_autocast
+from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .spec import POSTS, ConvActPoolSpec, ConvTPoolReduceSpec
 
 Node = torch.fx.Node
@@ -77,12 +77,15 @@ class Match:
 class _Tracer(torch.fx.Tracer):
     """fx's symbolic tracer, with fullfuse's own modules inside the model (a fused model or region: a class with
     ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs.  Each node
-    notes the grad mode it was traced in (``GRAD_MODE``): fx records no grad-mode change, so a forward under
+    notes the grad mode it was traced in and the autocast contexts it was traced inside (``AUTOCAST``, from
+    ``autocast``: ``mode_blocks.recording_autocast``'s list): fx records no mode change, so a forward under
     ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``grad_mode``), and so would a block in it
-    (``grad_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
+    (``mode_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
+
+    autocast: tuple = ()
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("autowrap_functions", GRAD_BLOCK_CALLS)
+        kwargs.setdefault("autowrap_functions", MODE_BLOCK_CALLS)
         super().__init__(*args, **kwargs)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -92,6 +95,7 @@ class _Tracer(torch.fx.Tracer):
         node = super().create_node(*args, **kwargs)
         node.meta[GRAD_MODE] = ("inference_mode" if torch.is_inference_mode_enabled()
                                 else "grad" if torch.is_grad_enabled() else "no_grad")
+        node.meta[AUTOCAST] = tuple(self.autocast)
         return node
 
 
@@ -99,7 +103,7 @@ class _Tracer(torch.fx.Tracer):
 def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
     """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace``, with grad on) was traced in that
     mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the caller's
-    mode, blocks inside forward as ``grad_blocks`` keeps them)."""
+    mode, blocks inside forward as ``mode_blocks`` keeps them)."""
     modes = {node.meta.get(GRAD_MODE) for node in gm.graph.nodes if node.op in ("call_function", "call_method",
                                                                                 "call_module")}
     return modes.pop() if len(modes) == 1 and modes <= {"no_grad", "inference_mode"} else None
@@ -136,7 +140,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         concrete = {name: constants[name] if name in constants else (not default if name in given else default)
                     for name, (_, default) in optional_inputs(model).items()
                     if name not in given or isinstance(default, bool) or name in constants}
-        with torch.inference_mode(False), torch.enable_grad():   # (the modes a forward sets itself: grad_mode)
+        # (the modes a forward sets itself: grad_mode, mode_blocks)
+        with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)

@@ -10,7 +10,9 @@ from torch import nn
 from . import calls
 from .dispatch import check_path
 from .errors import TraceError
-from .grad_blocks import GRAD_MODE, keep_grad_blocks, region_mode, without_grad_blocks
+from . import mode_blocks
+from .mode_blocks import AUTOCAST, GRAD_MODE, keep_mode_blocks, node_autocast, one_autocast, region_mode
+from .mode_blocks import without_mode_blocks
 from .match import counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -28,20 +30,20 @@ class FusedModel(nn.Module):
     into the original model — also where either is a submodule of a larger model."""
 
     _fullfuse_leaf = True   # (match.trace keeps it as a module call inside a larger model)
-    _grad_blocks = False
+    _mode_blocks = False
     GRAPH_LIMIT = 32   # graphs traced for calls giving optional inputs (``_graph_for``)
 
     def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module,
-                 grad_mode: Optional[str] = None, grad_blocks: bool = False):
+                 grad_mode: Optional[str] = None, blocks: bool = False):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
         # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (match.grad_mode): the
         # graph runs in it, as the forward would
         self._grad_mode = grad_mode
-        # whether a graph turns grad off for a block of the forward (grad_blocks): forward restores the caller's mode
-        # where an op of the block raises
-        self._grad_blocks = grad_blocks
+        # whether a graph changes grad mode or autocast for a block of the forward (mode_blocks): forward restores the
+        # caller's modes where an op of the block raises
+        self._mode_blocks = blocks
         # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
         # as the user would (its hooks run), not a traced graph
         self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
@@ -134,8 +136,8 @@ class FusedModel(nn.Module):
             if ops is not gm:
                 _warn_scripted_ops()
             return ops
-        # (shares gm's modules; without grad_blocks' calls, which TorchScript cannot compile)
-        ops = torch.fx.GraphModule(gm, without_grad_blocks(gm.graph), class_name=type(gm).__name__)
+        # (shares gm's modules; without mode_blocks' calls, which TorchScript cannot compile)
+        ops = torch.fx.GraphModule(gm, without_mode_blocks(gm.graph), class_name=type(gm).__name__)
         for name, region in gm.named_children():
             if isinstance(region, FusedRegion):
                 original = region.__dict__["_original"]
@@ -144,7 +146,7 @@ class FusedModel(nn.Module):
                                        f"model outside the region; script the original model instead (the fused "
                                        f"model shares its parameters), or use torch.jit.trace / torch.compile")
                 setattr(ops, name, original)
-        _warn_scripted_ops(self._grad_blocks)
+        _warn_scripted_ops(self._mode_blocks)
         return ops
 
     def extra_repr(self) -> str:
@@ -166,11 +168,16 @@ class FusedModel(nn.Module):
                     plan.calls.last = ("torch", "an optional input given: the model's own forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
             _, args, kwargs = call
+        if self._mode_blocks and not calls.compiling():   # (the caller's modes back where an op of a block raises)
+            depth = mode_blocks.open_contexts()
+            try:
+                with _grad_context(self._grad_mode):
+                    return graph.forward(*args, **kwargs)
+            except BaseException:
+                mode_blocks.exit_contexts(depth)
+                raise
         if self._grad_mode is not None:
-            with torch.inference_mode() if self._grad_mode == "inference_mode" else torch.no_grad():
-                return graph.forward(*args, **kwargs)
-        if self._grad_blocks and not calls.compiling():
-            with torch.set_grad_enabled(torch.is_grad_enabled()):
+            with _grad_context(self._grad_mode):
                 return graph.forward(*args, **kwargs)
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
@@ -193,8 +200,8 @@ class FusedModel(nn.Module):
                 gm = None
             plans = [] if gm is None else _fuse_regions(gm, first.requested, first.calls.precision,
                                                         first.calls.deterministic)
-            if plans and keep_grad_blocks(gm):
-                self._grad_blocks = True
+            if plans and keep_mode_blocks(gm):
+                self._mode_blocks = True
             named = sorted(item if isinstance(item, str) else f"{item[0]}={item[1]!r}" for item in given)
             for plan in plans:
                 plan.name = f"{plan.name} ({', '.join(named)} given)"
@@ -243,14 +250,15 @@ def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precisio
     plans = _fuse_regions(gm, path, precision, deterministic)
     if not plans:
         return None
-    blocks = keep_grad_blocks(gm)
+    blocks = keep_mode_blocks(gm)
     return FusedModel(gm, plans, model, mode, blocks)
 
 
 def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, deterministic: bool) -> List[Plan]:
     """Replace each region matched in ``gm`` by a FusedRegion (``gm`` recompiled); their plans (none: ``gm`` as it
     was)."""
-    matches = find_matches(gm)
+    # (a match across an autocast block's edge is left to PyTorch's ops: its ops compute in two precisions)
+    matches = [match for match in find_matches(gm) if one_autocast(match.nodes)]
     if not matches:
         return []
     plans = []
@@ -264,7 +272,7 @@ def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, determini
                                            region_modules(gm, match.nodes), counts_dims_from_the_batch(match.nodes)))
         with gm.graph.inserting_before(match.output_node):
             new_node = gm.graph.call_module(name, args)
-        new_node.meta[GRAD_MODE] = region_mode(match.nodes)
+        new_node.meta.update({GRAD_MODE: region_mode(match.nodes), AUTOCAST: node_autocast(match.output_node)})
         match.output_node.replace_all_uses_with(new_node)
         for node in reversed(match.nodes):
             gm.graph.erase_node(node)
@@ -348,9 +356,17 @@ def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
     return frozenset(given), args, kwargs
 
 
-def _warn_scripted_ops(grad_blocks: bool = False) -> None:
-    blocks = ("; the forward's grad-mode blocks run in the caller's mode there (script the original model to keep "
-              "them)") if grad_blocks else ""
+def _grad_context(mode: Optional[str]):
+    """The grad mode a graph runs in: the forward's own where it set one for all its ops, else the caller's (a
+    context that sets it back on the way out)."""
+    if mode == "inference_mode":
+        return torch.inference_mode()
+    return torch.no_grad() if mode == "no_grad" else torch.set_grad_enabled(torch.is_grad_enabled())
+
+
+def _warn_scripted_ops(blocks: bool = False) -> None:
+    blocks = ("; the forward's grad-mode and autocast blocks run in the caller's modes there (script the original "
+              "model to keep them)") if blocks else ""
     warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch fullfuse's "
                   f"kernels); torch.compile keeps them{blocks}", stacklevel=4)
 

@@ -1435,7 +1435,7 @@ def test_a_grad_mode_block_under_torchscript_and_torch_compile():
     model = _FrozenFeatures()
     x = torch.randn(2, 8, 9, 9)
     fused = fullfuse.fused_model(model)
-    with pytest.warns(UserWarning, match="grad-mode blocks run in the caller's mode"):
+    with pytest.warns(UserWarning, match="grad-mode and autocast blocks run in the caller's modes"):
         scripted = torch.jit.script(fused)
     _close(scripted(x), model(x))
     torch._dynamo.reset()
@@ -1585,3 +1585,102 @@ def test_a_none_default_flag_given_a_constant_is_traced_for_it(monkeypatch, args
     monkeypatch.setattr(fullfuse.FusedModel, "GRAPH_LIMIT", 1)
     _close(fused(x, repeat=7), model(x, repeat=7))   # (a second pattern: past the limit)
     assert len(launched) == 1 and len(fused.plans) == 2
+
+
+class _AutocastBlock(nn.Module):
+    """A conv pipeline under `with torch.autocast(...)` inside forward (``kind``): a bfloat16 block, a float32 block
+    (autocast off inside the caller's), one inside the other, a block ending inside the pipeline, a forward decorated
+    with @torch.autocast, a block whose op raises.  Returns the block's output as it is."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.conv, self.kind = nn.Conv2d(8, 6, 3), kind
+
+    def forward(self, x):
+        kind = self.kind
+        if kind == "bfloat16 block":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return F.gelu(self.conv(x)).mean((2, 3))
+        if kind == "float32 block":
+            with torch.autocast("cpu", enabled=False):
+                return F.gelu(self.conv(x.float())).mean((2, 3))
+        if kind == "nested":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                z = self.conv(x).sum()
+                with torch.autocast("cpu", enabled=False):
+                    y = F.gelu(self.conv(x.float())).mean((2, 3))
+                return y + z
+        if kind == "across":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = F.gelu(self.conv(x))
+            return y.mean((2, 3))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.gelu(self.conv(x)).mean((2, 3)).view(5, 7)
+
+
+class _AutocastForward(_AutocastBlock):
+    @torch.autocast("cpu", dtype=torch.bfloat16)
+    def forward(self, x):
+        return F.gelu(self.conv(x)).mean((2, 3))
+
+
+@pytest.mark.parametrize("kind", ["bfloat16 block", "float32 block", "nested", "across", "decorated"])
+@pytest.mark.parametrize("outer", [False, True], ids=["plain call", "under autocast"])
+def test_an_autocast_block_inside_forward_is_kept(monkeypatch, kind, outer):
+    """fx records no autocast context: a block's ops (and its regions) computed in the caller's precision — a bfloat16
+    block returned float32, a float32 block inside the caller's autocast bfloat16.  The fused graph enters and exits
+    the forward's contexts now: the model's dtype and values, the caller's autocast state after the call, and a pickled
+    graph keeps them; a region across a block's edge is left to PyTorch's ops; the region inside a block runs its
+    call path (stubbed: NaN)."""
+    import io
+    torch.manual_seed(0)
+    model = (_AutocastForward if kind == "decorated" else _AutocastBlock)(kind).requires_grad_(False)
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    assert len(fused.plans) == (0 if kind == "across" else 1)
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    for candidate in (fused, torch.load(buffer, weights_only=False)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=outer):
+            got, want = candidate(x), model(x)
+            assert torch.is_autocast_enabled("cpu") == outer
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    if kind != "across":
+        launched = _stub_kernel_path(monkeypatch)
+        assert torch.isnan(fullfuse.fused_model(model)(x)).all() and len(launched) >= 1
+
+
+def test_an_autocast_block_gives_the_callers_state_back_where_it_raises():
+    fused = fullfuse.fused_model(_AutocastBlock("raises"))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="invalid"):
+            fused(torch.randn(2, 8, 9, 9))
+        assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
+
+
+def test_an_autocast_block_under_torchscript_and_torch_compile():
+    torch.manual_seed(0)
+    model = _AutocastBlock("bfloat16 block").requires_grad_(False)
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    with pytest.warns(UserWarning, match="autocast blocks run in the caller's modes"):
+        scripted = torch.jit.script(fused)
+    assert scripted(x).dtype == torch.float32   # (TorchScript drops the block, as the warning says)
+    torch._dynamo.reset()
+    out = torch.compile(fused, backend="eager")(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, model(x))
+
+
+class _NoGradForwardWithAutocast(_AutocastBlock):
+    @torch.no_grad()
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.gelu(self.conv(x)).mean((2, 3)).view(5, 7)
+
+
+def test_a_grad_mode_forward_with_an_autocast_block_gives_the_callers_state_back_where_it_raises():
+    fused = fullfuse.fused_model(_NoGradForwardWithAutocast("raises"))
+    with pytest.raises(RuntimeError, match="invalid"):
+        fused(torch.randn(2, 8, 9, 9))
+    assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()

@@ -311,6 +311,33 @@ def test_a_grad_mode_block_inside_forward_on_the_gpu(family):
     assert wrapped.scale.grad is not None and all(p.grad is None for p in model.parameters())
 
 
+class _AutocastBody(nn.Module):
+    """``body`` under `with torch.autocast("cuda", dtype=torch.bfloat16):` inside forward."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return self.body(x)
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_an_autocast_block_inside_forward_on_the_gpu(family):
+    """On the GPU: the region inside a bfloat16 autocast block computes in bfloat16 on the kernel path and returns
+    what the model returns (bfloat16; B's sum float32), within bfloat16's bound of float64; autocast is off after."""
+    model = make_model(family)
+    fused = fullfuse.fused_model(_AutocastBody(model), path="auto", precision="tf32")
+    x = make_x(family)
+    with torch.no_grad():
+        out, want = fused(x), _AutocastBody(model)(x)
+    assert not torch.is_autocast_enabled("cuda")
+    assert fused.plans[0].last_path in ("fused", "fallback"), fused.plans[0].last_reason
+    assert out.dtype == want.dtype and out.shape == want.shape
+    assert_close(out.float(), ref64(model, x), "bfloat16", "autocast block")
+
+
 # ------------------------------------------------------------------ family B packs its weights in every call
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 32, 4, 4, 4), (2, 32, 8, 8, 8), (16, 32, 12, 12, 12), SHAPE["Bw"]],
