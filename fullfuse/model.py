@@ -7,19 +7,18 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-from . import calls
+from . import calls, mode_blocks
 from .dispatch import check_path
 from .errors import TraceError
-from . import mode_blocks
+from .match import counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
 from .mode_blocks import AUTOCAST, GRAD_MODE, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
-from .match import counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
+from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
 from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing
-from .original_names import OriginalNames
 from .state_names import StateNames
 
 
@@ -365,10 +364,10 @@ def _grad_context(mode: Optional[str]):
 
 
 def _warn_scripted_ops(blocks: bool = False) -> None:
-    blocks = ("; the forward's grad-mode and autocast blocks run in the caller's modes there (script the original "
-              "model to keep them)") if blocks else ""
+    dropped = ("; the forward's grad-mode and autocast blocks run in the caller's modes there (script the original "
+               "model to keep them)") if blocks else ""
     warnings.warn("fullfuse: torch.jit.script scripts the model's own ops (TorchScript cannot launch fullfuse's "
-                  f"kernels); torch.compile keeps them{blocks}", stacklevel=4)
+                  f"kernels); torch.compile keeps them{dropped}", stacklevel=4)
 
 
 def _own_ops(module: nn.Module) -> nn.Module:
