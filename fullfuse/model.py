@@ -18,7 +18,7 @@ from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD,
                            region_graph, region_modules)
 from .plan import Plan, make_plan
 from .precision import check_precision
-from .region import FusedRegion, fx_tracing, jit_tracing
+from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames
 
 
@@ -61,6 +61,7 @@ class FusedModel(nn.Module):
         names = StateNames(original, self)
         names.register(self)
         self.__dict__["_original_names"] = OriginalNames(self, graph_module, original, names.modules)
+        keep_as_fx_call(self)
 
     def __getattr__(self, name: str):
         """The original model's attribute names reach the same objects here (``original_names``)."""

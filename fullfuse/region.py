@@ -15,6 +15,14 @@ fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 jit_tracing = torch._C._get_tracing_state   # (torch.jit.trace and ONNX export set it)
 
 
+def keep_as_fx_call(module: nn.Module) -> None:
+    """Make torch.fx's tracers keep ``module`` (a fused model or region) as one module call: fx's default
+    ``Tracer.is_leaf_module`` (feature extraction, FX quantization, a user's passes) keeps a module whose
+    ``__module__`` starts with "torch.nn" and traces into any other, where a region's per-call tests on traced values
+    fail (TraceError).  Set on the instance, it leaves the class (and pickling, which names the class) as it is."""
+    module.__dict__["__module__"] = "torch.nn.fullfuse"
+
+
 class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
@@ -42,6 +50,7 @@ class FusedRegion(nn.Module):
         # an unbatched input's rank where the region's ops count a dim from the batch (match.counts_dims_from_the_batch:
         # a batch of one would reduce another dim than the ops as written)
         self.__dict__["_unbatched_rank"] = plan.spec.dims + 1 if original is not None and unbatched_as_written else None
+        keep_as_fx_call(self)
 
     @property
     def precision(self) -> str:

@@ -1684,3 +1684,36 @@ def test_a_grad_mode_forward_with_an_autocast_block_gives_the_callers_state_back
     with pytest.raises(RuntimeError, match="invalid"):
         fused(torch.randn(2, 8, 9, 9))
     assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
+
+
+class _WithFusedHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.head, self.fc = nn.Conv2d(3, 8, 3, padding=1), SeedA(8, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.fc(self.head(F.relu(self.stem(x))))
+
+
+def test_torch_fx_keeps_a_fused_part_as_one_call(monkeypatch):
+    """torch.fx's own tracers (a user's symbolic_trace, FX quantization's prepare_fx, feature extraction) traced into a
+    fused model held by a larger one, where the region's per-call tests on traced values raised TraceError.  They keep
+    it as one module call now: the traced graph runs it, on the kernel path (stubbed: NaN); the class (and pickling)
+    is unchanged."""
+    import copy
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_fx
+    torch.manual_seed(0)
+    model = _WithFusedHead().eval().requires_grad_(False)
+    x = torch.randn(2, 3, 9, 9)
+    held = copy.deepcopy(model)
+    held.head = fullfuse.fused_model(held.head)
+    traced = torch.fx.symbolic_trace(held)
+    assert [n.target for n in traced.graph.nodes if n.op == "call_module"] == ["stem", "head", "fc"]
+    _close(traced(x), model(x))
+    prepared = prepare_fx(copy.deepcopy(held), get_default_qconfig_mapping(), (x,))
+    assert prepared(x).shape == (2, 2)
+    assert type(held.head).__module__ == "fullfuse.model"
+    launched = _stub_kernel_path(monkeypatch)
+    held.head = fullfuse.fused_model(model.head)
+    assert torch.isnan(torch.fx.symbolic_trace(held)(x)).all() and len(launched) == 1
