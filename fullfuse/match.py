@@ -132,8 +132,13 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     sharing ``model``'s parameters.
 
     A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
-    Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason.
+    Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason, also for a
+    model with a forward of its own instance (accelerate's hooks, a patched method), which fx would pass over for its
+    class's.
     """
+    if "forward" in vars(model):
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward is set on the "
+                         f"instance, and fx traces the class's forward")
     try:
         tracer = _Tracer()
         constants = dict(item for item in given if isinstance(item, tuple))

@@ -1,6 +1,8 @@
 """fused_model(): trace a model, replace every matched region with a FusedRegion, keep everything else."""
 from __future__ import annotations
 
+import functools
+import types
 import warnings
 from typing import List, Optional
 
@@ -319,6 +321,12 @@ def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, h
     copy = type(module).__new__(type(module))
     copy.__dict__ = dict(module.__dict__)
     copy.__dict__["_modules"] = {**module._modules, **(children or {})}
+    own = module.__dict__.get("forward")
+    if forward is None and own is not None:   # (an instance's forward bound to it runs on the copy instead)
+        if isinstance(own, types.MethodType) and own.__self__ is module:
+            copy.__dict__["forward"] = types.MethodType(own.__func__, copy)
+        elif isinstance(own, functools.partial) and own.args and own.args[0] is module:
+            copy.__dict__["forward"] = functools.partial(own.func, copy, *own.args[1:], **own.keywords)
     if not hooks:
         copy.__dict__.update({name: type(value)() for name, value in module.__dict__.items()
                               if "_hooks" in name and isinstance(value, dict)})

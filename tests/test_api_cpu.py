@@ -1717,3 +1717,35 @@ def test_torch_fx_keeps_a_fused_part_as_one_call(monkeypatch):
     launched = _stub_kernel_path(monkeypatch)
     held.head = fullfuse.fused_model(model.head)
     assert torch.isnan(torch.fx.symbolic_trace(held)(x)).all() and len(launched) == 1
+
+
+class _HeldHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head, self.scale = SeedA(8, 6), 2.0
+
+    def forward(self, x):
+        return self.head(x)
+
+
+def _scaled_forward(self, x):
+    return self.head(x) * self.scale
+
+
+@pytest.mark.parametrize("how", ["bound method", "partial"])
+def test_a_forward_set_on_the_instance_runs(monkeypatch, how):
+    """fx traces the class's forward: a forward set on the model instance (a patched method; accelerate's hooks set a
+    partial) was passed over, a silent wrong answer.  Such a model runs its own forward now, on a copy whose fused
+    parts serve it (the kernel path, stubbed: NaN)."""
+    import functools
+    import types
+    torch.manual_seed(0)
+    model = _HeldHead().requires_grad_(False)
+    model.forward = (types.MethodType(_scaled_forward, model) if how == "bound method"
+                     else functools.partial(_scaled_forward, model))
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    _close(fused(x), model(x))
+    assert [plan.name for plan in fused.plans] == ["head.fullfuse_region_0"]
+    launched = _stub_kernel_path(monkeypatch)
+    assert torch.isnan(fullfuse.fused_model(model)(x)).all() and len(launched) == 1
