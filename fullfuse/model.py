@@ -35,7 +35,7 @@ class FusedModel(nn.Module):
     GRAPH_LIMIT = 32   # graphs traced for calls giving optional inputs (``_graph_for``)
 
     def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module,
-                 grad_mode: Optional[str] = None, blocks: bool = False):
+                 grad_mode: Optional[str] = None, blocks: bool = False, root_hooks: bool = True):
         super().__init__()
         self.graph_module = graph_module
         self.plans = plans
@@ -53,6 +53,14 @@ class FusedModel(nn.Module):
         self._optional = {} if self._as_module else optional_inputs(original)
         if self._optional:   # (a copy without the root's hooks, which its forward does not run: nothing to pickle)
             self.__dict__["_model"] = _copy_of(original, hooks=False)
+        # the original root's own hooks (its hook dicts: also hooks added to it later) run around the graph, through a
+        # copy of it whose forward is the graph's (the hooks get a module of the model's class and attributes); none
+        # where graph_module is called as a module, which runs them itself, or where a copy calling this model's
+        # forward runs them (root_hooks False: _fused_parts); a pickled or copied fused model has none (__getstate__)
+        hooked = None if self._as_module or not root_hooks else _copy_of(original, forward=self._graph_forward)
+        self.__dict__["_hooked"] = hooked
+        self.__dict__["_root_hooks"] = () if hooked is None else (
+            hooked._forward_pre_hooks, hooked._forward_hooks, hooked._backward_pre_hooks, hooked._backward_hooks)
         # the graphs of calls that give optional inputs another value (``_graph_for``): the names given -> the graph
         # traced so, its regions fused (None: the model's own forward serves them); their plans follow the first
         # ``_plans_of_the_graph`` of ``plans``
@@ -91,7 +99,9 @@ class FusedModel(nn.Module):
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
                 or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
-        if len(args) == 1 and not kwargs and d["_grad_mode"] is None:
+        hooks = d["_root_hooks"]
+        if len(args) == 1 and not kwargs and d["_grad_mode"] is None and not (
+                hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3])):
             gm = d["_modules"]["graph_module"]
             if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
                 d["_lone_name"] = lone_region(gm)
@@ -107,6 +117,7 @@ class FusedModel(nn.Module):
         name); the copy looks at its own graph again."""
         state = dict(super().__getstate__())
         state["_lone_checked"] = state["_lone_name"] = None
+        state["_hooked"], state["_root_hooks"] = None, ()   # (the original model's hooks stay with it)
         # (the graphs for given optional inputs are traced again where needed, their plans added again)
         state["_graphs"], state["plans"] = {}, state["plans"][:state["_plans_of_the_graph"]]
         return state
@@ -122,9 +133,10 @@ class FusedModel(nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        model = self.__dict__.get("_model")
-        if model is not None:
-            model.train(mode)
+        for name in ("_model", "_hooked"):
+            model = self.__dict__.get(name)
+            if model is not None:
+                model.train(mode)
         return self
 
     def __prepare_scriptable__(self) -> nn.Module:
@@ -159,6 +171,12 @@ class FusedModel(nn.Module):
         return "fused parts:\n" + "\n".join(f"  {plan}" for plan in self.plans)
 
     def forward(self, *args, **kwargs):
+        hooks = self.__dict__["_root_hooks"]
+        if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]):   # (the original root's hooks: __init__)
+            return self.__dict__["_hooked"](*args, **kwargs)
+        return self._graph_forward(*args, **kwargs)
+
+    def _graph_forward(self, *args, **kwargs):
         if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)
         graph = self._modules["graph_module"]
@@ -245,15 +263,15 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     return fused
 
 
-def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precision: str,
-                 deterministic: bool) -> Optional[FusedModel]:
+def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precision: str, deterministic: bool,
+                 root_hooks: bool = True) -> Optional[FusedModel]:
     """``model`` traced as ``gm``, its matched regions replaced (in ``gm``); None where nothing matched."""
     mode = grad_mode(gm)   # (before the regions replace traced nodes)
     plans = _fuse_regions(gm, path, precision, deterministic)
     if not plans:
         return None
     blocks = keep_mode_blocks(gm)
-    return FusedModel(gm, plans, model, mode, blocks)
+    return FusedModel(gm, plans, model, mode, blocks, root_hooks)
 
 
 def _fuse_regions(gm: torch.fx.GraphModule, path: str, precision: str, deterministic: bool) -> List[Plan]:
@@ -302,7 +320,7 @@ def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bo
         except TraceError:
             part = _fused_parts(child, path, precision, deterministic)
         else:   # (no region in a child that traces: none in its children either)
-            fused = _fused_graph(child, gm, path, precision, deterministic)
+            fused = _fused_graph(child, gm, path, precision, deterministic, root_hooks=False)   # (the copy runs them)
             part = None if fused is None else (_copy_of(child, forward=fused.forward), fused.plans)
         if part is None:
             continue

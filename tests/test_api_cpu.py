@@ -1749,3 +1749,36 @@ def test_a_forward_set_on_the_instance_runs(monkeypatch, how):
     assert [plan.name for plan in fused.plans] == ["head.fullfuse_region_0"]
     launched = _stub_kernel_path(monkeypatch)
     assert torch.isnan(fullfuse.fused_model(model)(x)).all() and len(launched) == 1
+
+
+def test_the_original_models_own_hooks_run_around_the_fused_graph(monkeypatch):
+    """Hooks on the model itself (a pre-hook changing its input, a hook changing its output) were lost: the traced
+    graph runs none of them, a silent wrong answer.  They run around the fused graph now (also ones added to the model
+    later; each gets a module of the model's class), the graph on the kernel path (stubbed: NaN); hooks on the fused
+    model are its own; a pickled fused model runs none of the model's."""
+    import io
+    torch.manual_seed(0)
+    model = nn.Sequential(SeedA(8, 6), nn.Linear(6, 2)).requires_grad_(False)
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(2, 8, 9, 9)
+    _close(fused(x), model(x))
+    model.register_forward_hook(lambda m, args, out: seen.append(type(m)) or out + 1)
+    _close(fused(x), model(x))
+    assert seen == [nn.Sequential, nn.Sequential]
+    fused.register_forward_hook(lambda m, args, out: out * 0)
+    assert not fused(x).any() and model(x).any()
+    loaded = torch.load(io.BytesIO(_saved(fullfuse.fused_model(nn.Sequential(SeedA(8, 6))))), weights_only=False)
+    assert loaded(x).shape == (2, 6)
+    launched = _stub_kernel_path(monkeypatch)
+    hooked = nn.Sequential(SeedA(8, 6)).requires_grad_(False)
+    hooked.register_forward_hook(lambda m, args, out: out)
+    assert torch.isnan(fullfuse.fused_model(hooked)(x)).all() and len(launched) == 1
+
+
+def _saved(module) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    return buffer.getvalue()
