@@ -83,6 +83,9 @@ class _Tracer(torch.fx.Tracer):
     (``mode_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
 
     autocast: tuple = ()
+    # a buffer the forward reads is a traced value, as a parameter is: an in-place op on it (``self.steps += 1``) is
+    # recorded, not run on the user's buffer during the trace
+    proxy_buffer_attributes = True
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("autowrap_functions", MODE_BLOCK_CALLS)
@@ -139,6 +142,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     if "forward" in vars(model):
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward is set on the "
                          f"instance, and fx traces the class's forward")
+    state = _ModuleState(model)
     try:
         tracer = _Tracer()
         constants = dict(item for item in given if isinstance(item, tuple))
@@ -151,6 +155,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
+        state.restore()
         name = type(model).__name__
         reason = f"{type(e).__name__}: {e}".strip()
         raise TraceError(
@@ -160,8 +165,36 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
             f"to fuse a conv pipeline that {name}.forward itself calls, make that part of forward traceable "
             f"(torch.fx.wrap the offending function, or move the pipeline into a submodule)."
         ) from e
+    changed = state.restore()
+    if changed:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
+                         f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
     share_tensor_dicts(gm, model)
     return gm
+
+
+class _ModuleState:
+    """What a forward can set on ``model``'s modules — their attributes, parameters, buffers and children — as it was
+    before a trace, to put back after it: a forward that sets them (``self.features = y``, ``self.steps += 1``) would
+    leave fx's traced values on the user's model, and the traced graph would never set them."""
+
+    def __init__(self, model: nn.Module):
+        self.saved = [(path, module, dict(module.__dict__), dict(module._parameters), dict(module._buffers),
+                       dict(module._modules)) for path, module in model.named_modules()]
+
+    def restore(self) -> List[str]:
+        """Put every module back as it was; returns the names that had changed ("path.attribute")."""
+        changed = []
+        for path, module, attributes, parameters, buffers, children in self.saved:
+            # (the instance dict first: putting it back puts back the three dicts below as objects)
+            for now, then in ((module.__dict__, attributes), (module._parameters, parameters),
+                              (module._buffers, buffers), (module._modules, children)):
+                names = [k for k in now.keys() | then.keys() if now.get(k, _MISSING) is not then.get(k, _MISSING)]
+                if names:   # (identity only: a tensor's == is elementwise)
+                    changed.extend(f"{path}.{k}" if path else k for k in names)
+                    now.clear()
+                    now.update(then)
+        return changed
 
 
 def share_tensor_dicts(copy: nn.Module, model: nn.Module) -> None:

@@ -81,6 +81,8 @@ class FusedModel(nn.Module):
             names = self.__dict__.get("_original_names")
             if names is None:
                 raise
+            if self.__dict__.get("_as_module"):   # (what the model's own forward set on its copy, ``fused.features``)
+                return getattr(self._modules["graph_module"], name)
             return names.get(self, name)
 
     def __setattr__(self, name: str, value) -> None:

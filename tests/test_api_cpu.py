@@ -1782,3 +1782,37 @@ def _saved(module) -> bytes:
     buffer = io.BytesIO()
     torch.save(module, buffer)
     return buffer.getvalue()
+
+
+class _SetsAttributes(nn.Module):
+    """A forward that keeps its features and counts its calls on the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.calls = SeedA(8, 6), 0
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        self.features = y = self.head(x)
+        self.calls += 1
+        self.steps += 1
+        return y * 2
+
+
+def test_a_forward_that_sets_module_attributes(monkeypatch):
+    """Tracing ran the forward on the user's model, which left fx's traced values there (`model.features` a Proxy,
+    `calls` counted once, the buffer a Proxy), and the traced graph never set them.  The model is put back as it was
+    and runs its own forward over copies with fused parts (the kernel path, stubbed: NaN): the fused model's
+    attributes are what the forward set, the buffer is the model's."""
+    torch.manual_seed(0)
+    model = _SetsAttributes().requires_grad_(False)
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    assert "features" not in vars(model) and model.calls == 0 and type(model.steps) is torch.Tensor
+    _close(fused(x), model(x))
+    assert fused.calls == 1 and model.calls == 1 and model.steps == 2
+    _close(fused.features, model.features)
+    assert [plan.name for plan in fused.plans] == ["head.fullfuse_region_0"]
+    launched = _stub_kernel_path(monkeypatch)
+    fused = fullfuse.fused_model(model)
+    assert torch.isnan(fused(x)).all() and len(launched) == 1
