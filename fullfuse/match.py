@@ -91,6 +91,11 @@ class _Tracer(torch.fx.Tracer):
         kwargs.setdefault("autowrap_functions", MODE_BLOCK_CALLS)
         super().__init__(*args, **kwargs)
 
+    def create_arg(self, a: Any):
+        if type(a) is _TrainingFlag:   # (a training flag passed to an op: a constant, which the graph depends on)
+            return a.seen()
+        return super().create_arg(a)
+
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
 
@@ -150,10 +155,12 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                     for name, (_, default) in optional_inputs(model).items()
                     if name not in given or isinstance(default, bool) or name in constants}
         # (the modes a forward sets itself: grad_mode, mode_blocks)
-        with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast:
+        with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
+                _RecordingTraining(model) as training:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+        gm.__dict__[TRAINING_READ] = training.read
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -171,6 +178,56 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                          f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
     share_tensor_dicts(gm, model)
     return gm
+
+
+TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: its training flag} its forward read
+
+
+class _TrainingFlag(int):
+    """A module's training flag while it is traced: the bool it is (an int: fx takes it as a constant), noting the
+    module's path in ``read`` where the traced code tests it (``if self.training:``) or passes it to an op
+    (``F.dropout(x, p, self.training)``: ``_Tracer.create_arg``)."""
+
+    def __new__(cls, flag: bool, path: str, read: Dict[str, bool]):
+        self = super().__new__(cls, bool(flag))
+        self.path, self.read = path, read
+        return self
+
+    def seen(self) -> bool:
+        self.read.setdefault(self.path, bool(int(self)))
+        return bool(int(self))
+
+    def __bool__(self) -> bool:
+        return self.seen()
+
+    def __repr__(self) -> str:
+        return repr(bool(int(self)))
+
+
+class _RecordingTraining:
+    """For the duration of a trace: the modules whose ``training`` flag the traced code reads (``self.training`` in a
+    forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the graph, so a graph that read
+    one holds only while the flag is as it was (``FusedModel``).  Each module's flag is a ``_TrainingFlag`` meanwhile;
+    torch.nn's own modules are fx's leaves, which read theirs when the graph runs."""
+
+    def __init__(self, model: nn.Module):
+        self.modules = {}
+        for path, module in model.named_modules():
+            self.modules.setdefault(id(module), (path, module))
+        self.read: Dict[str, bool] = {}
+
+    def __enter__(self) -> "_RecordingTraining":
+        self.flags = {}
+        for path, module in self.modules.values():
+            flag = module.__dict__.get("training")
+            if type(flag) is bool:
+                self.flags[path] = (module, flag)
+                module.__dict__["training"] = _TrainingFlag(flag, path, self.read)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, flag in self.flags.values():
+            module.__dict__["training"] = flag
 
 
 class _ModuleState:

@@ -12,7 +12,7 @@ from torch import nn
 from . import calls, mode_blocks
 from .dispatch import check_path
 from .errors import TraceError
-from .match import counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
+from .match import TRAINING_READ, counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
 from .mode_blocks import AUTOCAST, GRAD_MODE, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
 from .original_names import OriginalNames
@@ -37,6 +37,7 @@ class FusedModel(nn.Module):
     def __init__(self, graph_module: nn.Module, plans: List[Plan], original: nn.Module,
                  grad_mode: Optional[str] = None, blocks: bool = False, root_hooks: bool = True):
         super().__init__()
+        self.training = original.training   # (the model's mode, as train() / eval() would report it)
         self.graph_module = graph_module
         self.plans = plans
         # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (match.grad_mode): the
@@ -51,8 +52,15 @@ class FusedModel(nn.Module):
         # the forward parameters the graph was traced with as their defaults (None, a bool: match.optional_inputs),
         # and, where there are any, the original module, whose own forward runs a call that gives another value
         self._optional = {} if self._as_module else optional_inputs(original)
-        if self._optional:   # (a copy without the root's hooks, which its forward does not run: nothing to pickle)
-            self.__dict__["_model"] = _copy_of(original, hooks=False)
+        # the modules whose training flag the traced forward read (fx baked it into the graph: match.TRAINING_READ),
+        # each with the flag it read: a call where one differs runs a graph traced for the flags as they are
+        # (``_graph_for``); the root's flag is this model's own (a fused part's: its copy's, ``_fused_parts``)
+        read = {} if self._as_module else graph_module.__dict__.get(TRAINING_READ, {})
+        self.__dict__["_training_of"] = [self if path == "" else original.get_submodule(path) for path in read]
+        self.__dict__["_training_root"] = self if "" in read else None
+        self.__dict__["_traced_training"] = tuple(read.values())
+        if self._optional or read:   # (a copy without the root's hooks, which its forward does not run: nothing to
+            self.__dict__["_model"] = _copy_of(original, hooks=False)   # pickle)
         # the original root's own hooks (its hook dicts: also hooks added to it later) run around the graph, through a
         # copy of it whose forward is the graph's (the hooks get a module of the model's class and attributes); none
         # where graph_module is called as a module, which runs them itself, or where a copy calling this model's
@@ -102,7 +110,7 @@ class FusedModel(nn.Module):
                 or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
         hooks = d["_root_hooks"]
-        if len(args) == 1 and not kwargs and d["_grad_mode"] is None and not (
+        if len(args) == 1 and not kwargs and d["_grad_mode"] is None and not d["_training_of"] and not (
                 hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3])):
             gm = d["_modules"]["graph_module"]
             if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
@@ -182,12 +190,17 @@ class FusedModel(nn.Module):
         if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)
         graph = self._modules["graph_module"]
-        if self._optional and (kwargs or len(args) > 1):
-            call = _graph_arguments(self._optional, args, kwargs)
-            graph = None if call is None else self._graph_for(call[0])
+        training = self.__dict__["_training_of"]
+        flags = tuple(module.training for module in training) if training else ()
+        if flags != self.__dict__["_traced_training"] or self._optional and (kwargs or len(args) > 1):
+            call = (frozenset(), args, kwargs)
+            if self._optional and (kwargs or len(args) > 1):
+                call = _graph_arguments(self._optional, args, kwargs)
+            graph = None if call is None else self._graph_for(call[0], flags)
             if graph is None:   # (the model's own forward: see _graph_for)
                 for plan in self.plans:
-                    plan.calls.last = ("torch", "an optional input given: the model's own forward runs")
+                    plan.calls.last = ("torch", "an optional input given or a training flag changed: the model's own "
+                                                "forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
             _, args, kwargs = call
         if self._mode_blocks and not calls.compiling():   # (the caller's modes back where an op of a block raises)
@@ -203,33 +216,49 @@ class FusedModel(nn.Module):
                 return graph.forward(*args, **kwargs)
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
-    def _graph_for(self, given: frozenset):
-        """The graph of calls giving the optional inputs named in ``given`` another value than their default (the
-        fused model's own for none), traced and fused on the first such call, its plans added to ``plans``; None where
+    def use_training_of(self, root: nn.Module) -> None:
+        """Read the root's training flag from ``root`` (a fused part's copy, which its model's train() reaches)."""
+        training = self.__dict__["_training_of"]
+        training[:] = [root if module is self else module for module in training]
+        self.__dict__["_training_root"] = root
+
+    def _graph_for(self, given: frozenset, flags: tuple = ()):
+        """The graph of calls giving the optional inputs named in ``given`` another value than their default, with the
+        training flags the forward reads as ``flags`` (the fused model's own for none and those it was traced with),
+        traced and fused on the first such call, its plans added to ``plans``; None where
         fx cannot trace the model so or no region matches there (the model's own forward runs those calls), under
         torch.compile where it is not made yet (dynamo does not trace fx's tracing), and past ``GRAPH_LIMIT`` graphs
         (a flag given ever new ints)."""
-        if not given:
+        traced = flags == self.__dict__["_traced_training"]
+        if not given and traced:
             return self._modules["graph_module"]
-        graphs = self.__dict__["_graphs"]
-        if given not in graphs:
+        graphs, key = self.__dict__["_graphs"], given if traced else (given, flags)
+        if key not in graphs:
             if calls.compiling() or len(graphs) >= self.GRAPH_LIMIT:
                 return None
             model, first = self.__dict__["_model"], self.plans[0]
+            root = self.__dict__["_training_root"]
+            if root is not None:   # (the copy's own flag: the root's as it is; its modules' are theirs)
+                model.training = root.training
             try:
                 gm = trace(model, given)
             except TraceError:
                 gm = None
+            if gm is not None and tuple(gm.__dict__.get(TRAINING_READ, {}).values()) != flags:
+                gm = None   # (the copy's forward read other flags: the model's own forward serves)
             plans = [] if gm is None else _fuse_regions(gm, first.requested, first.calls.precision,
                                                         first.calls.deterministic)
             if plans and keep_mode_blocks(gm):
                 self._mode_blocks = True
             named = sorted(item if isinstance(item, str) else f"{item[0]}={item[1]!r}" for item in given)
+            label = ", ".join(named) + " given" if named else ""
+            if not traced:
+                label += ("; " if label else "") + ", ".join(f"training={flag}" for flag in flags)
             for plan in plans:
-                plan.name = f"{plan.name} ({', '.join(named)} given)"
+                plan.name = f"{plan.name} ({label})"
             self.plans.extend(plans)
-            graphs[given] = gm if plans else None
-        return graphs[given]
+            graphs[key] = gm if plans else None
+        return graphs[key]
 
 
 def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto",
@@ -324,6 +353,8 @@ def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bo
         else:   # (no region in a child that traces: none in its children either)
             fused = _fused_graph(child, gm, path, precision, deterministic, root_hooks=False)   # (the copy runs them)
             part = None if fused is None else (_copy_of(child, forward=fused.forward), fused.plans)
+            if part is not None and fused.__dict__["_training_root"] is not None:   # (the copy is in the model's tree:
+                fused.use_training_of(part[0])                                        # train() and eval() reach it)
         if part is None:
             continue
         replaced[name] = part[0]

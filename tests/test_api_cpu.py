@@ -1816,3 +1816,53 @@ def test_a_forward_that_sets_module_attributes(monkeypatch):
     launched = _stub_kernel_path(monkeypatch)
     fused = fullfuse.fused_model(model)
     assert torch.isnan(fused(x)).all() and len(launched) == 1
+
+
+class _ReadsTraining(nn.Module):
+    """A forward that reads its training flag (F.dropout(..., self.training), a branch on it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.fc = SeedA(8, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        y = F.dropout(self.head(x), 0.5, self.training)
+        if self.training:
+            y = y * 10
+        return self.fc(y)
+
+
+class _UntraceableAround(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _ReadsTraining()
+
+    def forward(self, x):
+        return self.inner(x) if x.sum() > 0 else -self.inner(x)
+
+
+@pytest.mark.parametrize("where", ["root", "submodule", "fused part"])
+@pytest.mark.parametrize("fused_in", ["train", "eval"])
+def test_a_training_flag_read_by_the_forward_follows_train_and_eval(monkeypatch, where, fused_in):
+    """fx bakes a training flag the forward reads into the graph: a model fused in train mode (a new model's mode) kept
+    dropout and the training branch after `.eval()`, and one fused in eval mode dropped them after `.train()` — silent
+    wrong answers.  A call whose flags differ from the traced ones runs a graph traced for them (listed in `.plans`),
+    the region on the kernel path (stubbed: NaN) in eval mode; train mode gives the model's own random answer."""
+    torch.manual_seed(0)
+    model = {"root": _ReadsTraining, "submodule": lambda: nn.Sequential(_ReadsTraining()),
+             "fused part": _UntraceableAround}[where]().requires_grad_(False)
+    x = torch.randn(2, 8, 9, 9).abs()
+    model.train(fused_in == "train")
+    fused = fullfuse.fused_model(model)
+    for mode in ("eval", "train", "eval"):
+        getattr(fused, mode)()
+        getattr(model, mode)()
+        assert fused.training == model.training
+        torch.manual_seed(1)
+        got = fused(x)
+        torch.manual_seed(1)
+        _close(got, model(x))
+    launched = _stub_kernel_path(monkeypatch)
+    model.train(fused_in == "train")
+    fused = fullfuse.fused_model(model).eval()
+    assert torch.isnan(fused(x)).all() and len(launched) == 1
