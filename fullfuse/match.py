@@ -40,6 +40,7 @@ Rules common to both:
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -49,7 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import TraceError
-from .mode_blocks import AUTOCAST, GRAD_MODE, recording_autocast
+from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .spec import POSTS, ConvActPoolSpec, ConvTPoolReduceSpec
 
@@ -156,7 +157,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                     if name not in given or isinstance(default, bool) or name in constants}
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
-                _RecordingTraining(model) as training:
+                _RecordingTraining(model, tracer) as training:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -204,30 +205,63 @@ class _TrainingFlag(int):
         return repr(bool(int(self)))
 
 
-class _RecordingTraining:
-    """For the duration of a trace: the modules whose ``training`` flag the traced code reads (``self.training`` in a
-    forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the graph, so a graph that read
-    one holds only while the flag is as it was (``FusedModel``).  Each module's flag is a ``_TrainingFlag`` meanwhile;
-    torch.nn's own modules are fx's leaves, which read theirs when the graph runs."""
+class _TrainingAttribute:
+    """``training`` of a module class while a model of it is traced: the tracing thread gets a traced module's flag as a
+    ``_TrainingFlag``; every other read, and every write, is the instance dict's bool, as without it (other threads
+    may run the same modules meanwhile)."""
 
-    def __init__(self, model: nn.Module):
-        self.modules = {}
+    def __init__(self, recording: "_RecordingTraining"):
+        self.recording = recording
+
+    def __get__(self, module, owner=None):
+        if module is None:
+            return self
+        try:
+            flag = module.__dict__["training"]
+        except KeyError:
+            raise AttributeError("training") from None
+        recording = self.recording
+        if threading.get_ident() == recording.thread and id(module) in recording.paths and type(flag) is bool:
+            return _TrainingFlag(flag, recording.paths[id(module)], recording.read)
+        return flag
+
+    def __set__(self, module, flag) -> None:
+        module.__dict__["training"] = flag
+
+
+class _RecordingTraining:
+    """For the duration of a trace in this thread: the modules whose ``training`` flag the traced code reads
+    (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
+    graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
+    modules fx traces through get a ``_TrainingAttribute`` meanwhile; fx's leaves (torch.nn's modules) read their flag
+    when the graph runs."""
+
+    def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
+        self.paths: Dict[int, str] = {}
+        self.classes = []
         for path, module in model.named_modules():
-            self.modules.setdefault(id(module), (path, module))
+            if id(module) in self.paths or (path and tracer.is_leaf_module(module, path)):
+                continue
+            self.paths[id(module)] = path
+            if type(module) not in self.classes:
+                self.classes.append(type(module))
         self.read: Dict[str, bool] = {}
 
     def __enter__(self) -> "_RecordingTraining":
-        self.flags = {}
-        for path, module in self.modules.values():
-            flag = module.__dict__.get("training")
-            if type(flag) is bool:
-                self.flags[path] = (module, flag)
-                module.__dict__["training"] = _TrainingFlag(flag, path, self.read)
+        _patch_lock.acquire()
+        self.thread = threading.get_ident()
+        self.saved = [(cls, cls.__dict__.get("training", _MISSING)) for cls in self.classes]
+        for cls in self.classes:
+            cls.training = _TrainingAttribute(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        for module, flag in self.flags.values():
-            module.__dict__["training"] = flag
+        for cls, attribute in self.saved:
+            if attribute is _MISSING:
+                del cls.training
+            else:
+                cls.training = attribute
+        _patch_lock.release()
 
 
 class _ModuleState:

@@ -35,7 +35,7 @@ _COMPUTE = ("call_function", "call_method", "call_module")
 # ----------------------------------------------------------------------------------------- recording, while tracing
 
 _recording = threading.local()   # .stack: the tracing thread's autocast contexts entered during its trace
-_patch_lock = threading.RLock()
+patch_lock = threading.RLock()   # (one trace patches torch's classes at a time: match's too)
 
 
 def _state(context) -> Tuple:
@@ -49,7 +49,7 @@ class recording_autocast:
     (other threads' contexts pass through unrecorded)."""
 
     def __enter__(self) -> List[Tuple]:
-        _patch_lock.acquire()
+        patch_lock.acquire()
         self.enter, self.exit = autocast_mode.autocast.__enter__, autocast_mode.autocast.__exit__
         real_enter, real_exit, mine = self.enter, self.exit, threading.get_ident()
         stack: List[Tuple] = []
@@ -69,7 +69,7 @@ class recording_autocast:
 
     def __exit__(self, *exc) -> None:
         autocast_mode.autocast.__enter__, autocast_mode.autocast.__exit__ = self.enter, self.exit
-        _patch_lock.release()
+        patch_lock.release()
 
 
 # ------------------------------------------------------------------------------------------- the calls in a graph

@@ -1866,3 +1866,30 @@ def test_a_training_flag_read_by_the_forward_follows_train_and_eval(monkeypatch,
     model.train(fused_in == "train")
     fused = fullfuse.fused_model(model).eval()
     assert torch.isnan(fused(x)).all() and len(launched) == 1
+
+
+_SEEN_ELSEWHERE = []
+
+
+class _ReadsTrainingFromAnotherThread(_ReadsTraining):
+    """Its forward, while traced, has another thread read its training flag and a leaf's (as a thread running the same
+    modules would)."""
+
+    def forward(self, x):
+        import threading
+        probe = threading.Thread(target=lambda: _SEEN_ELSEWHERE.extend([type(self.training), type(self.fc.training)]))
+        probe.start()
+        probe.join()
+        return super().forward(x)
+
+
+def test_a_trace_shows_recording_training_flags_to_its_own_thread_only():
+    """The trace notes the training flags it reads through the classes of the modules it traces through; another
+    thread (running the same modules meanwhile) reads plain bools, as does every leaf module, whose flag the graph
+    reads when it runs (F.dropout, batch norm take only a bool)."""
+    _SEEN_ELSEWHERE.clear()
+    model = _ReadsTrainingFromAnotherThread().eval()
+    fused = fullfuse.fused_model(model)
+    assert _SEEN_ELSEWHERE == [bool, bool]
+    assert "training" not in vars(_ReadsTrainingFromAnotherThread) and "training" not in vars(nn.Linear)
+    assert fused.__dict__["_traced_training"] == (False,)
