@@ -5,11 +5,11 @@ caller's modes: with grad on, a frozen part's parameters would get gradients and
 autograd, unfused; an autocast block's ops would compute (and return) in the caller's precision.
 
 Each traced node notes its grad mode and the autocast contexts it was traced inside (``GRAD_MODE``, ``AUTOCAST``:
-``match._Tracer``, with ``recording_autocast``); ``keep_mode_blocks`` puts the changes into the graph as calls: grad
+``trace._Tracer``, with ``recording_autocast``); ``keep_mode_blocks`` puts the changes into the graph as calls: grad
 off before each run of nodes traced with it off and the caller's mode restored after it, autocast contexts entered
 and exited where the nodes' contexts change.  An ``inference_mode`` block runs with grad off (the same values and
 autograd; its outputs are no inference tensors); a forward wholly under a grad mode is the fused model's own case
-(``match.grad_mode``), where the graph keeps the exact mode.
+(``trace.grad_mode``), where the graph keeps the exact mode.
 
 Invariants: every run of grad-off nodes ends in a restore, and every context entered is exited, before the graph's
 output; where an op inside a block raises, the fused model restores the caller's modes (``FusedModel.forward``:
@@ -45,7 +45,7 @@ def _state(context) -> Tuple:
 
 class recording_autocast:
     """For the duration of a trace in this thread: the autocast contexts its forward enters, as a list (``stack``,
-    innermost last) that ``match._Tracer`` notes on each node.  torch.autocast's enter and exit are wrapped meanwhile
+    innermost last) that ``trace._Tracer`` notes on each node.  torch.autocast's enter and exit are wrapped meanwhile
     (other threads' contexts pass through unrecorded)."""
 
     def __enter__(self) -> List[Tuple]:
@@ -150,7 +150,7 @@ if isinstance(_side_effects, set):   # (fx's dead-code elimination keeps them, a
 # ------------------------------------------------------------------------------------------ putting them in a graph
 
 def node_mode(node: torch.fx.Node) -> Optional[str]:
-    """The grad mode ``node`` was traced in (None: a node fullfuse made, or one not traced by ``match.trace``)."""
+    """The grad mode ``node`` was traced in (None: a node fullfuse made, or one not traced by ``trace.trace``)."""
     return node.meta.get(GRAD_MODE)
 
 
@@ -173,7 +173,7 @@ def one_autocast(nodes) -> bool:
 
 def keep_mode_blocks(gm: torch.fx.GraphModule) -> bool:
     """Put ``grad_off`` / ``grad_restore`` calls around each run of ``gm``'s nodes traced with grad off, where other
-    nodes were traced with it on (a forward wholly in one grad mode: none; see ``match.grad_mode``), and
+    nodes were traced with it on (a forward wholly in one grad mode: none; see ``trace.grad_mode``), and
     ``autocast_enter`` / ``autocast_exit`` calls where the nodes' autocast contexts change.  Returns whether it put
     any (``gm`` recompiled then).  A graph without inputs has no value to make the calls depend on: unchanged."""
     graph = gm.graph

@@ -12,7 +12,7 @@ from torch import nn
 from . import calls, mode_blocks
 from .dispatch import check_path
 from .errors import TraceError
-from .match import TRAINING_READ, counts_dims_from_the_batch, find_matches, grad_mode, optional_inputs, trace
+from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
 from .original_names import OriginalNames
@@ -22,6 +22,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames
+from .trace import TRAINING_READ, grad_mode, optional_inputs, trace
 
 
 class FusedModel(nn.Module):
@@ -30,7 +31,7 @@ class FusedModel(nn.Module):
     Its state dict uses the original model's names (``StateNames``): original checkpoints load into it, and its own
     into the original model — also where either is a submodule of a larger model."""
 
-    _fullfuse_leaf = True   # (match.trace keeps it as a module call inside a larger model)
+    _fullfuse_leaf = True   # (trace.trace keeps it as a module call inside a larger model)
     _mode_blocks = False
     GRAPH_LIMIT = 32   # graphs traced for calls giving optional inputs (``_graph_for``)
 
@@ -40,7 +41,7 @@ class FusedModel(nn.Module):
         self.training = original.training   # (the model's mode, as train() / eval() would report it)
         self.graph_module = graph_module
         self.plans = plans
-        # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (match.grad_mode): the
+        # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (trace.grad_mode): the
         # graph runs in it, as the forward would
         self._grad_mode = grad_mode
         # whether a graph changes grad mode or autocast for a block of the forward (mode_blocks): forward restores the
@@ -49,10 +50,10 @@ class FusedModel(nn.Module):
         # graph_module is the original module itself (no region) or a copy of it (fused parts in its children), called
         # as the user would (its hooks run), not a traced graph
         self._as_module = graph_module is original or not isinstance(graph_module, torch.fx.GraphModule)
-        # the forward parameters the graph was traced with as their defaults (None, a bool: match.optional_inputs),
+        # the forward parameters the graph was traced with as their defaults (None, a bool: trace.optional_inputs),
         # and, where there are any, the original module, whose own forward runs a call that gives another value
         self._optional = {} if self._as_module else optional_inputs(original)
-        # the modules whose training flag the traced forward read (fx baked it into the graph: match.TRAINING_READ),
+        # the modules whose training flag the traced forward read (fx baked it into the graph: trace.TRAINING_READ),
         # each with the flag it read: a call where one differs runs a graph traced for the flags as they are
         # (``_graph_for``); the root's flag is this model's own (a fused part's: its copy's, ``_fused_parts``)
         read = {} if self._as_module else graph_module.__dict__.get(TRAINING_READ, {})
@@ -366,7 +367,7 @@ def _fused_parts(module: nn.Module, path: str, precision: str, deterministic: bo
 
 def _copy_of(module: nn.Module, children: Optional[dict] = None, forward=None, hooks: bool = True) -> nn.Module:
     """A shallow copy of ``module`` (as DataParallel's replicas: the same attributes, hook dicts, or empty ones where
-    not ``hooks``, and parameter and buffer dicts: ``match.share_tensor_dicts``) with its own dict of children
+    not ``hooks``, and parameter and buffer dicts: ``trace.share_tensor_dicts``) with its own dict of children
     (``children`` replacing some), and ``forward`` set on the instance where given (nn.Module.__call__ runs the copy's
     hooks around it)."""
     copy = type(module).__new__(type(module))
@@ -393,7 +394,7 @@ def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
     """(what a call gives ``optional``'s inputs other than their default — a name where the graph takes the value as
     an input, (name, value) for a None-default input given a bool, int or str, which the graph is traced for, as a
     flag (``return_dict=True``, ``mode="features"``: a branch on it traces) — and its arguments for the graph traced so:
-    ``match.trace(model, given)``, where fx renamed the parameters it took as values, so those passed by name are
+    ``trace.trace(model, given)``, where fx renamed the parameters it took as values, so those passed by name are
     dropped), or None where a bool input is given a value that is no bool (the model's own forward)."""
     given = []
     for name, (position, default) in optional.items():

@@ -5,7 +5,7 @@ its region), as its state dict's names are translated back (``state_names``).  A
 names reaches the same objects, so code written for the model works on the fused one — in particular
 ``torch.func.functional_call(fused, state_dict, x)``, which swaps tensors in by the state dict's names: a root-level
 name it sets as an attribute, which without this would land on the fused model unseen by its graph (a silent wrong
-answer).  Tensors are one entry for the original, the graph and its copies (``match.share_tensor_dicts``), so a tensor
+answer).  Tensors are one entry for the original, the graph and its copies (``trace.share_tensor_dicts``), so a tensor
 set here reaches every graph.  A module is set only where the graph calls it by that path (a module a region took in
 is part of the fused kernel: setting it raises, saying to fuse again).
 """

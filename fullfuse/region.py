@@ -30,7 +30,7 @@ class FusedRegion(nn.Module):
     its modules, the conv's hyperparameters re-assigned) or an unbatched input means something else to the ops as
     written, it runs the region's own ops instead."""
 
-    _fullfuse_leaf = True   # (match.trace keeps it as a module call)
+    _fullfuse_leaf = True   # (trace.trace keeps it as a module call)
 
     def __init__(self, plan: Plan, conv: Optional[nn.Module], precision: str, deterministic: bool,
                  original: Optional[nn.Module] = None, modules: Tuple[nn.Module, ...] = (),

@@ -9,7 +9,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 import fullfuse
 
 from fullfuse.errors import FullfuseError, TraceError
-from fullfuse.match import Match, find_matches, trace
+from fullfuse.match import Match, find_matches
+from fullfuse.trace import trace
 from fullfuse.spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 

@@ -1,0 +1,274 @@
+"""Tracing a model with torch.fx for fullfuse: the graph ``match`` looks for regions in, and what fx alone would lose.
+
+``trace`` is fx's symbolic trace with fullfuse's own modules kept as calls, plus what a traced graph must keep to give
+the model's answer: each node's grad mode and autocast contexts (``mode_blocks``), the training flags the forward
+reads (fx bakes them in: ``TRAINING_READ``), the forward's optional inputs taken as their defaults or given values
+(``optional_inputs``), the model left as it was (a forward that sets module attributes cannot be traced:
+``_ModuleState``), and the model's tensors shared with the graph (``share_tensor_dicts``).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.fx
+import torch.nn as nn
+
+from .errors import TraceError
+from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
+from .mode_blocks import CALLS as MODE_BLOCK_CALLS
+
+Node = torch.fx.Node
+_MISSING = object()
+
+
+class _Tracer(torch.fx.Tracer):
+    """fx's symbolic tracer, with fullfuse's own modules inside the model (a fused model or region: a class with
+    ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs.  Each node
+    notes the grad mode it was traced in and the autocast contexts it was traced inside (``AUTOCAST``, from
+    ``autocast``: ``mode_blocks.recording_autocast``'s list): fx records no mode change, so a forward under
+    ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``grad_mode``), and so would a block in it
+    (``mode_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
+
+    autocast: tuple = ()
+    # a buffer the forward reads is a traced value, as a parameter is: an in-place op on it (``self.steps += 1``) is
+    # recorded, not run on the user's buffer during the trace
+    proxy_buffer_attributes = True
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("autowrap_functions", MODE_BLOCK_CALLS)
+        super().__init__(*args, **kwargs)
+
+    def create_arg(self, a: Any):
+        if type(a) is _TrainingFlag:   # (a training flag passed to an op: a constant, which the graph depends on)
+            return a.seen()
+        return super().create_arg(a)
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
+
+    def create_node(self, *args, **kwargs) -> Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta[GRAD_MODE] = ("inference_mode" if torch.is_inference_mode_enabled()
+                                else "grad" if torch.is_grad_enabled() else "no_grad")
+        node.meta[AUTOCAST] = tuple(self.autocast)
+        return node
+
+
+
+def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
+    """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace``, with grad on) was traced in that
+    mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the caller's
+    mode, blocks inside forward as ``mode_blocks`` keeps them)."""
+    modes = {node.meta.get(GRAD_MODE) for node in gm.graph.nodes if node.op in ("call_function", "call_method",
+                                                                                "call_module")}
+    return modes.pop() if len(modes) == 1 and modes <= {"no_grad", "inference_mode"} else None
+
+
+def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
+    """The parameters of ``model.forward`` after its first whose default is None or a bool: name -> (position, None
+    where keyword-only; the default).  ``trace`` takes each as its default: fx would trace a proxy for it, for which
+    ``arg is None`` is False (the graph would hold the branch for a given value, which a call without one would then
+    run) and ``if flag:`` fails.  Empty for a forward taking ``*args``."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return {}
+    return {p.name: (i if p.kind is not inspect.Parameter.KEYWORD_ONLY else None, p.default)
+            for i, p in enumerate(params) if i > 0 and (p.default is None or isinstance(p.default, bool))
+            and p.kind is not inspect.Parameter.VAR_KEYWORD}
+
+
+def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace(model)`` (fullfuse's own modules kept as calls; the parameters of
+    ``optional_inputs`` taken as their defaults, but those named in ``given``, which a call gives another value: a
+    proxy for a None default, the other bool for a bool one, the value of a (name, value) item): a new GraphModule
+    sharing ``model``'s parameters.
+
+    A GraphModule is traced again too (callers rewrite the result in place; the caller's graph stays untouched).
+    Raises ``fullfuse.errors.TraceError`` (a ``RuntimeError``) naming the model class and fx's reason, also for a
+    model with a forward of its own instance (accelerate's hooks, a patched method), which fx would pass over for its
+    class's.
+    """
+    if "forward" in vars(model):
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward is set on the "
+                         f"instance, and fx traces the class's forward")
+    state = _ModuleState(model)
+    try:
+        tracer = _Tracer()
+        constants = dict(item for item in given if isinstance(item, tuple))
+        concrete = {name: constants[name] if name in constants else (not default if name in given else default)
+                    for name, (_, default) in optional_inputs(model).items()
+                    if name not in given or isinstance(default, bool) or name in constants}
+        # (the modes a forward sets itself: grad_mode, mode_blocks)
+        with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
+                _RecordingTraining(model, tracer) as training:
+            graph = tracer.trace(model, concrete_args=concrete or None)
+        _drop_specialization_guards(graph)
+        gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+        gm.__dict__[TRAINING_READ] = training.read
+    except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
+        state.restore()
+        name = type(model).__name__
+        reason = f"{type(e).__name__}: {e}".strip()
+        raise TraceError(
+            f"fullfuse: torch.fx could not trace {name}: {reason}\n"
+            f"{name}.forward probably contains data-dependent Python control flow (an `if`/`for` on tensor values) "
+            f"or another construct symbolic tracing cannot follow (fused_model then fuses its submodules that trace); "
+            f"to fuse a conv pipeline that {name}.forward itself calls, make that part of forward traceable "
+            f"(torch.fx.wrap the offending function, or move the pipeline into a submodule)."
+        ) from e
+    changed = state.restore()
+    if changed:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
+                         f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
+    share_tensor_dicts(gm, model)
+    return gm
+
+
+TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: its training flag} its forward read
+
+
+class _TrainingFlag(int):
+    """A module's training flag while it is traced: the bool it is (an int: fx takes it as a constant), noting the
+    module's path in ``read`` where the traced code tests it (``if self.training:``) or passes it to an op
+    (``F.dropout(x, p, self.training)``: ``_Tracer.create_arg``)."""
+
+    def __new__(cls, flag: bool, path: str, read: Dict[str, bool]):
+        self = super().__new__(cls, bool(flag))
+        self.path, self.read = path, read
+        return self
+
+    def seen(self) -> bool:
+        self.read.setdefault(self.path, bool(int(self)))
+        return bool(int(self))
+
+    def __bool__(self) -> bool:
+        return self.seen()
+
+    def __repr__(self) -> str:
+        return repr(bool(int(self)))
+
+
+class _TrainingAttribute:
+    """``training`` of a module class while a model of it is traced: the tracing thread gets a traced module's flag as a
+    ``_TrainingFlag``; every other read, and every write, is the instance dict's bool, as without it (other threads
+    may run the same modules meanwhile)."""
+
+    def __init__(self, recording: "_RecordingTraining"):
+        self.recording = recording
+
+    def __get__(self, module, owner=None):
+        if module is None:
+            return self
+        try:
+            flag = module.__dict__["training"]
+        except KeyError:
+            raise AttributeError("training") from None
+        recording = self.recording
+        if threading.get_ident() == recording.thread and id(module) in recording.paths and type(flag) is bool:
+            return _TrainingFlag(flag, recording.paths[id(module)], recording.read)
+        return flag
+
+    def __set__(self, module, flag) -> None:
+        module.__dict__["training"] = flag
+
+
+class _RecordingTraining:
+    """For the duration of a trace in this thread: the modules whose ``training`` flag the traced code reads
+    (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
+    graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
+    modules fx traces through get a ``_TrainingAttribute`` meanwhile; fx's leaves (torch.nn's modules) read their flag
+    when the graph runs."""
+
+    def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
+        self.paths: Dict[int, str] = {}
+        self.classes = []
+        for path, module in model.named_modules():
+            if id(module) in self.paths or (path and tracer.is_leaf_module(module, path)):
+                continue
+            self.paths[id(module)] = path
+            if type(module) not in self.classes:
+                self.classes.append(type(module))
+        self.read: Dict[str, bool] = {}
+
+    def __enter__(self) -> "_RecordingTraining":
+        _patch_lock.acquire()
+        self.thread = threading.get_ident()
+        self.saved = [(cls, cls.__dict__.get("training", _MISSING)) for cls in self.classes]
+        for cls in self.classes:
+            cls.training = _TrainingAttribute(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for cls, attribute in self.saved:
+            if attribute is _MISSING:
+                del cls.training
+            else:
+                cls.training = attribute
+        _patch_lock.release()
+
+
+class _ModuleState:
+    """What a forward can set on ``model``'s modules — their attributes, parameters, buffers and children — as it was
+    before a trace, to put back after it: a forward that sets them (``self.features = y``, ``self.steps += 1``) would
+    leave fx's traced values on the user's model, and the traced graph would never set them."""
+
+    def __init__(self, model: nn.Module):
+        self.saved = [(path, module, dict(module.__dict__), dict(module._parameters), dict(module._buffers),
+                       dict(module._modules)) for path, module in model.named_modules()]
+
+    def restore(self) -> List[str]:
+        """Put every module back as it was; returns the names that had changed ("path.attribute")."""
+        changed = []
+        for path, module, attributes, parameters, buffers, children in self.saved:
+            # (the instance dict first: putting it back puts back the three dicts below as objects)
+            for now, then in ((module.__dict__, attributes), (module._parameters, parameters),
+                              (module._buffers, buffers), (module._modules, children)):
+                names = [k for k in now.keys() | then.keys() if now.get(k, _MISSING) is not then.get(k, _MISSING)]
+                if names:   # (identity only: a tensor's == is elementwise)
+                    changed.extend(f"{path}.{k}" if path else k for k in names)
+                    now.clear()
+                    now.update(then)
+        return changed
+
+
+def share_tensor_dicts(copy: nn.Module, model: nn.Module) -> None:
+    """Give the graph (or a copy of ``model``) and each attribute holder fx made in it (a plain nn.Module at a path of
+    ``model``) the parameter and buffer dicts of ``model``'s module at that path, where it holds nothing else: a
+    tensor the forward reads by attribute (``self.scale``) is then one entry for the model, the fused graph, the
+    graphs traced for optional inputs and the copies of untraceable models — a Parameter assigned later, or one
+    ``torch.func.functional_call`` swaps in under either model's name, reaches all of them."""
+    for path, module in copy.named_modules():
+        try:
+            source = model.get_submodule(path) if path else model
+        except AttributeError:
+            continue
+        if source is module or (path and type(module) is not nn.Module):
+            continue
+        pairs = ((module._parameters, source._parameters), (module._buffers, source._buffers))
+        if all(theirs.get(k, _MISSING) is v for mine, theirs in pairs for k, v in mine.items()):
+            module.__dict__.update(_parameters=source._parameters, _buffers=source._buffers,
+                                   _non_persistent_buffers_set=source._non_persistent_buffers_set)
+
+
+def _drop_specialization_guards(graph: torch.fx.Graph) -> None:
+    """fx guards each argument traced as a given value (``_assert_is_none``, ``torch._assert`` of an equality); the
+    fused model checks those arguments itself before the graph runs (``model._graph_arguments``), and a GraphModule
+    whose code names fx's ``_assert_is_none`` breaks every later symbolic trace in the process once it is unpickled
+    (fx registers that dotted name as a wrapped function it then cannot find: KeyError, torch 2.13)."""
+    is_none = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        guard = node.target is is_none or (node.target is torch._assert and len(node.args) > 1
+                                           and "has been specialized" in str(node.args[1]))
+        if guard and not node.users:
+            tested = node.args[0]
+            graph.erase_node(node)
+            if isinstance(tested, Node) and tested.op == "call_function" and not tested.users:
+                graph.erase_node(tested)
