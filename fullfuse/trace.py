@@ -57,7 +57,6 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
-
 def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
     """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace``, with grad on) was traced in that
     mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the caller's
