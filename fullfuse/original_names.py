@@ -11,7 +11,7 @@ is part of the fused kernel: setting it raises, saying to fuse again).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 from torch import nn
@@ -19,10 +19,13 @@ from torch import nn
 
 class OriginalNames:
     """First components of the original model's module paths and state-dict keys -> the fused model's path to the
-    same object (a region's module: ``taken`` holds those names)."""
+    same object (a region's module: ``taken`` holds those names), or the original's module itself (``objects``)
+    where the fused model holds none at that path, only modules below it (a module whose every child a region took
+    in: the children are the region's, and its own tensors are the graph's, ``trace.share_tensor_dicts``)."""
 
     def __init__(self, fused: nn.Module, graph: nn.Module, original: nn.Module, modules: Dict[str, str]):
         self.paths: Dict[str, str] = {}
+        self.objects: Dict[str, nn.Module] = {}
         self.taken = set()
         state = original.state_dict(keep_vars=True)
         firsts = [key.split(".")[0] for key in state] + [name for name, _ in original.named_children()]
@@ -38,9 +41,14 @@ class OriginalNames:
             elif first in inner_of:
                 self.paths[first] = inner_of[first]
                 self.taken.add(first)
+            elif isinstance(original._modules.get(first), nn.Module):
+                self.objects[first] = original._modules[first]
+                self.taken.add(first)
 
     def get(self, fused: nn.Module, name: str):
         """The object the original model has under ``name``, as the fused model holds it (AttributeError: none)."""
+        if name in self.objects:
+            return self.objects[name]
         path = self.paths.get(name)
         if path is None:
             raise AttributeError(f"'{type(fused).__name__}' object has no attribute '{name}'")
@@ -52,7 +60,8 @@ class OriginalNames:
     def set(self, fused: nn.Module, name: str, value) -> bool:
         """Set ``name`` where the fused model's graph reads it; False where ``name`` is none of the original's."""
         path = self.paths.get(name)
-        if path is None or not (value is None or isinstance(value, (torch.Tensor, nn.Module))):
+        if (path is None and name not in self.objects) or not (value is None or isinstance(value, (torch.Tensor,
+                                                                                                   nn.Module))):
             return False
         if name in self.taken or (isinstance(value, nn.Module) and fused.__dict__.get("_optional")):
             raise AttributeError(f"fullfuse: {name} is part of a fused region (or of the graphs traced for optional "
@@ -64,7 +73,3 @@ class OriginalNames:
         else:
             setattr(holder, attr, value)
         return True
-
-
-def names_of(fused: nn.Module) -> Optional[OriginalNames]:
-    return fused.__dict__.get("_original_names")

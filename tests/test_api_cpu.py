@@ -1893,3 +1893,63 @@ def test_a_trace_shows_recording_training_flags_to_its_own_thread_only():
     assert _SEEN_ELSEWHERE == [bool, bool]
     assert "training" not in vars(_ReadsTrainingFromAnotherThread) and "training" not in vars(nn.Linear)
     assert fused.__dict__["_traced_training"] == (False,)
+
+
+class _Together(nn.Module):
+    """A frozen pipeline (optionally under autocast), dropout reading the training flag, optional inputs, a root-level
+    parameter and buffer: the failure classes above, in one forward."""
+
+    def __init__(self, frozen: bool, autocast: bool, dropout: bool):
+        super().__init__()
+        self.head, self.fc = SeedA(8, 6), nn.Linear(6, 3)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.register_buffer("shift", torch.randn(3))
+        self.frozen, self.autocast, self.dropout = frozen, autocast, dropout
+
+    def forward(self, x, mask=None, mode=None):
+        with torch.no_grad() if self.frozen else torch.enable_grad():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                y = self.head(x)
+        y = y.float()
+        if self.dropout:
+            y = F.dropout(y, 0.3, self.training)
+        if mask is not None:
+            y = y * mask
+        out = self.fc(y) * self.scale + self.shift
+        return out / 2 if mode == "half" else out
+
+
+def test_the_failure_classes_together_give_the_models_answer():
+    """Every combination of a frozen block, an autocast block, dropout on the training flag, optional inputs given, a
+    hook on the model, fusing in train or eval mode, calling in train or eval mode and with grad on or off (and
+    pickled, without the hook): the fused model's output, dtype, requires_grad and gradients are the model's."""
+    import io
+    import itertools
+    for frozen, autocast, dropout, given, hook, fused_in, called_in, grad in itertools.product(*[(False, True)] * 8):
+        torch.manual_seed(0)
+        model = _Together(frozen, autocast, dropout).train(fused_in)
+        if hook:
+            model.register_forward_hook(lambda m, args, out: out - 1)
+        fused = fullfuse.fused_model(model)
+        if not hook and frozen == grad:   # (pickled: a copy with its parameters, against a model with them)
+            fused = torch.load(io.BytesIO(_saved(fused)), weights_only=False)
+            model = _Together(frozen, autocast, dropout)
+            model.load_state_dict(fused.state_dict())
+        fused.train(called_in)
+        model.train(called_in)
+        x = torch.randn(2, 8, 9, 9)
+        kwargs = {"mask": torch.randn(6), "mode": "half"} if given else {}
+        with torch.enable_grad() if grad else torch.no_grad():
+            torch.manual_seed(5)
+            got = fused(x, **kwargs)
+            torch.manual_seed(5)
+            want = model(x, **kwargs)
+        case = (frozen, autocast, dropout, given, hook, fused_in, called_in, grad)
+        assert got.dtype == want.dtype and got.requires_grad == want.requires_grad, case
+        _close(got, want)
+        if want.requires_grad:
+            for g, w in zip(*(torch.autograd.grad(out.sum(), [m.head.conv.weight, m.fc.weight, m.scale],
+                                                  allow_unused=True) for out, m in ((got, fused), (want, model)))):
+                assert (g is None) == (w is None), case
+                if g is not None:
+                    _close(g, w)
