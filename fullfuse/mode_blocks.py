@@ -9,7 +9,7 @@ Each traced node notes its grad mode and the autocast contexts it was traced ins
 off before each run of nodes traced with it off and the caller's mode restored after it, autocast contexts entered
 and exited where the nodes' contexts change.  An ``inference_mode`` block runs with grad off (the same values and
 autograd; its outputs are no inference tensors); a forward wholly under a grad mode is the fused model's own case
-(``trace.grad_mode``), where the graph keeps the exact mode.
+(``grad_mode``), where the graph keeps the exact mode.
 
 Invariants: every run of grad-off nodes ends in a restore, and every context entered is exited, before the graph's
 output; where an op inside a block raises, the fused model restores the caller's modes (``FusedModel.forward``:
@@ -26,6 +26,8 @@ import torch
 import torch.fx
 from torch.amp import autocast_mode
 
+from .calls import compiling
+
 GRAD_MODE = "fullfuse_grad_mode"   # a traced node's meta entry: "grad", "no_grad" or "inference_mode"
 AUTOCAST = "fullfuse_autocast"     # another: the autocast contexts it was traced inside, outermost first
 _OFF = ("no_grad", "inference_mode")
@@ -34,8 +36,7 @@ _COMPUTE = ("call_function", "call_method", "call_module")
 
 # ----------------------------------------------------------------------------------------- recording, while tracing
 
-_recording = threading.local()   # .stack: the tracing thread's autocast contexts entered during its trace
-patch_lock = threading.RLock()   # (one trace patches torch's classes at a time: match's too)
+patch_lock = threading.RLock()   # (one trace patches torch's classes at a time: trace's too)
 
 
 def _state(context) -> Tuple:
@@ -91,29 +92,29 @@ def grad_restore(enabled: bool) -> None:
 # records them (an explicit __enter__ call breaks dynamo's graph between the two)
 _torch_enter = getattr(torch.amp, "_enter_autocast", None)
 _torch_exit = getattr(torch.amp, "_exit_autocast", None)
-_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_TORCH_CALLS = _torch_enter is not None and _torch_exit is not None
 
 
 def autocast_enter(dependency, device: str, enabled: bool, dtype, cache: bool):
     """Enter an autocast context as the forward did (``dependency``: as for ``grad_off``); returns it.  Kept in this
     thread's list of open contexts (``exit_contexts``), but under torch.compile, which traces no thread-local list."""
-    if _torch_enter is not None and _torch_exit is not None:
+    if _TORCH_CALLS:
         context = _torch_enter(device, dtype, enabled, cache)
     else:
         context = torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=cache)
         context.__enter__()
-    if not _compiling():
+    if not compiling():
         open_contexts_list().append(context)
     return context
 
 
 def autocast_exit(context) -> None:
     """Exit a context ``autocast_enter`` entered."""
-    if not _compiling():
+    if not compiling():
         opened = open_contexts_list()
         if opened and opened[-1] is context:
             opened.pop()
-    if _torch_exit is not None and _torch_enter is not None:
+    if _TORCH_CALLS:
         _torch_exit(context)
     else:
         context.__exit__(None, None, None)
@@ -138,10 +139,10 @@ def exit_contexts(depth: int) -> None:
     """Exit, innermost first, the contexts entered since ``open_contexts()`` was ``depth`` (an op raised inside)."""
     opened = open_contexts_list()
     while len(opened) > depth:
-        opened.pop().__exit__(None, None, None)
+        autocast_exit(opened[-1])
 
 
-CALLS = (grad_off, grad_restore, autocast_enter, autocast_exit)   # (match's tracer wraps them: re-traces keep them)
+CALLS = (grad_off, grad_restore, autocast_enter, autocast_exit)   # (trace's tracer wraps them: re-traces keep them)
 _side_effects = getattr(torch.fx.node, "_side_effectful_functions", None)
 if isinstance(_side_effects, set):   # (fx's dead-code elimination keeps them, as torch's own _set_grad_enabled)
     _side_effects.update(CALLS)
@@ -156,6 +157,14 @@ def node_mode(node: torch.fx.Node) -> Optional[str]:
 
 def node_autocast(node: torch.fx.Node) -> Tuple:
     return node.meta.get(AUTOCAST, ())
+
+
+def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
+    """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace.trace``, with grad on) was traced in
+    that mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the
+    caller's mode, blocks inside forward as ``keep_mode_blocks`` keeps them)."""
+    modes = {node_mode(node) for node in gm.graph.nodes if node.op in _COMPUTE}
+    return modes.pop() if len(modes) == 1 and modes <= set(_OFF) else None
 
 
 def region_mode(nodes) -> Optional[str]:
@@ -173,7 +182,7 @@ def one_autocast(nodes) -> bool:
 
 def keep_mode_blocks(gm: torch.fx.GraphModule) -> bool:
     """Put ``grad_off`` / ``grad_restore`` calls around each run of ``gm``'s nodes traced with grad off, where other
-    nodes were traced with it on (a forward wholly in one grad mode: none; see ``trace.grad_mode``), and
+    nodes were traced with it on (a forward wholly in one grad mode: none; see ``grad_mode``), and
     ``autocast_enter`` / ``autocast_exit`` calls where the nodes' autocast contexts change.  Returns whether it put
     any (``gm`` recompiled then).  A graph without inputs has no value to make the calls depend on: unchanged."""
     graph = gm.graph

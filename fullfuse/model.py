@@ -13,7 +13,7 @@ from . import calls, mode_blocks
 from .dispatch import check_path
 from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches
-from .mode_blocks import AUTOCAST, GRAD_MODE, keep_mode_blocks, node_autocast, one_autocast, region_mode
+from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
@@ -22,7 +22,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames
-from .trace import TRAINING_READ, grad_mode, optional_inputs, trace
+from .trace import TRAINING_READ, optional_inputs, trace
 
 
 class FusedModel(nn.Module):
@@ -41,8 +41,8 @@ class FusedModel(nn.Module):
         self.training = original.training   # (the model's mode, as train() / eval() would report it)
         self.graph_module = graph_module
         self.plans = plans
-        # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (trace.grad_mode): the
-        # graph runs in it, as the forward would
+        # "no_grad" / "inference_mode" where the traced forward set that mode for all its ops (mode_blocks.grad_mode):
+        # the graph runs in it, as the forward would
         self._grad_mode = grad_mode
         # whether a graph changes grad mode or autocast for a block of the forward (mode_blocks): forward restores the
         # caller's modes where an op of the block raises
@@ -193,10 +193,9 @@ class FusedModel(nn.Module):
         graph = self._modules["graph_module"]
         training = self.__dict__["_training_of"]
         flags = tuple(module.training for module in training) if training else ()
-        if flags != self.__dict__["_traced_training"] or self._optional and (kwargs or len(args) > 1):
-            call = (frozenset(), args, kwargs)
-            if self._optional and (kwargs or len(args) > 1):
-                call = _graph_arguments(self._optional, args, kwargs)
+        given = self._optional and (kwargs or len(args) > 1)
+        if given or flags != self.__dict__["_traced_training"]:
+            call = _graph_arguments(self._optional, args, kwargs) if given else (frozenset(), args, kwargs)
             graph = None if call is None else self._graph_for(call[0], flags)
             if graph is None:   # (the model's own forward: see _graph_for)
                 for plan in self.plans:

@@ -29,7 +29,8 @@ class _Tracer(torch.fx.Tracer):
     ``_fullfuse_leaf``) kept as module calls: a model holding a part fused before is traced as it runs.  Each node
     notes the grad mode it was traced in and the autocast contexts it was traced inside (``AUTOCAST``, from
     ``autocast``: ``mode_blocks.recording_autocast``'s list): fx records no mode change, so a forward under
-    ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``grad_mode``), and so would a block in it
+    ``@torch.no_grad()`` / ``@torch.inference_mode()`` would lose it (``mode_blocks.grad_mode``), and so would a
+    block in it
     (``mode_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
 
     autocast: tuple = ()
@@ -55,15 +56,6 @@ class _Tracer(torch.fx.Tracer):
                                 else "grad" if torch.is_grad_enabled() else "no_grad")
         node.meta[AUTOCAST] = tuple(self.autocast)
         return node
-
-
-def grad_mode(gm: torch.fx.GraphModule) -> Optional[str]:
-    """"no_grad" or "inference_mode" where every op of ``gm`` (traced by ``trace``, with grad on) was traced in that
-    mode — a forward under such a decorator, or wholly inside such a block — else None (its ops run in the caller's
-    mode, blocks inside forward as ``mode_blocks`` keeps them)."""
-    modes = {node.meta.get(GRAD_MODE) for node in gm.graph.nodes if node.op in ("call_function", "call_method",
-                                                                                "call_module")}
-    return modes.pop() if len(modes) == 1 and modes <= {"no_grad", "inference_mode"} else None
 
 
 def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
