@@ -1,10 +1,11 @@
 """A matched region's own ops, as the model wrote them: what its FusedRegion runs where the kernels' plan no longer
 describes the model — a forward hook (or pre-hook) registered since on one of the region's modules or a forward set
-on one, a backward hook there while autograd is on, torch's global module hooks, or the conv module's
-hyperparameters re-assigned.  The ops run with the model's live modules, so every hook fires and every attribute
-counts, as in the original model."""
+on one, a backward hook there while autograd is on, torch's global module hooks, or a setting of one of them changed
+(the conv's stride, GELU's approximation, a pool's size).  The ops run with the model's live modules, so every hook
+fires and every attribute counts, as in the original model."""
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -12,13 +13,13 @@ from torch import nn
 from torch.fx import Graph, GraphModule, Node
 from torch.nn.modules import module as _module
 
+from .calls import compiling
+
 # torch's global module hooks (dicts that registration and removal change in place)
 GLOBAL_FORWARD, GLOBAL_FORWARD_PRE, GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE = (
     getattr(_module, name, {}) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
                                             "_global_backward_hooks", "_global_backward_pre_hooks"))
 _grad_enabled = torch.is_grad_enabled
-# the attributes of a conv module that its forward reads besides its parameters (ConvNd / ConvTransposeNd)
-CONV_ATTRIBUTES = ("stride", "padding", "dilation", "groups", "padding_mode", "output_padding")
 
 
 def region_graph(gm: GraphModule, nodes: Sequence[Node], inputs: Sequence[Optional[Node]]) -> Optional[GraphModule]:
@@ -45,35 +46,58 @@ def region_modules(gm: GraphModule, nodes: Sequence[Node]) -> Tuple[nn.Module, .
     return tuple(gm.get_submodule(str(node.target)) for node in nodes if node.op == "call_module")
 
 
+def settings_of(modules: Sequence[nn.Module]) -> Tuple[Tuple[Tuple[str, ...], tuple], ...]:
+    """Each module's settings as it is now — its public plain instance attributes other than ``training`` (a conv's
+    stride, padding...; GELU's ``approximate``; a pool's sizes): per module, their names and values (lists copied).
+    What the region's plan was made from; kept with the region from the match on (a copy or pickle keeps it too)."""
+    out = []
+    for m in modules:
+        names = tuple(k for k, v in vars(m).items()
+                      if not k.startswith("_") and k != "training" and isinstance(v, _SETTING_TYPES))
+        out.append((names, tuple(list(v) if isinstance(v, list) else v for v in (vars(m)[k] for k in names))))
+    return tuple(out)
+
+
+_SETTING_TYPES = (int, float, str, tuple, list, type(None))
+_DELETED = object()
+
+
 class Changes:
-    """``changes.since_match(conv)``: whether a region's modules now do more than its plan — a forward hook or
-    pre-hook on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on,
-    a global module hook, or one of the conv module's CONV_ATTRIBUTES re-assigned since it was matched (compared by
-    identity: any re-assignment counts).  Host time per call: the modules' hook dicts and instance dicts are read as
-    they were when matched (torch registers hooks into those dicts in place); plain attribute reads, which
-    torch.compile traces."""
+    """``changes.since_match()``: whether a region's modules now do more than its plan — a forward hook or pre-hook
+    on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on, a global
+    module hook, or one of their settings (``settings_of``) set to another value since they were matched (before the
+    first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts and
+    instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings
+    by one itemgetter per module; plain attribute reads, which torch.compile traces."""
 
-    __slots__ = ("_forward", "_backward", "_instances", "_was")
+    __slots__ = ("_forward", "_backward", "_instances", "_settings", "_named")
 
-    def __init__(self, modules: Sequence[nn.Module], conv: Optional[nn.Module]):
+    def __init__(self, modules: Sequence[nn.Module], settings: Tuple[Tuple[Tuple[str, ...], tuple], ...]):
         # (torch's global hook dicts among them: one C-level test for all)
         self._forward = (GLOBAL_FORWARD, GLOBAL_FORWARD_PRE) + tuple(
             d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
         self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(
             d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
         self._instances = tuple(vars(m) for m in modules)   # (a forward set on an instance lands there)
-        self._was = None if conv is None else tuple(vars(conv).get(name) for name in CONV_ATTRIBUTES)
+        # (instance dict, itemgetter of the setting names, their values at the match): an itemgetter of one name
+        # gives the value itself, of several a tuple, as `was` holds them
+        self._settings = tuple((vars(m), itemgetter(*names), was if len(names) > 1 else was[0])
+                               for m, (names, was) in zip(modules, settings) if names)
+        self._named = tuple((vars(m), names, was) for m, (names, was) in zip(modules, settings))
 
-    def since_match(self, conv: Optional[nn.Module]) -> bool:
+    def since_match(self) -> bool:
         if any(self._forward) or (_grad_enabled() and any(self._backward)):
             return True
         for attributes in self._instances:
             if "forward" in attributes:
                 return True
-        was = self._was   # (CONV_ATTRIBUTES, in that order)
-        if was is None or conv is None:
-            return False
-        now = conv.__dict__
-        return (now["stride"] is not was[0] or now["padding"] is not was[1] or now["dilation"] is not was[2]
-                or now["groups"] is not was[3] or now["padding_mode"] is not was[4]
-                or now["output_padding"] is not was[5])
+        if compiling():   # (torch.compile cannot trace an itemgetter: the same test by name)
+            return any(attributes.get(name, _DELETED) != value
+                       for attributes, names, was in self._named for name, value in zip(names, was))
+        try:
+            for attributes, settings, was in self._settings:
+                if settings(attributes) != was:
+                    return True
+        except KeyError:   # (a setting deleted)
+            return True
+        return False

@@ -27,8 +27,8 @@ class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
     F.convNd.  Where the plan no longer describes the model (``original_ops.Changes``: hooks, a forward set on one of
-    its modules, the conv's hyperparameters re-assigned) or an unbatched input means something else to the ops as
-    written, it runs the region's own ops instead."""
+    its modules, a setting of one changed: the conv's stride, GELU's approximation) or an unbatched input means something
+    else to the ops as written, it runs the region's own ops instead."""
 
     _fullfuse_leaf = True   # (trace.trace keeps it as a module call)
 
@@ -43,9 +43,9 @@ class FusedRegion(nn.Module):
         # kept outside _modules (no second copy of the conv's parameters in the state dict, no second device move:
         # the same module objects): the region's own ops and what says the plan no longer describes the model
         self.__dict__["_original"] = original
-        # the change test (original_ops.Changes) of _watch's modules and conv, made on the first call (True until
-        # then; pickling and copying set it back: __getstate__)
-        self.__dict__["_watch"] = (modules, conv) if original is not None else None
+        # the change test (original_ops.Changes) of _watch's modules against their settings now, made on the first
+        # call (True until then; pickling and copying set it back: __getstate__)
+        self.__dict__["_watch"] = (modules, original_ops.settings_of(modules)) if original is not None else None
         self.__dict__["_changed"] = True if original is not None else None
         # an unbatched input's rank where the region's ops count a dim from the batch (match.counts_dims_from_the_batch:
         # a batch of one would reduce another dim than the ops as written)
@@ -67,8 +67,8 @@ class FusedRegion(nn.Module):
         if changed is not None:
             if changed is True:
                 changed = d["_changed"] = original_ops.Changes(*d["_watch"])
-            if changed.since_match(conv):
-                return self._run_original(x, weight, bias, "a module hook, forward or conv attribute was added or "
+            if changed.since_match():
+                return self._run_original(x, weight, bias, "a module hook, forward or setting was added or "
                                                            "changed after fused_model")
             unbatched = d["_unbatched_rank"]
             if unbatched is not None and x.dim() == unbatched:
