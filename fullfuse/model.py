@@ -15,6 +15,7 @@ from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
+from .module_tree import ModuleTree
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -77,6 +78,12 @@ class FusedModel(nn.Module):
         # the graph forward whose shape _lone_name describes (None: not yet looked at), and the name of the region the
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
+        # the model (outside _modules: its modules are the graph's, its state dict this one's) and its module tree as
+        # fused: where a module of it is re-assigned since, its own forward runs (``_replaced``); a pickled or copied
+        # fused model has neither (__getstate__)
+        self.__dict__["_original"] = None if graph_module is original else original
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original)
+        self.__dict__["_warned_replaced"] = None
         names = StateNames(original, self)
         names.register(self)
         self.__dict__["_original_names"] = OriginalNames(self, graph_module, original, names.modules)
@@ -119,7 +126,8 @@ class FusedModel(nn.Module):
                 d["_lone_checked"] = type(gm).forward
             if d["_lone_name"] is not None:
                 region = gm._modules.get(d["_lone_name"])
-                if type(region) is FusedRegion:
+                tree = d["_tree"]
+                if type(region) is FusedRegion and (tree is None or tree.replaced_eagerly() is None):
                     return region.forward(args[0])
         return self.forward(*args, **kwargs)
 
@@ -129,6 +137,7 @@ class FusedModel(nn.Module):
         state = dict(super().__getstate__())
         state["_lone_checked"] = state["_lone_name"] = None
         state["_hooked"], state["_root_hooks"] = None, ()   # (the original model's hooks stay with it)
+        state["_original"] = state["_tree"] = None   # (a copy is a model of its own: nothing re-assigns its modules)
         # (the graphs for given optional inputs are traced again where needed, their plans added again)
         state["_graphs"], state["plans"] = {}, state["plans"][:state["_plans_of_the_graph"]]
         return state
@@ -182,6 +191,11 @@ class FusedModel(nn.Module):
         return "fused parts:\n" + "\n".join(f"  {plan}" for plan in self.plans)
 
     def forward(self, *args, **kwargs):
+        tree = self.__dict__["_tree"]
+        if tree is not None:
+            replaced = tree.replaced()
+            if replaced is not None:
+                return self._replaced(replaced, args, kwargs)
         hooks = self.__dict__["_root_hooks"]
         if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]):   # (the original root's hooks: __init__)
             return self.__dict__["_hooked"](*args, **kwargs)
@@ -215,6 +229,25 @@ class FusedModel(nn.Module):
             with _grad_context(self._grad_mode):
                 return graph.forward(*args, **kwargs)
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
+
+    def _replaced(self, path: str, args, kwargs):
+        """A call after the model's module ``path`` was re-assigned (or deleted) on the model: the fused graph still
+        holds the one it replaced, so the model's own forward runs, with every region's ops as written (warned once
+        per path; fusing again fuses the model as it is now)."""
+        if self.__dict__["_warned_replaced"] != path:
+            self.__dict__["_warned_replaced"] = path
+            warnings.warn(f"fullfuse: the model's module '{path}' was re-assigned after fused_model; the fused model "
+                          f"runs the model's own forward (no kernel) until it is put back: call fused_model(model) "
+                          f"again to fuse the model as it is", stacklevel=3)
+        for plan in self.plans:
+            plan.calls.last = ("torch", f"the model's module '{path}' was re-assigned after fused_model: the model's "
+                                        f"own forward runs")
+        original = self.__dict__["_original"]
+        was, original.training = original.training, self.training   # (the root's flag is this model's: train())
+        try:
+            return original(*args, **kwargs)
+        finally:
+            original.training = was
 
     def use_training_of(self, root: nn.Module) -> None:
         """Read the root's training flag from ``root`` (a fused part's copy, which its model's train() reaches)."""

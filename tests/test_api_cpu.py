@@ -1,4 +1,5 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
+import copy
 import warnings
 
 import pytest
@@ -1961,3 +1962,44 @@ def test_the_failure_classes_together_give_the_models_answer():
                 assert (g is None) == (w is None), case
                 if g is not None:
                     _close(g, w)
+
+
+class _WithHead(nn.Module):
+    """Seed A's pipeline (conv, GELU, pool) in ``body``, then a linear head: modules to re-assign at three depths."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(8, 6, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("where", ["head", "body", "body.0", "body.1"])
+def test_a_module_reassigned_on_the_model_after_fused_model(monkeypatch, where):
+    """A module re-assigned on the model after fused_model (a new head, a whole block, the conv, the activation): the
+    fused graph holds the one it replaced, so the fused model runs the model's own forward (PyTorch's answer, with a
+    warning naming the module and the fix) until it is put back, then the kernel path again (stubbed: NaN).  A deep
+    copy made before is a model of its own: it keeps its modules and its kernel path."""
+    launched = _stub_kernel_path(monkeypatch)
+    torch.manual_seed(0)
+    model, x = _WithHead().eval(), torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    copied = copy.deepcopy(fused)
+    parent_path, _, name = where.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    old = parent._modules[name]
+    new = {"head": nn.Linear(6, 3), "body": nn.Sequential(nn.Conv2d(8, 6, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                                          nn.Flatten()),
+           "body.0": nn.Conv2d(8, 6, 3, padding=1), "body.1": nn.SiLU()}[where].eval()
+    with torch.no_grad():
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
+        setattr(parent, name, new)
+        with pytest.warns(UserWarning, match=f"'{where}' was re-assigned after fused_model.*fused_model\\(model\\)"):
+            got = fused(x)
+        torch.testing.assert_close(got, model(x))
+        assert fused.plans[0].last_path == "torch" and len(launched) == 1
+        assert torch.isnan(copied(x)).all() and len(launched) == 2
+        setattr(parent, name, old)
+        assert torch.isnan(fused(x)).all() and len(launched) == 3
