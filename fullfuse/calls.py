@@ -35,8 +35,15 @@ from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 # whether torch.compile is tracing the call (torch.compiler.is_compiling; never on torch builds without it)
 compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-# whether torch.export is tracing it (a stricter test than compiling(); never on torch builds without it)
-_exporting = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
+# whether torch.export is tracing it (a stricter test than compiling(); never on torch builds without it): torch's
+# flag itself where it has one, whose value torch.compile reads (torch.compiler.is_exporting() reads True under any
+# torch.compile on torch 2.11, which would give a compiled model PyTorch's ops for every region)
+_compiler = getattr(torch, "compiler", None)
+if hasattr(_compiler, "_is_exporting_flag"):
+    def _exporting() -> bool:
+        return _compiler._is_exporting_flag
+else:
+    _exporting = getattr(_compiler, "is_exporting", lambda: False)
 _grad_enabled = torch.is_grad_enabled
 _deterministic_algorithms = getattr(torch._C, "_get_deterministic_algorithms",
                                     torch.are_deterministic_algorithms_enabled)

@@ -120,6 +120,18 @@ def autocast_exit(context) -> None:
         context.__exit__(None, None, None)
 
 
+def compile_cannot_trace(gm: torch.fx.GraphModule) -> bool:
+    """Whether torch.compile cannot trace ``gm``'s autocast blocks: torch's that put ``torch.amp._enter_autocast`` in
+    the graph as an op (torch 2.11 and older: "returned non-Tensor", then an assertion that the global autocast state
+    changed), where a forward's own ``with torch.autocast(...):`` traces.  Asked only under torch.compile (whose
+    modules are loaded then)."""
+    if not any(node.target is autocast_enter for node in gm.graph.nodes):
+        return False
+    rules = getattr(getattr(getattr(torch, "_dynamo", None), "trace_rules", None),
+                    "torch_non_c_binding_in_graph_functions", {})
+    return "torch.amp.autocast_mode._enter_autocast" in rules
+
+
 _open = threading.local()
 
 

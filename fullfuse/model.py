@@ -79,8 +79,9 @@ class FusedModel(nn.Module):
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
         # the model (outside _modules: its modules are the graph's, its state dict this one's) and its module tree as
-        # fused: where a module of it is re-assigned since, its own forward runs (``_replaced``); a pickled or copied
-        # fused model has neither (__getstate__)
+        # fused: where a module of it is re-assigned since, its own forward runs (``_replaced``), as under a
+        # torch.compile that cannot trace the graph's autocast blocks; a pickled or copied fused model has no tree
+        # (__getstate__)
         self.__dict__["_original"] = None if graph_module is original else original
         self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original)
         self.__dict__["_warned_replaced"] = None
@@ -137,7 +138,10 @@ class FusedModel(nn.Module):
         state = dict(super().__getstate__())
         state["_lone_checked"] = state["_lone_name"] = None
         state["_hooked"], state["_root_hooks"] = None, ()   # (the original model's hooks stay with it)
-        state["_original"] = state["_tree"] = None   # (a copy is a model of its own: nothing re-assigns its modules)
+        # (a copy is a model of its own, which nothing re-assigns modules of; its original without the root's hooks,
+        # for torch.compile: _graph_forward)
+        original = state["_original"]
+        state["_original"], state["_tree"] = None if original is None else _copy_of(original, hooks=False), None
         # (the graphs for given optional inputs are traced again where needed, their plans added again)
         state["_graphs"], state["plans"] = {}, state["plans"][:state["_plans_of_the_graph"]]
         return state
@@ -217,6 +221,8 @@ class FusedModel(nn.Module):
                                                 "forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
             _, args, kwargs = call
+        if self._mode_blocks and calls.compiling() and mode_blocks.compile_cannot_trace(graph):
+            return self.__dict__["_original"].forward(*args, **kwargs)   # (the forward's own `with` blocks trace)
         if self._mode_blocks and not calls.compiling():   # (the caller's modes back where an op of a block raises)
             depth = mode_blocks.open_contexts()
             try:

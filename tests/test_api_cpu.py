@@ -2003,3 +2003,21 @@ def test_a_module_reassigned_on_the_model_after_fused_model(monkeypatch, where):
         assert torch.isnan(copied(x)).all() and len(launched) == 2
         setattr(parent, name, old)
         assert torch.isnan(fused(x)).all() and len(launched) == 3
+
+
+@pytest.mark.parametrize("copied", [False, True])
+def test_an_autocast_block_under_torch_compile_where_dynamo_cannot_trace_the_graphs(monkeypatch, copied):
+    """Where torch.compile cannot trace the graph's autocast calls (torch 2.11 and older put torch.amp._enter_autocast
+    in the graph as an op and assert that the global autocast state changed), the forward's own `with` block runs,
+    in the block's precision; a deep copy too."""
+    from fullfuse import mode_blocks
+    monkeypatch.setattr(mode_blocks, "compile_cannot_trace", lambda gm: True)
+    torch.manual_seed(0)
+    model = _AutocastBlock("bfloat16 block").requires_grad_(False)
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    if copied:
+        fused = copy.deepcopy(fused)
+    torch._dynamo.reset()
+    out = torch.compile(fused, backend="eager", fullgraph=True)(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, model(x))
