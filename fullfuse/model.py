@@ -118,17 +118,16 @@ class FusedModel(nn.Module):
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
                 or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
-        hooks = d["_root_hooks"]
-        if len(args) == 1 and not kwargs and d["_grad_mode"] is None and not d["_training_of"] and not (
-                hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3])):
+        if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
             gm = d["_modules"]["graph_module"]
             if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
-                d["_lone_name"] = lone_region(gm)
+                d["_lone_name"] = None if d["_grad_mode"] is not None or d["_training_of"] else lone_region(gm)
                 d["_lone_checked"] = type(gm).forward
             if d["_lone_name"] is not None:
                 region = gm._modules.get(d["_lone_name"])
-                tree = d["_tree"]
-                if type(region) is FusedRegion and (tree is None or tree.replaced_eagerly() is None):
+                tree = d["_tree"]   # (ModuleTree.replaced_eagerly, inline: host time)
+                if type(region) is FusedRegion and (tree is None or tuple(map(dict.get, tree.dicts, tree.names))
+                                                    == tree.children):
                     return region.forward(args[0])
         return self.forward(*args, **kwargs)
 

@@ -22,13 +22,14 @@ class ModuleTree:
     ``nn.Module.__setattr__`` and ``register_module`` change in place); plain loops under torch.compile, which traces
     them (and guards on the modules)."""
 
-    __slots__ = ("_dicts", "_names", "_children", "_paths")
+    __slots__ = ("dicts", "names", "children", "paths")
 
     def __init__(self, model: nn.Module):
         edges = [(module._modules, name, child, f"{path}.{name}" if path else name)
                  for path, module in model.named_modules(remove_duplicate=False)
                  for name, child in module._modules.items()]
-        self._dicts, self._names, self._children, self._paths = (tuple(column) for column in zip(*edges)) \
+        # (each parent's _modules, the child's name there, the child, its path)
+        self.dicts, self.names, self.children, self.paths = (tuple(column) for column in zip(*edges)) \
             if edges else ((), (), (), ())
 
     def replaced(self) -> Optional[str]:
@@ -38,12 +39,12 @@ class ModuleTree:
 
     def replaced_eagerly(self) -> Optional[str]:
         """``replaced()`` where torch.compile is known not to be tracing the call."""
-        if tuple(map(dict.get, self._dicts, self._names)) == self._children:   # (identity first: modules compare so)
+        if tuple(map(dict.get, self.dicts, self.names)) == self.children:   # (identity first: modules compare so)
             return None
         return self._first_replaced()
 
     def _first_replaced(self) -> Optional[str]:
-        for modules, name, child, path in zip(self._dicts, self._names, self._children, self._paths):
+        for modules, name, child, path in zip(self.dicts, self.names, self.children, self.paths):
             if modules.get(name) is not child:
                 return path
         return None

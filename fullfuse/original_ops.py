@@ -70,7 +70,7 @@ class Changes:
     instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings
     by one itemgetter per module; plain attribute reads, which torch.compile traces."""
 
-    __slots__ = ("_forward", "_backward", "_instances", "_settings", "_named")
+    __slots__ = ("_forward", "_backward", "_modules", "_named")
 
     def __init__(self, modules: Sequence[nn.Module], settings: Tuple[Tuple[Tuple[str, ...], tuple], ...]):
         # (torch's global hook dicts among them: one C-level test for all)
@@ -78,25 +78,24 @@ class Changes:
             d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
         self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(
             d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
-        self._instances = tuple(vars(m) for m in modules)   # (a forward set on an instance lands there)
-        # (instance dict, itemgetter of the setting names, their values at the match): an itemgetter of one name
-        # gives the value itself, of several a tuple, as `was` holds them
-        self._settings = tuple((vars(m), itemgetter(*names), was if len(names) > 1 else was[0])
-                               for m, (names, was) in zip(modules, settings) if names)
+        # per module: its instance dict (where a forward set on it lands, and its settings), an itemgetter of its
+        # setting names and their values at the match (an itemgetter of one name gives the value itself, of several a
+        # tuple; a module with none: its _parameters, the same dict always)
+        self._modules = tuple((vars(m), itemgetter(*names) if names else itemgetter("_parameters"),
+                               (was if len(names) > 1 else was[0]) if names else vars(m)["_parameters"])
+                              for m, (names, was) in zip(modules, settings))
         self._named = tuple((vars(m), names, was) for m, (names, was) in zip(modules, settings))
 
     def since_match(self) -> bool:
         if any(self._forward) or (_grad_enabled() and any(self._backward)):
             return True
-        for attributes in self._instances:
-            if "forward" in attributes:
-                return True
-        if compiling():   # (torch.compile cannot trace an itemgetter: the same test by name)
-            return any(attributes.get(name, _DELETED) != value
-                       for attributes, names, was in self._named for name, value in zip(names, was))
+        if compiling():   # (torch.compile cannot trace an itemgetter: the same tests by name)
+            return any("forward" in attributes or any(attributes.get(name, _DELETED) != value
+                                                      for name, value in zip(names, was))
+                       for attributes, names, was in self._named)
         try:
-            for attributes, settings, was in self._settings:
-                if settings(attributes) != was:
+            for attributes, settings, was in self._modules:
+                if "forward" in attributes or settings(attributes) != was:
                     return True
         except KeyError:   # (a setting deleted)
             return True
