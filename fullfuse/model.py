@@ -15,7 +15,7 @@ from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
-from .module_tree import ModuleTree
+from .module_tree import CHILDREN, ModuleTree
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -125,9 +125,9 @@ class FusedModel(nn.Module):
                 d["_lone_checked"] = type(gm).forward
             if d["_lone_name"] is not None:
                 region = gm._modules.get(d["_lone_name"])
-                tree = d["_tree"]   # (ModuleTree.replaced_eagerly, inline: host time)
-                if type(region) is FusedRegion and (tree is None or tuple(map(dict.get, tree.dicts, tree.names))
-                                                    == tree.children):
+                tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
+                if type(region) is FusedRegion and (tree is None or tuple(map(CHILDREN, tree.instances))
+                                                    == tree.copies):
                     return region.forward(args[0])
         return self.forward(*args, **kwargs)
 
@@ -195,10 +195,10 @@ class FusedModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         tree = self.__dict__["_tree"]
-        if tree is not None:
-            replaced = tree.replaced()
-            if replaced is not None:
-                return self._replaced(replaced, args, kwargs)
+        if tree is not None and not tree.unchanged():
+            changed = tree.changed()
+            if changed is not None:
+                return self._replaced(changed, args, kwargs)
         hooks = self.__dict__["_root_hooks"]
         if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]):   # (the original root's hooks: __init__)
             return self.__dict__["_hooked"](*args, **kwargs)
@@ -236,17 +236,17 @@ class FusedModel(nn.Module):
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
     def _replaced(self, path: str, args, kwargs):
-        """A call after the model's module ``path`` was re-assigned (or deleted) on the model: the fused graph still
-        holds the one it replaced, so the model's own forward runs, with every region's ops as written (warned once
-        per path; fusing again fuses the model as it is now)."""
+        """A call after the model's module ``path`` was re-assigned, added or deleted on the model: the fused graph
+        still holds the modules as they were, so the model's own forward runs, with every region's ops as written
+        (warned once per path; fusing again fuses the model as it is now)."""
         if self.__dict__["_warned_replaced"] != path:
             self.__dict__["_warned_replaced"] = path
-            warnings.warn(f"fullfuse: the model's module '{path}' was re-assigned after fused_model; the fused model "
-                          f"runs the model's own forward (no kernel) until it is put back: call fused_model(model) "
-                          f"again to fuse the model as it is", stacklevel=3)
+            warnings.warn(f"fullfuse: the model's module '{path}' was re-assigned, added or deleted after fused_model; "
+                          f"the fused model runs the model's own forward (no kernel) until it is as it was: call "
+                          f"fused_model(model) again to fuse the model as it is", stacklevel=3)
         for plan in self.plans:
-            plan.calls.last = ("torch", f"the model's module '{path}' was re-assigned after fused_model: the model's "
-                                        f"own forward runs")
+            plan.calls.last = ("torch", f"the model's module '{path}' was re-assigned, added or deleted after "
+                                        f"fused_model: the model's own forward runs")
         original = self.__dict__["_original"]
         was, original.training = original.training, self.training   # (the root's flag is this model's: train())
         try:

@@ -1996,7 +1996,8 @@ def test_a_module_reassigned_on_the_model_after_fused_model(monkeypatch, where):
     with torch.no_grad():
         assert torch.isnan(fused(x)).all() and len(launched) == 1
         setattr(parent, name, new)
-        with pytest.warns(UserWarning, match=f"'{where}' was re-assigned after fused_model.*fused_model\\(model\\)"):
+        with pytest.warns(UserWarning, match=f"'{where}' was re-assigned, added or deleted after fused_model.*"
+                                             f"fused_model\\(model\\)"):
             got = fused(x)
         torch.testing.assert_close(got, model(x))
         assert fused.plans[0].last_path == "torch" and len(launched) == 1
@@ -2021,3 +2022,35 @@ def test_an_autocast_block_under_torch_compile_where_dynamo_cannot_trace_the_gra
     torch._dynamo.reset()
     out = torch.compile(fused, backend="eager", fullgraph=True)(x)
     assert out.dtype == torch.bfloat16 and torch.equal(out, model(x))
+
+
+@pytest.mark.parametrize("change", ["appended", "deleted", "parametrized"])
+def test_a_module_added_to_or_deleted_from_the_model_after_fused_model(monkeypatch, change):
+    """A Sequential whose forward runs every child: one appended or deleted after fused_model runs the model's own
+    forward (the graph has the children as they were), with a warning, until it is as it was; a parametrization
+    registered on the conv since (children of a module that had none) keeps the kernel path (stubbed: NaN)."""
+    launched = _stub_kernel_path(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 6, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
+    x = torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model.eval())
+    with torch.no_grad():
+        if change == "parametrized":
+            torch.nn.utils.parametrizations.weight_norm(model[0])
+            assert torch.isnan(fused(x)).all() and len(launched) == 1
+            return
+        if change == "appended":
+            model.append(nn.Tanh())
+        else:
+            last = model[4]
+            del model[4]
+        with pytest.warns(UserWarning, match=f"'{5 if change == 'appended' else 4}' was re-assigned, added or "
+                                             f"deleted"):
+            got = fused(x)
+        torch.testing.assert_close(got, model(x))
+        assert not launched
+        if change == "appended":
+            del model[5]   # (Sequential's `del` puts a new dict of children on it)
+        else:
+            model.append(last)
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
