@@ -85,6 +85,9 @@ class FusedModel(nn.Module):
         self.__dict__["_original"] = None if graph_module is original else original
         self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original)
         self.__dict__["_warned_replaced"] = None
+        # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
+        # flags, a grad mode of its own or mode blocks (_graph_forward)
+        self.__dict__["_plain"] = not (self._as_module or self._optional or read or grad_mode or blocks)
         names = StateNames(original, self)
         names.register(self)
         self.__dict__["_original_names"] = OriginalNames(self, graph_module, original, names.modules)
@@ -118,6 +121,9 @@ class FusedModel(nn.Module):
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
                 or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
             return super().__call__(*args, **kwargs)
+        tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
+        if tree is not None and tuple(map(CHILDREN, tree.instances)) != tree.copies:
+            return self.forward(*args, **kwargs)   # (which says what changed)
         if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
             gm = d["_modules"]["graph_module"]
             if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
@@ -125,11 +131,9 @@ class FusedModel(nn.Module):
                 d["_lone_checked"] = type(gm).forward
             if d["_lone_name"] is not None:
                 region = gm._modules.get(d["_lone_name"])
-                tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
-                if type(region) is FusedRegion and (tree is None or tuple(map(CHILDREN, tree.instances))
-                                                    == tree.copies):
-                    return region.forward(args[0])
-        return self.forward(*args, **kwargs)
+                if type(region) is FusedRegion:
+                    return region.run(args[0])
+        return self._tree_forward(*args, **kwargs)
 
     def __getstate__(self):
         """Pickling and deepcopy: without the generated forward looked at last (a function fx made, which pickle cannot
@@ -199,9 +203,17 @@ class FusedModel(nn.Module):
             changed = tree.changed()
             if changed is not None:
                 return self._replaced(changed, args, kwargs)
-        hooks = self.__dict__["_root_hooks"]
+        return self._tree_forward(*args, **kwargs)
+
+    def _tree_forward(self, *args, **kwargs):
+        """``forward`` where the model's module tree is as fused: the original root's hooks around the graph, else the
+        graph; a graph that needs nothing else (``_plain``) called straight away (host time per call)."""
+        d = self.__dict__
+        hooks = d["_root_hooks"]
         if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]):   # (the original root's hooks: __init__)
-            return self.__dict__["_hooked"](*args, **kwargs)
+            return d["_hooked"](*args, **kwargs)
+        if d["_plain"]:
+            return d["_modules"]["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
         return self._graph_forward(*args, **kwargs)
 
     def _graph_forward(self, *args, **kwargs):
@@ -288,6 +300,7 @@ class FusedModel(nn.Module):
                                                         first.calls.deterministic)
             if plans and keep_mode_blocks(gm):
                 self._mode_blocks = True
+                self.__dict__["_plain"] = False
             named = sorted(item if isinstance(item, str) else f"{item[0]}={item[1]!r}" for item in given)
             label = ", ".join(named) + " given" if named else ""
             if not traced:

@@ -13,7 +13,6 @@ from torch import nn
 from torch.fx import Graph, GraphModule, Node
 from torch.nn.modules import module as _module
 
-from .calls import compiling
 
 # torch's global module hooks (dicts that registration and removal change in place)
 GLOBAL_FORWARD, GLOBAL_FORWARD_PRE, GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE = (
@@ -63,8 +62,8 @@ _DELETED = object()
 
 
 class Changes:
-    """``changes.since_match()``: whether a region's modules now do more than its plan — a forward hook or pre-hook
-    on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on, a global
+    """``changes.since_match(compiling)``: whether a region's modules now do more than its plan — a forward hook or
+    pre-hook on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on, a global
     module hook, or one of their settings (``settings_of``) set to another value since they were matched (before the
     first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts and
     instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings
@@ -86,10 +85,11 @@ class Changes:
                               for m, (names, was) in zip(modules, settings))
         self._named = tuple((vars(m), names, was) for m, (names, was) in zip(modules, settings))
 
-    def since_match(self) -> bool:
+    def since_match(self, compiling: bool) -> bool:
+        """(``compiling``: whether torch.compile is tracing the call.)"""
         if any(self._forward) or (_grad_enabled() and any(self._backward)):
             return True
-        if compiling():   # (torch.compile cannot trace an itemgetter: the same tests by name)
+        if compiling:   # (torch.compile cannot trace an itemgetter: the same tests by name)
             return any("forward" in attributes or any(attributes.get(name, _DELETED) != value
                                                       for name, value in zip(names, was))
                        for attributes, names, was in self._named)

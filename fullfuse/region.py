@@ -61,13 +61,18 @@ class FusedRegion(nn.Module):
         return self.calls.deterministic
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
+        return self.run(x, weight, bias, calls.compiling())
+
+    def run(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+            compiling: bool = False):
+        """``forward``, told whether torch.compile is tracing the call (its eager callers know it is not: host time)."""
         d = self.__dict__   # (dict lookups, not Module.__getattr__: host time per call; still live)
         conv = d["_modules"]["conv"]
         changed = d["_changed"]
         if changed is not None:
             if changed is True:
                 changed = d["_changed"] = original_ops.Changes(*d["_watch"])
-            if changed.since_match():
+            if changed.since_match(compiling):
                 return self._run_original(x, weight, bias, "a module hook, forward or setting was added or "
                                                            "changed after fused_model")
             unbatched = d["_unbatched_rank"]
@@ -104,7 +109,7 @@ class FusedRegion(nn.Module):
             return super().__call__(*args, **kwargs)
         if jit_tracing():
             return self._traced(*args, **kwargs)
-        return self.forward(*args, **kwargs)
+        return self.run(*args, **kwargs)
 
     def _traced(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
         if self.__dict__["_original"] is not None:
