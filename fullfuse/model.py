@@ -112,14 +112,15 @@ class FusedModel(nn.Module):
 
     def __call__(self, *args, **kwargs):
         """``forward`` without nn.Module.__call__ where that would only add host time (~1 us per call): no hooks on
-        this module, no global module hooks, no ``Module.compile()``, and no tracing (fx, TorchScript) or
-        torch.compile, which all see the module call as usual.  A graph that is one region called on the one input
+        this module, no global module hooks, no ``Module.compile()``, no forward set on it, and no tracing (fx,
+        TorchScript) or torch.compile, which all see the module call as usual.  A graph that is one region called on the one input
         runs that region's forward directly (the generated forward's frame and the region's own checks, ~1 us more;
         the checks here are the region's)."""
         d = self.__dict__   # (nn.Module keeps these in the instance dict; read there: host time per call)
         if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE
-                or d.get("_compiled_call_impl") is not None or jit_tracing() or fx_tracing() or calls.compiling()):
+                or d.get("_compiled_call_impl") is not None or "forward" in d or jit_tracing() or fx_tracing()
+                or calls.compiling()):
             return super().__call__(*args, **kwargs)
         tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
         if tree is not None and tuple(map(CHILDREN, tree.instances)) != tree.copies:
@@ -131,7 +132,7 @@ class FusedModel(nn.Module):
                 d["_lone_checked"] = type(gm).forward
             if d["_lone_name"] is not None:
                 region = gm._modules.get(d["_lone_name"])
-                if type(region) is FusedRegion:
+                if type(region) is FusedRegion and "forward" not in region.__dict__:
                     return region.run(args[0])
         return self._tree_forward(*args, **kwargs)
 

@@ -109,6 +109,8 @@ class FusedRegion(nn.Module):
             return super().__call__(*args, **kwargs)
         if jit_tracing():
             return self._traced(*args, **kwargs)
+        if "forward" in self.__dict__:   # (a forward set on the instance, as accelerate's hooks do: nn.Module calls it)
+            return self.forward(*args, **kwargs)
         return self.run(*args, **kwargs)
 
     def _traced(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):

@@ -2054,3 +2054,19 @@ def test_a_module_added_to_or_deleted_from_the_model_after_fused_model(monkeypat
         else:
             model.append(last)
         assert torch.isnan(fused(x)).all() and len(launched) == 1
+
+
+@pytest.mark.parametrize("on", ["fused model", "region"])
+def test_a_forward_set_on_the_fused_model_or_its_region_runs(monkeypatch, on):
+    """A forward set on an instance runs when the module is called, as nn.Module does (accelerate's hooks set one on
+    every module of a model, a fused one too): set on the fused model or on its region, it runs instead of the kernel
+    path (stubbed: NaN), which runs again once the forward is deleted."""
+    launched = _stub_kernel_path(monkeypatch)
+    model, x = _small_seed("A")
+    fused = fullfuse.fused_model(model)
+    target = fused if on == "fused model" else fused.graph_module.get_submodule("fullfuse_region_0")
+    with torch.no_grad():
+        target.forward = lambda *args, **kwargs: torch.zeros(1)
+        assert torch.equal(fused(x), torch.zeros(1)) and not launched
+        del target.forward
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
