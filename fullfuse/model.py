@@ -111,11 +111,11 @@ class FusedModel(nn.Module):
             super().__setattr__(name, value)
 
     def __call__(self, *args, **kwargs):
-        """``forward`` without nn.Module.__call__ where that would only add host time (~1 us per call): no hooks on
-        this module, no global module hooks, no ``Module.compile()``, no forward set on it, and no tracing (fx,
-        TorchScript) or torch.compile, which all see the module call as usual.  A graph that is one region called on the one input
-        runs that region's forward directly (the generated forward's frame and the region's own checks, ~1 us more;
-        the checks here are the region's)."""
+        """``forward`` without nn.Module.__call__ where that would only add host time (~1 us per call): no hooks on this
+        module, no global module hooks, no ``Module.compile()``, no forward set on it, and no tracing (fx, TorchScript)
+        or torch.compile, which all see the module call as usual.  A graph that is one region called on the one input
+        runs that region's forward directly (the generated forward's frame and the region's own checks, ~1 us more; the
+        checks here are the region's)."""
         d = self.__dict__   # (nn.Module keeps these in the instance dict; read there: host time per call)
         if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
                 or GLOBAL_FORWARD or GLOBAL_FORWARD_PRE or GLOBAL_BACKWARD or GLOBAL_BACKWARD_PRE

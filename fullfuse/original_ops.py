@@ -63,11 +63,11 @@ _DELETED = object()
 
 class Changes:
     """``changes.since_match(compiling)``: whether a region's modules now do more than its plan — a forward hook or
-    pre-hook on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on, a global
-    module hook, or one of their settings (``settings_of``) set to another value since they were matched (before the
-    first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts and
-    instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings
-    by one itemgetter per module; plain attribute reads, which torch.compile traces."""
+    pre-hook on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on, a
+    global module hook, or one of their settings (``settings_of``) set to another value since they were matched (before
+    the first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts and
+    instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings by
+    one itemgetter per module; plain attribute reads, which torch.compile traces."""
 
     __slots__ = ("_forward", "_backward", "_modules", "_named")
 

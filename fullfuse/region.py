@@ -27,8 +27,8 @@ class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
     F.convNd.  Where the plan no longer describes the model (``original_ops.Changes``: hooks, a forward set on one of
-    its modules, a setting of one changed: the conv's stride, GELU's approximation) or an unbatched input means something
-    else to the ops as written, it runs the region's own ops instead."""
+    its modules, a setting of one changed: the conv's stride, GELU's approximation) or an unbatched input means
+    something else to the ops as written, it runs the region's own ops instead."""
 
     _fullfuse_leaf = True   # (trace.trace keeps it as a module call)
 
