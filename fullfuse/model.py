@@ -200,18 +200,16 @@ class FusedModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         tree = self.__dict__["_tree"]
-        if tree is not None and not tree.unchanged():
-            changed = tree.changed()
-            if changed is not None:
-                return self._replaced(changed, args, kwargs)
+        changed = None if tree is None else tree.changed()
+        if changed is not None:
+            return self._replaced(changed, args, kwargs)
         return self._tree_forward(*args, **kwargs)
 
     def _tree_forward(self, *args, **kwargs):
         """``forward`` where the model's module tree is as fused: the original root's hooks around the graph, else the
         graph; a graph that needs nothing else (``_plain``) called straight away (host time per call)."""
         d = self.__dict__
-        hooks = d["_root_hooks"]
-        if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]):   # (the original root's hooks: __init__)
+        if any(d["_root_hooks"]):   # (the original root's hooks: __init__)
             return d["_hooked"](*args, **kwargs)
         if d["_plain"]:
             return d["_modules"]["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
@@ -233,16 +231,18 @@ class FusedModel(nn.Module):
                                                 "forward runs")
                 return self.__dict__["_model"].forward(*args, **kwargs)
             _, args, kwargs = call
-        if self._mode_blocks and calls.compiling() and mode_blocks.compile_cannot_trace(graph):
-            return self.__dict__["_original"].forward(*args, **kwargs)   # (the forward's own `with` blocks trace)
-        if self._mode_blocks and not calls.compiling():   # (the caller's modes back where an op of a block raises)
-            depth = mode_blocks.open_contexts()
-            try:
-                with _grad_context(self._grad_mode):
-                    return graph.forward(*args, **kwargs)
-            except BaseException:
-                mode_blocks.exit_contexts(depth)
-                raise
+        if self._mode_blocks:
+            if calls.compiling():
+                if mode_blocks.compile_cannot_trace(graph):   # (the forward's own `with` blocks trace)
+                    return self.__dict__["_original"].forward(*args, **kwargs)
+            else:   # (the caller's modes back where an op of a block raises)
+                depth = mode_blocks.open_contexts()
+                try:
+                    with _grad_context(self._grad_mode):
+                        return graph.forward(*args, **kwargs)
+                except BaseException:
+                    mode_blocks.exit_contexts(depth)
+                    raise
         if self._grad_mode is not None:
             with _grad_context(self._grad_mode):
                 return graph.forward(*args, **kwargs)

@@ -13,7 +13,6 @@ from torch import nn
 from torch.fx import Graph, GraphModule, Node
 from torch.nn.modules import module as _module
 
-
 # torch's global module hooks (dicts that registration and removal change in place)
 GLOBAL_FORWARD, GLOBAL_FORWARD_PRE, GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE = (
     getattr(_module, name, {}) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
