@@ -64,19 +64,18 @@ _PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))   # the tensor types the 
 
 
 def _autocast_query():
-    """Whether autocast is on for CUDA, as one C call (host time per call): torch's getter bound to "cuda", or its
-    older spelling without a device."""
+    """Whether autocast is on for CUDA, as one C call: torch's getter without arguments (CUDA's, in every torch
+    fullfuse supports) where it answers silently, else bound to "cuda" (host time per call)."""
     try:
-        torch.is_autocast_enabled("cuda")
-    except TypeError:                                     # torch < 2.4's spelling
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.is_autocast_enabled()
         return torch.is_autocast_enabled
-    return functools.partial(torch.is_autocast_enabled, "cuda")
+    except Exception:   # (a torch that deprecates the spelling without a device)
+        return functools.partial(torch.is_autocast_enabled, "cuda")
 
 
 _cuda_autocast_on = _autocast_query()
-# whether autocast is on for any device, one C call without arguments (where torch has it; else the CUDA query): the
-# common call's test, the general route asking about CUDA itself
-_any_autocast_on = getattr(torch._C, "_is_any_autocast_enabled", None) or _cuda_autocast_on
 _warned_grad = False
 
 
@@ -123,6 +122,16 @@ def _autocast_float32(spec) -> bool:
     return isinstance(spec, ConvTPoolReduceSpec) and spec.reduction == "sum"
 
 
+def common_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rank: int) -> bool:
+    """Whether a call that needs no gradient, outside torch.compile, is the common one (``SpecCalls.run`` serves it
+    as it is): a batched input of ``rank`` dims, plain tensors, no CUDA autocast, no torch dispatch or function mode,
+    torch.func transform or dual level.  Under autocast for another device alone a CUDA input's ops run as written, and
+    a CPU input's prepared call is PyTorch's ops, which that autocast sees."""
+    return (x.dim() == rank and type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
+            and not _cuda_autocast_on() and not _dispatch_modes() and not _function_modes()
+            and _functorch_stack() is None and _forward_ad._current_level < 0)
+
+
 class SpecCalls:
     """The calls of one (spec, path, precision, deterministic) (the module's text says what a call does); one object
     per such tuple (``calls_for``), so that a region, ``ops.run_spec`` and the registered op share prepared calls."""
@@ -154,11 +163,8 @@ class SpecCalls:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         needs_grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                           or (bias is not None and bias.requires_grad))
-        # (compiling() before the C queries after it: torch.compile traces none of them)
-        if (x.dim() == self._rank and not needs_grad and type(x) in _PLAIN and type(weight) in _PLAIN
-                and (bias is None or type(bias) in _PLAIN) and not _any_autocast_on() and not compiling()
-                and not _dispatch_modes() and not _function_modes() and _functorch_stack() is None
-                and _forward_ad._current_level < 0):
+        # (compiling() before the C queries of common_call: torch.compile traces none of them)
+        if not needs_grad and not compiling() and common_call(x, weight, bias, self._rank):
             return self.run(x, weight, bias)
         return self._general(x, weight, bias, needs_grad)
 

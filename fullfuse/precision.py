@@ -41,14 +41,27 @@ _FAST = _fast_getters()
 
 
 def torch_conv_precision() -> str:
-    """What PyTorch would use for a float32 cuDNN convolution right now: "tf32" or "ieee"."""
+    """What PyTorch would use for a float32 cuDNN convolution right now: "tf32" or "ieee".  Where torch has the
+    fp32_precision levels, its legacy getter resolves them for cuDNN as a whole (conv, else cuDNN's, else the
+    generic level, else the legacy flag) and raises only where the conv's and the RNN's resolved values differ: one
+    C call in the common case (host time per call); the conv's own level walked only then."""
     if _FAST is not None:
+        try:
+            return "tf32" if torch._C._get_cudnn_allow_tf32() else "ieee"
+        except RuntimeError:
+            pass
         getter, levels = _FAST
         for level in levels:
             value = getter(*level)
             if value in ("tf32", "ieee"):
                 return value
         return _legacy_allow_tf32()
+    return _walked_levels()
+
+
+def _walked_levels() -> str:
+    """``torch_conv_precision`` by the fp32_precision attributes, conv level first (torch without the fast getters);
+    the legacy flag where no level says tf32 / ieee or torch has none."""
     conv = _conv_backend()
     if conv is not None:
         for holder in (conv, torch.backends.cudnn, torch.backends):

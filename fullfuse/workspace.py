@@ -20,6 +20,7 @@ Invariants that make the reuse safe:
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Dict, Tuple
 
@@ -63,12 +64,43 @@ def buffers(index: int, wanted) -> list:
 
 def for_launch(index: int, wanted) -> Tuple[int, list]:
     """(the current stream of device ``index``, ``buffers(index, wanted)`` for it): the stream and capture state read
-    once (host time), and the caller launches on that same stream, the one its buffers belong to."""
+    once (host time), and the caller launches on that same stream, the one its buffers belong to.  Host time per call:
+    this thread's last answer for (device, stream, wanted) is kept with the generation of the kept buffers it names,
+    and serves while no kept buffer was replaced or released since (``_generation``)."""
     if index < 0:   # a CPU tensor's device (the launch arithmetic, tested without a GPU)
         return 0, [torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted]
     stream, capturing = launch.stream_and_capturing(index)
     if capturing:
         return stream, [_fresh(index, size, purpose == ZEROED) if size else None for size, purpose in wanted]
+    memo = getattr(_scratch, "memo", None)
+    if memo is None:
+        memo = _scratch.memo = {}
+    key = (index, stream, wanted)
+    got = memo.get(key)
+    if got is not None and got[0] == _generation:
+        return stream, got[1]
+    generation = _generation   # (read first: a replacement from here on makes this answer stale, never current)
+    buffers = _kept_buffers(index, stream, wanted)
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = (generation, buffers)
+    return stream, buffers
+
+
+MEMO_LIMIT = 64   # answers kept per thread (a program cycling through ever new streams does not grow without limit)
+# a new value after a kept buffer is replaced (a larger one wanted) or released, set once that is done: the threads'
+# answers are stale then.  Each value is drawn once (next() of a count is atomic): racing bumps may leave an earlier
+# one last, which only makes current answers stale, never a stale one current
+_bumps = itertools.count(1)
+_generation = 0
+
+
+def _bump() -> None:
+    global _generation
+    _generation = next(_bumps)
+
+
+def _kept_buffers(index: int, stream: int, wanted) -> list:
     got = []
     for size, purpose in wanted:
         if not size:
@@ -83,8 +115,9 @@ def for_launch(index: int, wanted) -> Tuple[int, list]:
         buf = kept.get(key)
         if buf is None or buf.numel() < size:
             buf = kept[key] = _kept(index, size, purpose == ZEROED, stream)
+            _bump()
         got.append(buf)
-    return stream, got
+    return got
 
 
 def kept_bytes() -> int:
@@ -101,3 +134,5 @@ def release() -> None:
     drops it, on its stream, after the work enqueued there."""
     _zeroed.clear()
     getattr(_scratch, "buffers", {}).clear()
+    getattr(_scratch, "memo", {}).clear()
+    _bump()   # (other threads' answers name the released buffers, held until their next call: stale now)

@@ -245,7 +245,7 @@ def test_custom_ops_compute_in_their_inputs_dtype_under_autocast(monkeypatch):
     """A registered op computes in its inputs' dtypes whatever autocast says, as its fake implementation says:
     torch.compile's graphs call it under the caller's autocast, on inputs their own casts made (autocast on CUDA
     simulated here: the region's autocast tests report it on for every input)."""
-    monkeypatch.setattr(calls, "_any_autocast_on", lambda: True)
+    monkeypatch.setattr(calls, "_cuda_autocast_on", lambda: True)
     monkeypatch.setattr(calls, "_autocast_dtype", lambda x: torch.bfloat16 if x.dtype == torch.float32 else None)
     x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
     for xs in (x, x[0]):
@@ -367,6 +367,43 @@ class _SumChannels(nn.Module):
 
     def forward(self, x):
         return self.body(x).sum(dim=1, keepdim=True)
+
+
+def test_torch_conv_precision_resolves_every_level_as_the_attributes_do():
+    """The one-call resolution (torch's legacy getter, the levels walked only where it raises) gives what the
+    fp32_precision attributes say for the conv — its own level, else cuDNN's, else the generic one, else the legacy
+    flag — for every combination of the levels, the RNN's and the legacy flag set before or after them."""
+    import itertools
+
+    from fullfuse import precision
+
+    cudnn = torch.backends.cudnn
+    if precision._FAST is None:
+        pytest.skip("this torch has no fp32_precision getters")
+    holders = (torch.backends, cudnn, cudnn.conv, cudnn.rnn)
+    before = [h.fp32_precision for h in holders]
+    legacy_before = torch._C._get_cudnn_allow_tf32()
+    values, checked = ("none", "tf32", "ieee"), 0
+    try:
+        for legacy_first, legacy, levels in itertools.product((True, False), (None, True, False),
+                                                              itertools.product(values, repeat=4)):
+            if legacy_first and legacy is not None:
+                cudnn.allow_tf32 = legacy
+            try:
+                for holder, value in zip(holders, levels):
+                    holder.fp32_precision = value
+            except (RuntimeError, ValueError):
+                continue
+            if not legacy_first and legacy is not None:
+                cudnn.allow_tf32 = legacy
+            assert precision.torch_conv_precision() == precision._walked_levels(), (legacy_first, legacy, levels)
+            checked += 1
+    finally:   # (the legacy flag first: setting it sets the levels too)
+        cudnn.allow_tf32 = legacy_before
+        for holder, value in zip(holders, before):
+            holder.fp32_precision = value
+    assert [h.fp32_precision for h in holders] == before and torch._C._get_cudnn_allow_tf32() == legacy_before
+    assert checked >= 400
 
 
 def test_precision_flags_change_only_under_the_lock_and_come_back():
