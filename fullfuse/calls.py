@@ -122,6 +122,10 @@ def _autocast_float32(spec) -> bool:
     return isinstance(spec, ConvTPoolReduceSpec) and spec.reduction == "sum"
 
 
+def _requires_grad(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    return x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+
+
 def common_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rank: int) -> bool:
     """Whether a call that needs no gradient, outside torch.compile, is the common one (``SpecCalls.run`` serves it
     as it is): a batched input of ``rank`` dims, plain tensors, no CUDA autocast, no torch dispatch or function mode,
@@ -161,10 +165,14 @@ class SpecCalls:
         return calls_for, (self.spec, self.path, self.precision, self.deterministic)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        needs_grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
-                                          or (bias is not None and bias.requires_grad))
-        # (compiling() before the C queries of common_call: torch.compile traces none of them)
-        if not needs_grad and not compiling() and common_call(x, weight, bias, self._rank):
+        if compiling():   # (before the C queries of common_call: torch.compile traces none of them)
+            return self._general(x, weight, bias, _grad_enabled() and _requires_grad(x, weight, bias))
+        return self.eager(x, weight, bias)
+
+    def eager(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """``__call__`` outside torch.compile (a caller that knows it is not tracing asks nothing more: host time)."""
+        needs_grad = _grad_enabled() and _requires_grad(x, weight, bias)
+        if not needs_grad and common_call(x, weight, bias, self._rank):
             return self.run(x, weight, bias)
         return self._general(x, weight, bias, needs_grad)
 

@@ -84,7 +84,7 @@ class FusedRegion(nn.Module):
             if weight is None:   # a parametrized weight (torch.nn.utils.parametrize), a DataParallel replica's tensor
                 weight = conv.weight
             bias = params["bias"] if "bias" in params else conv.bias
-        return self.calls(x, weight, bias)
+        return d["calls"](x, weight, bias) if compiling else d["calls"].eager(x, weight, bias)
 
     def __getstate__(self):
         """Pickling and deepcopy: without the change test, which holds the live dicts it reads (the modules' instance

@@ -9,7 +9,6 @@ context is made current for the call and the thread's own restored, so torch's c
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -99,7 +98,6 @@ class Kernel:
         _in_context(self._ctx, self._load, drv, code, name, arch)
         self._occupancy: Dict[Tuple[int, int], int] = {}
         self._launch, self._launch_ex = drv.cuLaunchKernel, drv.cuLaunchKernelEx
-        self._configs = threading.local()   # .by_shape: (grid, block, smem) -> this thread's CUlaunchConfig
 
     def _load(self, drv, code: bytes, name: str, arch: str) -> None:
         try:
@@ -132,16 +130,23 @@ class Kernel:
 
     def at(self, grid: Dim3, block: Dim3, smem: int) -> Callable[[int, "Args"], None]:
         """``launch`` at these dimensions as ``fn(stream, args)``, the dimensions converted once (host time per call:
-        a prepared call keeps it)."""
+        a prepared call keeps it; one frame, the launch straight to the driver where torch's current device is the
+        kernel's, as ``_launch_in_context`` says)."""
         gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
         bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
-        return functools.partial(self._launch_at, gx, gy, gz, bx, by, bz, smem)
+        launch, fn, device = self._launch, self._fn, self.device
 
-    def _launch_at(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int, stream: int,
-                   args: "Args") -> None:
-        err, = _launch_in_context(self, self._launch, self._fn, gx, gy, gz, bx, by, bz, smem, stream, args.address, 0)
-        if int(err) != 0:
-            _check((err,), f"launching {self.variant.label}")
+        def launch_at(stream: int, args: "Args") -> None:
+            if current_device_index() == device:
+                err, = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, args.address, 0)
+                if not err:
+                    return
+                err, = _in_context(self._ctx, launch, fn, gx, gy, gz, bx, by, bz, smem, stream, args.address, 0)
+            else:
+                err, = _launch_in_context(self, launch, fn, gx, gy, gz, bx, by, bz, smem, stream, args.address, 0)
+            if err:
+                _check((err,), f"launching {self.variant.label}")
+        return launch_at
 
     def launch_dependent(self, grid: Dim3, block: Dim3, smem: int, args: "Args", stream: Optional[int] = None) -> None:
         """``launch`` with a programmatic dependency on the kernel before it in the stream
@@ -149,30 +154,35 @@ class Kernel:
         has signalled (griddepcontrol.launch_dependents), so its prologue overlaps that kernel's tail.  The kernel
         must wait (griddepcontrol.wait) before it reads what that kernel writes; where the previous work in the
         stream is not a kernel, or the GPU predates sm_90, the launch is an ordinary one."""
-        config = self._config(grid, block, smem)
-        config.hStream = stream_of(self.device) if stream is None else stream
-        err, = _launch_in_context(self, self._launch_ex, config, self._fn, args.address, 0)
-        if int(err) != 0:
-            _check((err,), f"launching {self.variant.label}")
+        self.dependent_at(grid, block, smem)(stream_of(self.device) if stream is None else stream, args)
 
-    def _config(self, grid: Dim3, block: Dim3, smem: int):
-        """This thread's launch configuration for these dimensions, the attribute set once (host time per call:
-        the stream only)."""
-        by_shape = getattr(self._configs, "by_shape", None)
-        if by_shape is None:
-            by_shape = self._configs.by_shape = {}
-        config = by_shape.get((grid, block, smem))
-        if config is None:
-            drv = _driver()
-            attr = drv.CUlaunchAttribute()
-            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            config = drv.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = (grid, 1, 1) if isinstance(grid, int) else grid
-            config.blockDimX, config.blockDimY, config.blockDimZ = (block, 1, 1) if isinstance(block, int) else block
-            config.sharedMemBytes = smem
-            config.attrs, config.numAttrs = [attr], 1
-            by_shape[(grid, block, smem)] = config
+    def dependent_at(self, grid: Dim3, block: Dim3, smem: int) -> Callable[[int, "Args"], None]:
+        """``launch_dependent`` at these dimensions as ``fn(stream, args)`` (host time per call: a prepared call keeps
+        it), with each thread's own launch configuration, the attribute set once (a call sets its stream only)."""
+        local = threading.local()   # .config: this thread's CUlaunchConfig
+
+        def launch_at(stream: int, args: "Args") -> None:
+            config = getattr(local, "config", None)
+            if config is None:
+                config = local.config = self._config(grid, block, smem)
+            config.hStream = stream
+            err, = _launch_in_context(self, self._launch_ex, config, self._fn, args.address, 0)
+            if err:
+                _check((err,), f"launching {self.variant.label}")
+        return launch_at
+
+    @staticmethod
+    def _config(grid: Dim3, block: Dim3, smem: int):
+        """A launch configuration for these dimensions with the programmatic dependency set."""
+        drv = _driver()
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = (grid, 1, 1) if isinstance(grid, int) else grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = (block, 1, 1) if isinstance(block, int) else block
+        config.sharedMemBytes = smem
+        config.attrs, config.numAttrs = [attr], 1
         return config
 
 

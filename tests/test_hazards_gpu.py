@@ -359,10 +359,12 @@ def test_fused_b_packs_any_weight_layout(shape, dtype, monkeypatch):
     launches = []
     real = runtime._launch_in_context
 
-    def counted(kernel, fn, *args):   # (every launch goes through it; prepared calls may predate this test)
+    def counted(kernel, fn, *args):   # (prepared calls may predate this test)
         launches.append(("launch_dependent" if fn is kernel._launch_ex else "launch", kernel.variant.label))
         return real(kernel, fn, *args)
     monkeypatch.setattr(runtime, "_launch_in_context", counted)
+    # (no device is the kernels' current one: every launch goes through _launch_in_context, in the kernel's context)
+    monkeypatch.setattr(runtime, "current_device_index", lambda: -1)
     weight = conv_of(model).weight
     layouts = [weight.data, weight.data.contiguous(memory_format=torch.channels_last_3d),
                weight.data.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2), weight.data * -0.5]

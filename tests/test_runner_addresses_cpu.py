@@ -49,6 +49,8 @@ class _Kernel:
     def at(self, grid, block, smem):
         return lambda stream, args: self.launch(grid, block, smem, args, stream)
 
+    dependent_at = at
+
 
 @pytest.fixture
 def device(monkeypatch):

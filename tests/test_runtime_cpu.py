@@ -81,6 +81,27 @@ def test_launch_runs_in_the_kernel_s_context_and_restores_the_thread_s(contexts,
     assert fake.current == own
 
 
+@pytest.mark.parametrize("torch_device, own", [(1, 7), (0, 3), (1, 0)],
+                         ids=["on the kernel's device", "on another device", "a thread with no context"])
+@pytest.mark.parametrize("dependent", [False, True], ids=["launch", "dependent launch"])
+def test_prepared_launches_run_in_the_kernel_s_context(contexts, monkeypatch, torch_device, own, dependent):
+    """Kernel.at's and dependent_at's prepared launches keep ``_launch_in_context``'s rule in their own frame: straight
+    to the driver where torch's device is the kernel's and that launch succeeds, else in the kernel's context, the
+    thread's own current again after."""
+    fake = contexts(current=own)
+    monkeypatch.setattr(runtime, "current_device_index", lambda: torch_device)
+    monkeypatch.setattr(runtime.Kernel, "_config", staticmethod(lambda grid, block, smem: type("C", (), {})()))
+    wrong = own != 7
+    direct = [own] if torch_device == 1 else []
+    launch, seen = _launch_recorder(fake, [(201,) if wrong else (0,) for _ in direct] + [(0,)])
+    kernel = _bare_kernel(launch)
+    kernel._launch_ex = launch
+    prepared = (kernel.dependent_at if dependent else kernel.at)(132, 128, 0)
+    prepared(55, runtime.Args())
+    assert seen == (direct + [7] if wrong else direct)
+    assert fake.current == own
+
+
 def test_launch_error_in_the_kernel_s_context_is_final(contexts, monkeypatch):
     fake = contexts(current=7)
     monkeypatch.setattr(runtime, "current_device_index", lambda: 1)

@@ -107,3 +107,28 @@ def test_kept_bytes_counts_what_is_kept(fake_gpu):
     assert workspace.kept_bytes() == 1800
     workspace.release()
     assert workspace.kept_bytes() == 0
+
+
+def test_a_threads_kept_answer_goes_stale_when_a_kept_buffer_changes(fake_gpu):
+    """Each thread reuses its last answer for (device, stream, wanted) only while no kept buffer was replaced or
+    released: a larger zeroed buffer made by another thread, or empty_cache, is what the next call gets."""
+    small = ((256, workspace.ZEROED), (128, workspace.PACKED))
+    workspace.for_launch(0, small)       # (makes the buffers: an answer made while they change is stale at once)
+    first = workspace.for_launch(0, small)[1]
+    assert workspace.for_launch(0, small)[1] is first                               # the kept answer
+    t = threading.Thread(target=lambda: workspace.buffer(0, 4096))                 # another thread, a larger one
+    t.start()
+    t.join()
+    zeroed, packed = workspace.for_launch(0, small)[1]
+    assert zeroed is workspace._zeroed[(0, 7)] and zeroed.numel() == 4096 and packed is first[1]
+    workspace.release()
+    again = workspace.for_launch(0, small)[1]
+    assert again[0] is not zeroed and again[1] is not packed and again[0] is workspace._zeroed[(0, 7)]
+
+
+def test_kept_answers_per_thread_are_bounded(fake_gpu):
+    """A program cycling through ever new streams keeps at most MEMO_LIMIT answers per thread."""
+    for stream in range(3 * workspace.MEMO_LIMIT):
+        fake_gpu["stream"] = stream
+        workspace.for_launch(0, ((64, workspace.PACKED),))
+    assert 0 < len(workspace._scratch.memo) <= workspace.MEMO_LIMIT

@@ -172,13 +172,14 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     # the launches at this signature's dimensions, converted once (host time per call)
     launch_fused = fused.at(p.blocks, p.threads, p.smem)
     launch_packing = packer.at(p.pack_grid, abi.PACK_THREADS, 0) if packer is not None else None
+    launch_dependent = fused.dependent_at(p.blocks, p.threads, p.smem) if packer is not None else None
     pooled = spec.pooled_spatial(tuple(x.shape[2:]))
     # out in the shape the call returns (keepdim's unit channel dim changes no offset of the kernel's writes)
     shape = (x.shape[0], *([1] if spec.keepdim else []), *pooled)
     channels_last = bool(p.params.channels_last)
     vec_shape = not channels_last and p.params.W % p.vec_columns == 0   # NCDHW 16-byte column groups, if aligned
     template = bytes(p.params)   # every field but the pointers, the weight's strides and ncdhw_vec
-    grid, threads, smem, ws_cnt, ws_pack = p.blocks, p.threads, p.smem, p.ws_cnt_offset, p.ws_pack_offset
+    ws_cnt, ws_pack = p.ws_cnt_offset, p.ws_pack_offset
     # window maxima and counters (zero; the kernel leaves them zero), this thread's buffer for the packed weights
     wanted = ((p.ws_bytes, workspace.ZEROED),
               (p.params.pg.nslices * planner.slice_bytes(p.kv, p.ks), workspace.PACKED))
@@ -221,6 +222,6 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         launch_packing(stream, args.pack)
         # the fused kernel's first blocks load their tiles while the packing runs and wait for it (griddepcontrol.wait)
         # before their first weight read; whatever wrote x came before the packing, complete before it started
-        fused.launch_dependent(grid, threads, smem, args, stream)
+        launch_dependent(stream, args)
         return out
     return run
