@@ -103,12 +103,13 @@ def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch:
     """The prepared call of a path.  follows_torch: the mode is PyTorch's own current setting (precision "auto"), so
     the torch path runs PyTorch's ops as they are, with no flag to hold."""
     if chosen == "torch":
+        ops = torch_path.prepared(spec)
         if follows_torch or mode not in ("tf32", "ieee"):
-            return lambda x, weight, bias: torch_path.run(spec, x, weight, bias)
+            return ops
 
         def run_torch(x, weight, bias):
             with precision_mod.cudnn_conv_precision(mode):   # under the flags lock; a change only where needed
-                return torch_path.run(spec, x, weight, bias)
+                return ops(x, weight, bias)
         return run_torch
     if chosen == "fused":
         return _fused_module(spec).prepare(spec, x, mode, deterministic)

@@ -5,6 +5,7 @@ tests, ``fullfuse check`` and the benchmark (called on float64 copies of the inp
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -17,58 +18,71 @@ CONV_T = {2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _MAX_POOL = {2: F.max_pool2d, 3: F.max_pool3d}
 
 
-def activate(y: torch.Tensor, activation: str) -> torch.Tensor:
-    if activation == "none":
-        return y
-    if activation == "relu":
-        return F.relu(y)
-    if activation == "gelu_erf":
-        return F.gelu(y)
-    if activation == "gelu_tanh":
-        return F.gelu(y, approximate="tanh")
-    if activation == "silu":
-        return F.silu(y)
-    raise ValueError(f"fullfuse: unknown activation {activation!r}")
+_ACTIVATIONS = {"none": None, "relu": F.relu, "gelu_erf": F.gelu,
+                "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "silu": F.silu}
+_POOLED_VIEWS = {"none": None, "flatten": functools.partial(torch.flatten, start_dim=1), "squeeze": torch.squeeze}
+_CHANNEL_REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 
 
-def conv_act_pool(spec: ConvActPoolSpec, x: torch.Tensor, weight: torch.Tensor,
-                  bias: Optional[torch.Tensor]) -> torch.Tensor:
-    padding = spec.padding
-    if spec.padding_mode != "zeros":
+def _activation(activation: str):
+    try:
+        return _ACTIVATIONS[activation]
+    except KeyError:
+        raise ValueError(f"fullfuse: unknown activation {activation!r}") from None
+
+
+def prepared(spec):
+    """``run(x, weight, bias)``: the spec's PyTorch ops with its arguments bound once (host time per call: what auto
+    runs for a signature where PyTorch is faster costs no more than the model's own ops)."""
+    act = _activation(spec.activation)
+    if isinstance(spec, ConvActPoolSpec):
+        return _conv_act_pool(spec, act)
+    return _convt_pool_reduce(spec, act)
+
+
+def _conv_act_pool(spec: ConvActPoolSpec, act):
+    conv, stride, padding, dilation, groups = CONV[spec.dims], spec.stride, spec.padding, spec.dilation, spec.groups
+    pad, mode = None, spec.padding_mode
+    if mode != "zeros":
         pad = [p for p in reversed(spec.padding) for _ in range(2)]
-        x, padding = F.pad(x, pad, mode=spec.padding_mode), (0,) * spec.dims
-    y = CONV[spec.dims](x, weight, bias, spec.stride, padding, spec.dilation, spec.groups)
-    y = activate(y, spec.activation)
-    spatial = tuple(range(2, 2 + spec.dims))
-    if spec.pool == "mean":
-        return post_view(spec, y.mean(dim=spatial, keepdim=spec.keepdim))
-    return post_view(spec, y.amax(dim=spatial, keepdim=spec.keepdim))
+        padding = (0,) * spec.dims
+    spatial, keepdim = tuple(range(2, 2 + spec.dims)), spec.keepdim
+    pool = torch.mean if spec.pool == "mean" else torch.amax
+    view = _POOLED_VIEWS[spec.post]
+
+    def run(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if pad is not None:
+            x = F.pad(x, pad, mode=mode)
+        y = conv(x, weight, bias, stride, padding, dilation, groups)
+        if act is not None:
+            y = act(y)
+        y = pool(y, spatial, keepdim)
+        return y if view is None else view(y)
+    return run
 
 
 def post_view(spec: ConvActPoolSpec, pooled: torch.Tensor) -> torch.Tensor:
     """The view of the pool's output that the region returns (spec.POSTS), as the model's own op takes it."""
-    if spec.post == "flatten":
-        return torch.flatten(pooled, 1)
-    if spec.post == "squeeze":
-        return pooled.squeeze()
-    return pooled
+    view = _POOLED_VIEWS[spec.post]
+    return pooled if view is None else view(pooled)
 
 
-def convt_pool_reduce(spec: ConvTPoolReduceSpec, x: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor]) -> torch.Tensor:
-    y = CONV_T[spec.dims](x, weight, bias, spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation)
-    y = activate(y, spec.activation)
-    y = _MAX_POOL[spec.dims](y, spec.window, spec.window)
-    if spec.reduction == "sum":
-        return y.sum(dim=1, keepdim=spec.keepdim)
-    if spec.reduction == "mean":
-        return y.mean(dim=1, keepdim=spec.keepdim)
-    return y.amax(dim=1, keepdim=spec.keepdim)
+def _convt_pool_reduce(spec: ConvTPoolReduceSpec, act):
+    conv, stride, padding, output_padding = CONV_T[spec.dims], spec.stride, spec.padding, spec.output_padding
+    groups, dilation, window, keepdim = spec.groups, spec.dilation, spec.window, spec.keepdim
+    max_pool, reduce = _MAX_POOL[spec.dims], _CHANNEL_REDUCTIONS[spec.reduction]
+
+    def run(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        y = conv(x, weight, bias, stride, padding, output_padding, groups, dilation)
+        if act is not None:
+            y = act(y)
+        return reduce(max_pool(y, window, window), 1, keepdim)
+    return run
 
 
 def run(spec, x, weight, bias):
-    fn = conv_act_pool if isinstance(spec, ConvActPoolSpec) else convt_pool_reduce
-    return fn(spec, x, weight, bias)
+    """The spec's PyTorch ops on these inputs (``prepared``, for one call)."""
+    return prepared(spec)(x, weight, bias)
 
 
 def float64_reference(spec, x, weight, bias) -> torch.Tensor:
