@@ -62,16 +62,26 @@ def buffers(index: int, wanted) -> list:
     return for_launch(index, wanted)[1]
 
 
-def for_launch(index: int, wanted) -> Tuple[int, list]:
+class Buffers(list):
+    """``for_launch``'s buffers (each a torch tensor, a runtime.DeviceBuffer or None), with ``pointers``: their
+    addresses (0 for None), read once: a caller that keeps the tuple it last set in a launch's parameters compares it
+    with this one (the same tuple while the answer is reused) and holds no buffer alive."""
+
+    def __init__(self, buffers):
+        super().__init__(buffers)
+        self.pointers = tuple(0 if buf is None else buf.data_ptr() for buf in buffers)
+
+
+def for_launch(index: int, wanted) -> Tuple[int, Buffers]:
     """(the current stream of device ``index``, ``buffers(index, wanted)`` for it): the stream and capture state read
     once (host time), and the caller launches on that same stream, the one its buffers belong to.  Host time per call:
     this thread's last answer for (device, stream, wanted) is kept with the generation of the kept buffers it names,
     and serves while no kept buffer was replaced or released since (``_generation``)."""
     if index < 0:   # a CPU tensor's device (the launch arithmetic, tested without a GPU)
-        return 0, [torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted]
+        return 0, Buffers([torch.zeros(size, dtype=torch.uint8) if size else None for size, _ in wanted])
     stream, capturing = launch.stream_and_capturing(index)
     if capturing:
-        return stream, [_fresh(index, size, purpose == ZEROED) if size else None for size, purpose in wanted]
+        return stream, Buffers([_fresh(index, size, purpose == ZEROED) if size else None for size, purpose in wanted])
     memo = getattr(_scratch, "memo", None)
     if memo is None:
         memo = _scratch.memo = {}
@@ -80,7 +90,7 @@ def for_launch(index: int, wanted) -> Tuple[int, list]:
     if got is not None and got[0] == _generation:
         return stream, got[1]
     generation = _generation   # (read first: a replacement from here on makes this answer stale, never current)
-    buffers = _kept_buffers(index, stream, wanted)
+    buffers = Buffers(_kept_buffers(index, stream, wanted))
     if len(memo) >= MEMO_LIMIT:
         memo.clear()
     memo[key] = (generation, buffers)

@@ -74,9 +74,8 @@ def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f1
     if op is None:
         op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool, f16_range))
     # the counters in the zeroed buffer (the kernel leaves them zero), the partials in a scratch buffer (workspace.py)
-    stream, (ws, parts) = workspace.for_launch(index, op.buffers)
-    op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), 0 if ws is None else ws.data_ptr(),
-              0 if parts is None else parts.data_ptr(), stream=stream)
+    stream, kept = workspace.for_launch(index, op.buffers)   # (held by this name until the launch is enqueued)
+    op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), *kept.pointers, stream=stream)
 
 
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool = True):

@@ -115,6 +115,8 @@ class Launches:
         self.osize = 4 if self.atomic else self.esize
         self.wgmma = choice.wp.ok
         self.tma = plan.uses_tma(choice)
+        # (mma.sync) 16-byte row loads of a channels_last input with channels in 8s, where the call's x is aligned
+        self.vec_rows = bool(pb.channels_last) and pb.C % 8 == 0
         self.geometry = plan.tensor_map_geometry(pb, choice.wp.lm, choice.wp.prm) if self.tma else None
         if self.wgmma:
             self._init_wgmma(choice.wp)
@@ -211,7 +213,7 @@ class Launches:
         output channel and its weights' byte offset, K > 64)."""
         q.x, q.w, q.bias, q.out = x, w + woff, (bias + self.esize * k0) if bias else None, out
         if not self.wgmma:
-            q.vec_ok = 1 if self.pb.channels_last and self.pb.C % 8 == 0 and x % 16 == 0 else 0
+            q.vec_ok = 1 if self.vec_rows and x % 16 == 0 else 0
 
     def params(self, x: int, w: int, bias: int, out: int, ws: int, parts: int, tmap: Optional[bytes] = None,
                tmp: int = 0, blocks=None):
@@ -285,10 +287,10 @@ class _Runner:
         out = (torch.zeros(*self.zeros_sizes, dtype=torch.float32, device=x.device) if l.atomic
                else launch.new_output(x, self.shape))
         bias = contiguous(bias)
-        stream, (ws, parts) = workspace.for_launch(self.device, self.wanted)
+        stream, kept = workspace.for_launch(self.device, self.wanted)
         strides = weight.stride()
         if l.nkb != 1:
-            self._launch_blocks(x, weight, bias, out, ws, parts, stream, tmap, strides)
+            self._launch_blocks(x, weight, bias, out, *kept, stream, tmap, strides)
         else:
             # one launch: this thread's own parameter struct per weight layout (the layout's strides as the caller
             # has them), made once from the layout's template, gets the call's pointers (a launch copies the
@@ -301,17 +303,16 @@ class _Runner:
             if mine is None:
                 blocks = l.blocks_for(strides)
                 mine = by_strides[strides] = runtime.Args(l.params(0, 0, 0, 0, 0, 0, blocks=blocks)[0])
-                mine.contiguous, mine.tmap, mine.ws = blocks is None, None, (0, 0)
+                mine.contiguous, mine.tmap, mine.kept = blocks is None, None, (0, 0)
             if mine.contiguous:
                 weight = contiguous(weight)
             q = mine.values[0]
             if tmap is not mine.tmap:   # (TensorMaps gives one object per address)
                 l.fill_tmap(q, tmap)
                 mine.tmap = tmap
-            wsp = (0 if ws is None else ws.data_ptr(), 0 if parts is None else parts.data_ptr())
-            if wsp != mine.ws:
-                l.fill_ws(q, *wsp)
-                mine.ws = wsp
+            if kept.pointers != mine.kept:   # (the same tuple while for_launch's answer is reused: one test)
+                l.fill_ws(q, *kept.pointers)
+                mine.kept = kept.pointers
             l.fill(q, x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
             self._launch(stream, mine)
         return out.to(self.dtype) if l.atomic and self.dtype != torch.float32 else out

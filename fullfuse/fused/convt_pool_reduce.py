@@ -188,7 +188,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     def run(x, weight, bias):
         if copy:
             x = x.contiguous()
-        stream, (ws, packed) = workspace.for_launch(index, wanted)
+        stream, kept = workspace.for_launch(index, wanted)
         out = launch.new_output(x, shape)   # the model's dtype, written by the kernel
         bias = contiguous(bias)
         xp = x.data_ptr()
@@ -199,7 +199,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             args = local.args = runtime.Args(abi.FBParams.from_buffer_copy(template))
             args.strides, args.ws = None, None
             if packer is not None:
-                args.pack = _pack_args(args.values[0].pg, weight, packed)
+                args.pack = _pack_args(args.values[0].pg, weight, kept[1])
         prm = args.values[0]
         strides = weight.stride()
         if strides != args.strides:   # the packing reads the weight through its strides (any layout)
@@ -207,12 +207,13 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
             args.strides = strides
             if packer is not None:
                 args.pack.values[2].ws[:] = strides
-        wptr, wp, wsp = weight.data_ptr(), packed.data_ptr(), ws.data_ptr()
+        wptr = weight.data_ptr()
         prm.x, prm.w, prm.out = xp, wptr, out.data_ptr()
         prm.bias = None if bias is None else bias.data_ptr()
-        if (wsp, wp) != args.ws:   # the kept buffers' addresses, set where they changed
+        wsp, wp = kept.pointers
+        if kept.pointers != args.ws:   # the kept buffers' addresses, set where they changed
             prm.ws, prm.ws_cnt, prm.pack_cnt, prm.wp = wsp, wsp + ws_cnt, wsp + ws_pack, wp
-            args.ws = (wsp, wp)
+            args.ws = kept.pointers
         prm.ncdhw_vec = int(vec_shape and xp % 16 == 0)
         if packer is None:
             launch_fused(stream, args)
