@@ -602,8 +602,9 @@ def test_prepared_calls_stay_bounded(monkeypatch):
 
 @pytest.mark.parametrize("family", ["A", "B"])
 def test_cpu_autocast_gives_the_models_own_answer(family):
-    """Autocast on another device than CUDA (the common call's autocast test sees any device's): the region runs as
-    the model would under it, in the dtype the model returns there, bit for bit on the torch path."""
+    """Autocast on another device than CUDA (the common call asks CUDA's only: a CPU input's prepared call is PyTorch's
+    ops, which CPU autocast casts): the region runs as the model would under it, in the dtype the model returns there,
+    bit for bit on the torch path."""
     torch.manual_seed(0)
     model = (SeedA() if family == "A" else SeedB()).eval()
     x = torch.randn(SMALL_SHAPE[family])
