@@ -158,6 +158,8 @@ class SpecCalls:
         # one of another shape runs PyTorch's ops: dispatch)
         self._prepared: Dict[tuple, tuple] = {}
         self._pooled: Optional[SpecCalls] = None
+        # PyTorch's ops of the spec, bound once (the general route's calls: autograd, transforms, modes, subclasses)
+        self._torch_ops = torch_path.prepared(spec)
 
     def __reduce__(self):
         """Pickled and copied as its arguments: the copy is the process's own object for them (prepared calls hold
@@ -225,16 +227,16 @@ class SpecCalls:
         if needs_grad:
             _warn_grad_once()
             self.last = ("torch", "an input or weight requires grad (autograd runs PyTorch's ops)")
-            return torch_path.run(spec, x, weight, bias)
+            return self._torch_ops(x, weight, bias)
         why = _torch_ops_needed(x, weight, bias)
         if why is not None:   # (under the caller's autocast, as the original's ops)
             self.last = ("torch", why)
-            return torch_path.run(spec, x, weight, bias)
+            return self._torch_ops(x, weight, bias)
         cast = _autocast_dtype(x)
         if cast is not None:
             if self.path == "torch":                      # PyTorch's own ops under the caller's autocast
                 self.last = ("torch", "requested")
-                return torch_path.run(spec, x, weight, bias)
+                return self._torch_ops(x, weight, bias)
             with torch.autocast("cuda", enabled=False):
                 out = self(x.to(cast), weight.to(cast), None if bias is None else bias.to(cast))
             return out.float() if _autocast_float32(spec) else out

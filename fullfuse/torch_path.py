@@ -24,17 +24,10 @@ _POOLED_VIEWS = {"none": None, "flatten": functools.partial(torch.flatten, start
 _CHANNEL_REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 
 
-def _activation(activation: str):
-    try:
-        return _ACTIVATIONS[activation]
-    except KeyError:
-        raise ValueError(f"fullfuse: unknown activation {activation!r}") from None
-
-
 def prepared(spec):
     """``run(x, weight, bias)``: the spec's PyTorch ops with its arguments bound once (host time per call: what auto
     runs for a signature where PyTorch is faster costs no more than the model's own ops)."""
-    act = _activation(spec.activation)
+    act = _ACTIVATIONS[spec.activation]   # (a spec's names are checked when it is made)
     if isinstance(spec, ConvActPoolSpec):
         return _conv_act_pool(spec, act)
     return _convt_pool_reduce(spec, act)
