@@ -1,8 +1,11 @@
-"""Host time of a fused call on a machine without a GPU: ``fused_model(x)`` of each family's seed at a tiny shape, the
-real per-call path from the fused model down to cuda-bindings' cuLaunchKernel, into a stub CUDA driver (a shared
-library compiled here whose entry points return success).  The device's properties, its current stream, the kept
-buffers and the tensor maps are stand-ins; the input stays on the CPU.  What it measures is the Python host time that
-the GPU machine adds to the driver's own launch cost, comparable between two checkouts on one machine.
+"""Host time of a fused and a fallback call on a machine without a GPU: ``fused_model(x)`` of each family's seed at a
+tiny shape, the real per-call path from the fused model down to cuda-bindings' cuLaunchKernel, into a stub CUDA driver
+(a shared library compiled here whose entry points return success).  The device's properties, its current stream, the
+kept buffers and the tensor maps are stand-ins; the input stays on the CPU.  A fallback call's conv is PyTorch's cuDNN
+op called directly (as the cuDNN frontend's timing picks at these shapes on an H200), stood in by a function that
+returns a conv output made once: its own host time (28-48 us on the GPU machine) is not in the figure.  What it
+measures is the Python host time that the GPU machine adds to the driver's and cuDNN's own costs, comparable between
+two checkouts on one machine.
 
     python benchmarks/probes/host_time_stub_driver.py [--against OTHER_CHECKOUT] [--rounds 4]
 
@@ -81,32 +84,58 @@ def _stand_ins() -> None:
     ctypes.CDLL("libcuda.so.1")   # (the stub: fails here, not mid-call, where the path is not set)
 
 
+def _fallback_stand_ins(conv_outputs: dict) -> None:
+    """The fallbacks' epilogue kernels available, the frontend's answer PyTorch's call, and that call's cuDNN op a
+    function returning ``conv_outputs[x.shape]``; the CPU tensors' device (-1) stands for device 0's."""
+    import torch
+
+    from fullfuse import launch, workspace
+    from fullfuse.fallback import conv_act_pool, convt_pool_reduce, cudnn_conv
+
+    conv_act_pool.unavailable = convt_pool_reduce.unavailable = lambda: None
+    cudnn_conv.lookup = lambda *args, **kwargs: (cudnn_conv.TORCH_CALL, True)
+    torch.backends.cudnn.is_available = lambda: True
+    torch.cudnn_convolution = torch.cudnn_convolution_transpose = lambda x, *args: conv_outputs[x.shape]
+    launch.stream_of = lambda index: 0
+    for_launch = workspace.for_launch
+    workspace.for_launch = lambda index, wanted: for_launch(max(index, 0), wanted)
+
+
 def measure(calls: int = 20000, repeat: int = 7) -> dict:
-    """{family: best ns per fused_model(x) call} of the checkout on sys.path."""
+    """{row: best ns per fused_model(x) call} of the checkout on sys.path (rows "A", "B": fused; "A fallback",
+    "B fallback")."""
     import torch
 
     import fullfuse
     from fullfuse import calls as calls_mod
+    from fullfuse.fallback import conv_act_pool as fallback_a
+    from fullfuse.fallback import convt_pool_reduce as fallback_b
     from fullfuse.fused import conv_act_pool, convt_pool_reduce
     from fullfuse.seed_models import seed_model
 
     _stand_ins()
-    fused_modules = {"A": conv_act_pool, "B": convt_pool_reduce}
+    conv_outputs = {}
+    _fallback_stand_ins(conv_outputs)
+    modules = {("A", "fused"): conv_act_pool, ("B", "fused"): convt_pool_reduce,
+               ("A", "fallback"): fallback_a, ("B", "fallback"): fallback_b}
     got = {}
     with torch.inference_mode():
-        for family, shape in SHAPES.items():
+        for (family, path), module in modules.items():
+            shape = SHAPES[family]
             model = seed_model(family).eval()
             x = torch.randn(shape)
+            conv_outputs[x.shape] = next(model.children())(x).detach()   # (the conv's output, bias and all)
             fused = fullfuse.fused_model(model, path="auto")
-            fused(x)   # (the input is on the CPU: its prepared call is PyTorch's; the fused runner replaces it)
+            fused(x)   # (the input is on the CPU: its prepared call is PyTorch's; the path's runner replaces it)
             region = fused.graph_module._modules["fullfuse_region_0"]
             spec_calls = calls_mod.calls_for(region.plan.spec, region.plan.requested, region.precision,
                                              region.deterministic)
             for key in list(spec_calls._prepared):
-                runner = fused_modules[family].prepare(spec_calls.spec, x, "tf32", True)
-                spec_calls._prepared[key] = (("fused", "stub driver"), runner)
+                runner = module.prepare(spec_calls.spec, x, "tf32", True)
+                spec_calls._prepared[key] = ((path, "stub driver"), runner)
             fused(x)
-            got[family] = min(timeit.repeat(lambda: fused(x), number=calls, repeat=repeat)) / calls * 1e9
+            row = family if path == "fused" else f"{family} {path}"
+            got[row] = min(timeit.repeat(lambda: fused(x), number=calls, repeat=repeat)) / calls * 1e9
     return got
 
 
@@ -129,9 +158,10 @@ def main() -> None:
                                  env=dict(env, PYTHONPATH=tree), check=True, capture_output=True, text=True)
             results[tree].append(eval(out.stdout.strip().splitlines()[-1]))
     for tree, rows in results.items():
-        cells = "  ".join(f"{family} {statistics.median(r[family] for r in rows) / 1e3:6.2f} us "
-                          f"({' '.join(f'{r[family] / 1e3:.2f}' for r in rows)})" for family in SHAPES)
-        print(f"{tree}: fused_model(x), median of {len(rows)} processes: {cells}")
+        print(f"{tree}: fused_model(x), median of {len(rows)} processes (us):")
+        for row in rows[0]:
+            print(f"  {row:10s} {statistics.median(r[row] for r in rows) / 1e3:6.2f}  "
+                  f"({' '.join(f'{r[row] / 1e3:.2f}' for r in rows)})")
 
 
 if __name__ == "__main__":
