@@ -173,7 +173,8 @@ class _RecordingKernel:
             types = [ctypes.c_void_p] * 3 + [abi.Geo]
         pointers = (ctypes.c_void_p * len(types)).from_address(params)
         values = [ty.from_address(p) for ty, p in zip(types, pointers)]
-        values = [v if isinstance(v, abi.Geo) else (v.value or 0) for v in values]
+        # (copied now, as a launch copies its parameters: the prepared launch's memory may be freed after)
+        values = [abi.Geo.from_buffer_copy(v) if isinstance(v, abi.Geo) else (v.value or 0) for v in values]
         self.launches.append((self.variant, grid, block, smem, values))
 
     def at(self, grid, block, smem):
@@ -183,11 +184,8 @@ class _RecordingKernel:
 @pytest.fixture
 def recording(monkeypatch):
     from fullfuse import runtime
-    from fullfuse.fallback import conv_act_pool, convt_pool_reduce
     monkeypatch.setattr(runtime, "kernel", _RecordingKernel)
     monkeypatch.setattr(launch, "stream_of", lambda index: 0)   # (the CPU tensors' device -1 has no stream)
-    monkeypatch.setattr(conv_act_pool, "_prepared", type(conv_act_pool._prepared)())
-    monkeypatch.setattr(convt_pool_reduce, "_prepared", type(convt_pool_reduce._prepared)())
     _RecordingKernel.launches = []
     return _RecordingKernel.launches
 
@@ -195,16 +193,17 @@ def recording(monkeypatch):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_act_pool_epilogue_passes_the_plan(recording, channels_last):
     """The family-A epilogue's launches (CPU tensors, no kernel run): pointers in their slots, the plan's scalars."""
-    from fullfuse.fallback.conv_act_pool import epilogue
+    from fullfuse.fallback.conv_act_pool import Epilogue
     from fullfuse.spec import ConvActPoolSpec
     spec = ConvActPoolSpec(dims=2, in_channels=3, out_channels=64, kernel_size=(3, 3), stride=(1, 1), padding=(0, 0),
                            dilation=(1, 1), has_bias=True, activation="silu", pool="max")
+    epilogue = Epilogue(spec, -1)
     y = torch.zeros(3, 64, 100, 100, dtype=torch.bfloat16)
     if channels_last:
         y = y.contiguous(memory_format=torch.channels_last)
     bias, out = torch.zeros(64), torch.empty(3, 64)
     for _ in range(2):                                       # the second call re-uses the prepared launch
-        epilogue(spec, y, bias, out)
+        epilogue(y, bias, out)
     plan = ep.act_pool(3, 64, 10000, channels_last, 1, 4, 1, y.data_ptr() % 16 == 0)
     assert len(recording) == 2
     for variant, grid, block, smem, values in recording:
@@ -214,22 +213,44 @@ def test_act_pool_epilogue_passes_the_plan(recording, channels_last):
         counters, partials = values[-2:]   # (two buffers: the zeroed counters, the partials' scratch)
         assert (counters == 0) == (plan.workspace_bytes == 0) == (partials == 0)
         assert counters != partials or counters == 0
+    assert len(epilogue._launches) == 1
+
+
+def test_act_pool_epilogue_reads_an_unreadable_layout_through_a_contiguous_copy(recording):
+    """A conv output in neither NCHW nor channels_last order (the kernels read those two only) is launched as its
+    contiguous copy, with the NCHW plan, on every call."""
+    from fullfuse.fallback.conv_act_pool import Epilogue
+    from fullfuse.spec import ConvActPoolSpec
+    spec = ConvActPoolSpec(dims=2, in_channels=3, out_channels=64, kernel_size=(3, 3), stride=(1, 1), padding=(0, 0),
+                           dilation=(1, 1), has_bias=True)
+    epilogue = Epilogue(spec, -1)
+    y = torch.zeros(2, 64, 9, 7).transpose(2, 3)
+    assert not (y.is_contiguous() or y.is_contiguous(memory_format=torch.channels_last))
+    out = torch.empty(2, 64)
+    for _ in range(2):
+        epilogue(y, None, out)
+    plan = ep.act_pool(2, 64, 63, False, 0, 2, 0, True)
+    assert len(recording) == 2
+    for variant, grid, block, smem, values in recording:
+        assert (variant, grid) == (plan.variant, plan.grid)
+        assert values[0] != y.data_ptr() and values[1:3] == [0, out.data_ptr()]
 
 
 def test_fp16_model_float32_conv_output_takes_the_f16_range_epilogue(recording):
     """An fp16 model's conv output written in float32 (the cuDNN path) is read as float and given fp16's overflow:
     the ff_f16_range instantiation; an fp16 conv output (PyTorch's call) keeps the __half one; the two are cached
     apart."""
-    from fullfuse.fallback.conv_act_pool import epilogue
+    from fullfuse.fallback.conv_act_pool import Epilogue
     from fullfuse.spec import ConvActPoolSpec
     spec = ConvActPoolSpec(dims=2, in_channels=8, out_channels=64, kernel_size=(3, 3), stride=(1, 1), padding=(0, 0),
                            dilation=(1, 1), has_bias=True)
+    epilogue = Epilogue(spec, -1)
     y32 = torch.zeros(2, 64, 30, 30).contiguous(memory_format=torch.channels_last)
     y16 = torch.zeros(2, 64, 30, 30, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     bias, out = torch.zeros(64), torch.empty(2, 64)
-    epilogue(spec, y32, bias, out, f16_range=True)
-    epilogue(spec, y16, bias, out)
-    epilogue(spec, y32, bias, out)
+    epilogue(y32, bias, out, f16_range=True)
+    epilogue(y16, bias, out)
+    epilogue(y32, bias, out)
     kernels = [variant.kernel for variant, *_ in recording]
     assert kernels == ["ff_act_pool::pool_rows<ff_f16_range, 2, false, 4>",
                        "ff_act_pool::pool_rows<__half, 2, false, 8>", "ff_act_pool::pool_rows<float, 2, false, 4>"]
@@ -238,7 +259,7 @@ def test_fp16_model_float32_conv_output_takes_the_f16_range_epilogue(recording):
 @pytest.mark.parametrize("dims", [2, 3])
 def test_window_reduce_epilogue_passes_the_plan(recording, dims):
     """The family-B epilogue's launches: a 2-D problem as depth 1 with the strides unsqueeze(2) gives."""
-    from fullfuse.fallback.convt_pool_reduce import epilogue
+    from fullfuse.fallback.convt_pool_reduce import Epilogue
     from fullfuse.spec import ConvTPoolReduceSpec
     one = (1,) * dims
     spec = ConvTPoolReduceSpec(dims=dims, in_channels=4, out_channels=16, kernel_size=one, stride=one,
@@ -246,7 +267,7 @@ def test_window_reduce_epilogue_passes_the_plan(recording, dims):
                                window=(2,) * dims, activation="relu", reduction="mean")
     y = torch.zeros(2, 16, *(8,) * dims, dtype=torch.float16)
     out = torch.empty(2, *(4,) * dims)
-    epilogue(spec, y, None, out)
+    Epilogue(spec, -1)(y, None, out)
     y5 = y.unsqueeze(2) if dims == 2 else y
     plan = ep.window_reduce(tuple(y5.shape), y5.stride(), (1,) * (3 - dims) + (2,) * dims, 2, 1, 1, True)
     (variant, grid, block, smem, values), = recording

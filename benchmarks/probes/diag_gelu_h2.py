@@ -7,7 +7,6 @@ relative error of the pooled mean of zero-mean normal inputs per scale (the case
 
 Usage: python3 benchmarks/probes/diag_gelu_h2.py
 """
-import math
 import sys
 from pathlib import Path
 

@@ -160,10 +160,10 @@ def fallback_pieces() -> None:
                                                   direct, lambda rows, s=out_shape: (rows, *s[1:]))
                 bias = conv.bias
                 if family == "A":
-                    epi = lambda y=y, bias=bias, out=out, spec=spec: fallback_a.epilogue(spec, y, bias, out)  # noqa
+                    epi = lambda y=y, bias=bias, out=out, e=fallback_a.Epilogue(spec, 0): e(y, bias, out)  # noqa
                 else:
                     pooled = torch.empty(shape[0], *spec.pooled_spatial(tuple(shape[2:])), device="cuda")
-                    epi = lambda y=y, bias=bias, out=pooled, spec=spec: fallback_b.epilogue(spec, y, bias, out)  # noqa
+                    epi = lambda y=y, bias=bias, out=pooled, e=fallback_b.Epilogue(spec, 0): e(y, bias, out)  # noqa
                 region = fallback.graph_module._modules["fullfuse_region_0"]
                 pieces = {"fused_model(x)": lambda f=fallback, x=x: f(x),
                           "region.forward(x)": lambda r=region, x=x: r.forward(x),

@@ -39,43 +39,50 @@ def require(reason: Optional[str]) -> None:
         raise UnsupportedError(f"fullfuse: the fallback path cannot serve this call: {reason}")
 
 
-def layout_of(y: torch.Tensor, dims: int):
-    """Return (tensor, channels_last flag) with y in a layout the epilogue kernels read directly."""
-    if y.is_contiguous(memory_format=CHANNELS_LAST[dims]):
-        return y, 1
-    return y.contiguous(), 0
-
-
 class _ActPool:
-    """The epilogue of one signature (conv output shape, layout, dtype, alignment, activation, pool, device)."""
+    """The epilogue launch of one conv output (shape, strides, dtype, alignment) of a signature; ``launch`` None where
+    the kernels read neither its layout nor its address (its contiguous copy is launched then)."""
 
-    def __init__(self, y: torch.Tensor, channels_last: int, activation: str, pool: str, f16_range: bool):
+    def __init__(self, y: torch.Tensor, spec: ConvActPoolSpec, f16_range: bool, device: int):
+        self.launch = None
+        channels_last = y.is_contiguous(memory_format=CHANNELS_LAST[spec.dims])
+        if not (channels_last or y.is_contiguous()):
+            return
         n, k = y.shape[:2]
         dtype = kernels.F16_RANGE if f16_range else dtype_code(y.dtype)
-        plan = epilogue_plan.act_pool(n, k, math.prod(y.shape[2:]), bool(channels_last), dtype,
-                                      ACTIVATIONS[activation], POOLS[pool], y.data_ptr() % 16 == 0)
+        plan = epilogue_plan.act_pool(n, k, math.prod(y.shape[2:]), channels_last, dtype,
+                                      ACTIVATIONS[spec.activation], POOLS[spec.pool], y.data_ptr() % 16 == 0)
         args = (POINTER, POINTER, POINTER, *[ty(v) for ty, v in plan.scalars], POINTER, POINTER)
-        self.launch = PreparedLaunch(plan.variant, y.get_device(), plan.grid, epilogue_plan.THREADS, 0, args)
+        self.launch = PreparedLaunch(plan.variant, device, plan.grid, epilogue_plan.THREADS, 0, args)
         self.buffers = ((plan.partials_offset, workspace.ZEROED),
                         (plan.workspace_bytes - plan.partials_offset, workspace.PARTIALS))
 
 
-_prepared = epilogue_launch.Prepared()
+class Epilogue:
+    """``epilogue(y, bias, out, f16_range=False)``: out[n, k] = pool over space of act(y[n, k, ...] + bias[k]) on the
+    current stream of device ``device``, where y, the bias-free conv output, lies (channels_last or contiguous as it
+    is, else copied contiguous); bias float32 (float32_bias) or None, out float32 and contiguous, (N, K) or (N, K, 1,
+    ...).  f16_range: y is the float32 conv output of an fp16 model, and y + bias gets fp16's overflow (+-inf past
+    65504) as PyTorch's fp16 conv.  One per fallback signature: its launches are prepared per conv output (shape,
+    strides, dtype, address alignment, f16_range) and found by those alone (host time per call: the spec and device
+    are its own)."""
 
+    def __init__(self, spec: ConvActPoolSpec, device: int):
+        self.spec, self.device = spec, device
+        self._launches = epilogue_launch.Prepared()
 
-def epilogue(spec: ConvActPoolSpec, y: torch.Tensor, bias, out: torch.Tensor, f16_range: bool = False) -> None:
-    """out[n, k] = pool over space of act(y[n, k, ...] + bias[k]); y is the bias-free conv output, bias float32
-    (float32_bias) or None, out float32 and contiguous, (N, K) or (N, K, 1, ...).  f16_range: y is the float32
-    conv output of an fp16 model, and y + bias gets fp16's overflow (+-inf past 65504) as PyTorch's fp16 conv."""
-    y, channels_last = layout_of(y, spec.dims)
-    y_ptr, index = y.data_ptr(), y.get_device()
-    key = (y.shape, channels_last, y.dtype, f16_range, index, y_ptr % 16, spec.activation, spec.pool)
-    op = _prepared.get(key)
-    if op is None:
-        op = _prepared.keep(key, _ActPool(y, channels_last, spec.activation, spec.pool, f16_range))
-    # the counters in the zeroed buffer (the kernel leaves them zero), the partials in a scratch buffer (workspace.py)
-    stream, kept = workspace.for_launch(index, op.buffers)   # (held by this name until the launch is enqueued)
-    op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), *kept.pointers, stream=stream)
+    def __call__(self, y: torch.Tensor, bias, out: torch.Tensor, f16_range: bool = False) -> None:
+        y_ptr = y.data_ptr()
+        key = (y.shape, y.stride(), y.dtype, y_ptr % 16, f16_range)
+        op = self._launches.get(key)
+        if op is None:
+            op = self._launches.keep(key, _ActPool(y, self.spec, f16_range, self.device))
+        if op.launch is None:
+            return self(y.contiguous(), bias, out, f16_range)
+        # the counters in the zeroed buffer (the kernel leaves them zero), the partials in a scratch buffer
+        # (workspace.py); held by this name until the launch is enqueued
+        stream, kept = workspace.for_launch(self.device, op.buffers)
+        op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr(), *kept.pointers, stream=stream)
 
 
 def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bool = True):
@@ -103,6 +110,7 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
                                  torch_conv.image_elements(x.shape), k * math.prod(spatial))
     convs = cudnn_conv.forward_convs(spec, mode, deterministic, conv_dtype, torch_call,
                                      lambda rows: (rows, k, *spatial))
+    epilogue = Epilogue(spec, launch.device_index(device))
     whole = (0, n)
 
     def conv(x, weight, rows):
@@ -114,10 +122,10 @@ def prepare(spec: ConvActPoolSpec, x: torch.Tensor, mode: str, deterministic: bo
         out = launch.new_output(x, made, torch.float32)   # (the epilogue writes float32)
         if schedule.whole:
             y = conv(x, weight, whole)
-            epilogue(spec, y, bias, out, f16 and y.dtype == torch.float32)
+            epilogue(y, bias, out, f16 and y.dtype == torch.float32)
         else:
             def finish(y, n0, n1):
-                epilogue(spec, y, bias, pipeline.rows(out, n0, n1), f16 and y.dtype == torch.float32)
+                epilogue(y, bias, pipeline.rows(out, n0, n1), f16 and y.dtype == torch.float32)
             schedule.run(lambda n0, n1: conv(pipeline.rows(x, n0, n1), weight, (n0, n1)), finish)
         if dtype != torch.float32:
             out = out.to(dtype)

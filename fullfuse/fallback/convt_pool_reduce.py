@@ -76,10 +76,9 @@ def _as_5d(shape, strides):
 
 
 class _WindowReduce:
-    """The epilogue of one signature (conv output shape, strides, dtype, alignment, window, activation, reduction,
-    device)."""
+    """The epilogue launch of one conv output (shape, strides, dtype, alignment) of a signature."""
 
-    def __init__(self, spec: ConvTPoolReduceSpec, y: torch.Tensor):
+    def __init__(self, spec: ConvTPoolReduceSpec, y: torch.Tensor, device: int):
         shape, strides = _as_5d(y.shape, y.stride())
         window = (1,) * (3 - len(spec.window)) + tuple(spec.window)
         plan = epilogue_plan.window_reduce(shape, strides, window, dtype_code(y.dtype), ACTIVATIONS[spec.activation],
@@ -87,23 +86,29 @@ class _WindowReduce:
         self.launch = None
         if plan.blocks:
             geo = kernels.Geo(**plan.geo)
-            self.launch = PreparedLaunch(plan.variant, y.get_device(), plan.blocks, epilogue_plan.THREADS, plan.smem,
+            self.launch = PreparedLaunch(plan.variant, device, plan.blocks, epilogue_plan.THREADS, plan.smem,
                                          (POINTER, POINTER, POINTER, geo))
 
 
-_prepared = epilogue_launch.Prepared()
+class Epilogue:
+    """``epilogue(y, bias, out)``: out[n, (d,) h, w] = reduce over k of max over the window of y (+ bias, activation
+    as ``spec`` says), on the current stream of device ``device``, where y lies; bias float32 (float32_bias) or None,
+    out float32 and contiguous.  One per fallback signature: its launches are prepared per conv output (shape,
+    strides, dtype, address alignment) and found by those alone (host time per call: the spec and device are its
+    own)."""
 
+    def __init__(self, spec: ConvTPoolReduceSpec, device: int):
+        self.spec, self.device = spec, device
+        self._launches = epilogue_launch.Prepared()
 
-def epilogue(spec: ConvTPoolReduceSpec, y: torch.Tensor, bias, out: torch.Tensor) -> None:
-    """out[n, (d,) h, w] = reduce over k of max over the window of y (+ bias, activation as the spec says); bias
-    float32 (float32_bias) or None, out float32 and contiguous."""
-    y_ptr = y.data_ptr()
-    key = (y.shape, y.stride(), y.dtype, y.get_device(), y_ptr % 16, spec.window, spec.activation, spec.reduction)
-    op = _prepared.get(key)
-    if op is None:
-        op = _prepared.keep(key, _WindowReduce(spec, y))
-    if op.launch is not None:                                # else the output is empty
-        op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr())
+    def __call__(self, y: torch.Tensor, bias, out: torch.Tensor) -> None:
+        y_ptr = y.data_ptr()
+        key = (y.shape, y.stride(), y.dtype, y_ptr % 16)
+        op = self._launches.get(key)
+        if op is None:
+            op = self._launches.keep(key, _WindowReduce(self.spec, y, self.device))
+        if op.launch is not None:                                # else the output is empty
+            op.launch(y_ptr, 0 if bias is None else bias.data_ptr(), out.data_ptr())
 
 
 def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic: bool = True):
@@ -119,6 +124,7 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
     schedule = pipeline.Schedule(device, (spec, tuple(x.shape), dtype, device, x.is_contiguous(), mode,
                                           deterministic), n, per_image)
     calls = _Calls(spec, x, mode, deterministic)
+    epilogue = Epilogue(spec, launch.device_index(device))
     whole = (0, n)
 
     def run(x, weight, bias):
@@ -127,11 +133,11 @@ def prepare(spec: ConvTPoolReduceSpec, x: torch.Tensor, mode: str, deterministic
         # float32, as the epilogue writes it (the reduction's channel dim where kept: no view per call)
         out = launch.new_output(x, made, torch.float32)
         if schedule.whole:
-            epilogue(spec, transposed_conv(spec, x, weight, mode, deterministic, calls, whole), bias, out)
+            epilogue(transposed_conv(spec, x, weight, mode, deterministic, calls, whole), bias, out)
         else:
             schedule.run(lambda n0, n1: transposed_conv(spec, pipeline.rows(x, n0, n1), weight, mode, deterministic,
                                                         calls, (n0, n1)),
-                         lambda y, n0, n1: epilogue(spec, y, bias, pipeline.rows(out, n0, n1)))
+                         lambda y, n0, n1: epilogue(y, bias, pipeline.rows(out, n0, n1)))
         if dtype != torch.float32:
             out = out.to(dtype)
         return out

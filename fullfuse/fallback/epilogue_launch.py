@@ -8,6 +8,7 @@ sets the pointers and launches: no argument conversion, no allocation.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from ctypes import c_void_p
 from typing import Dict, Optional, Sequence, Tuple
@@ -34,22 +35,23 @@ class PreparedLaunch:
         self.device, self.grid, self.block, self.smem = device, grid, block, smem
         self._launch = self.kernel.at(grid, block, smem)
         self._args = tuple(args)
+        self._pointers = sum(a is POINTER for a in self._args)
         self._local = threading.local()
 
-    def _thread_args(self) -> Tuple[list, runtime.Args]:
-        slots = [c_void_p() for a in self._args if a is POINTER]
-        fill = iter(slots)
+    def _thread_args(self) -> Tuple[ctypes.Array, runtime.Args]:
+        """This thread's (pointer slots, argument list): the slots one array, so that a call sets them all at once,
+        each pointer argument one of its elements."""
+        slots = (c_void_p * self._pointers)()
+        fill = (c_void_p.from_buffer(slots, i * ctypes.sizeof(c_void_p)) for i in range(self._pointers))
         made = (slots, runtime.Args(*[next(fill) if a is POINTER else a for a in self._args]))
         self._local.args = made
         return made
 
     def __call__(self, *pointers: int, stream: Optional[int] = None) -> None:
         """Launch on ``stream`` (default: the current stream of the kernel's device) with ``pointers`` (ints, 0 for
-        NULL) in the pointer slots, in order."""
-        made = getattr(self._local, "args", None) or self._thread_args()
-        slots, args = made
-        for slot, pointer in zip(slots, pointers):
-            slot.value = pointer
+        NULL; one per pointer slot, in order)."""
+        slots, args = getattr(self._local, "args", None) or self._thread_args()
+        slots[:] = pointers
         self._launch(launch.stream_of(self.device) if stream is None else stream, args)
 
 
