@@ -13,7 +13,11 @@ cuDNN op called directly, torch_conv.py) against F.convNd under the flags, the f
 the conv-problem lookup, the epilogue launch and the output's allocation; and which conv each problem's first call chose
 (cudnn_conv).
 
-Part 3, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
+Part 3, where auto runs PyTorch's ops (the first-call measurement kept them: (1, 3, 20, 20), 5x5 stride 2 over 3
+channels, bfloat16): the eager model against the fused model, each layer of the fused model's call down to the
+prepared ops, and the eager model's own ops called as its modules call them, side by side (interleaved_host_us).
+
+Part 4, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
 the span of one call from its first kernel's start to its last kernel's end.
 
 Usage: python3 benchmarks/probes/host_pieces.py   (a CUDA GPU)
@@ -23,6 +27,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import fullfuse
@@ -30,7 +35,7 @@ from fullfuse import calls, launch, ops, precision, torch_path, workspace
 from fullfuse.fallback import conv_act_pool as fallback_a
 from fullfuse.fallback import convt_pool_reduce as fallback_b
 from fullfuse.fallback import cudnn_conv, torch_conv
-from fullfuse.measure import isolated_host_us
+from fullfuse.measure import interleaved_host_us, isolated_host_us
 from fullfuse.seed_models import SEED_SHAPE, SeedA, SeedB, seed_model
 
 
@@ -188,6 +193,37 @@ def fallback_pieces() -> None:
                           flush=True)
 
 
+def torch_route_pieces() -> None:
+    """Part 3 (see the module's text)."""
+    torch.manual_seed(0)
+    model = seed_model("A", 3, 2, (64, 5, 2, 0)).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(1, 3, 20, 20, device="cuda", dtype=torch.bfloat16)
+    fused = fullfuse.fused_model(model)
+    region = fused.graph_module._modules["fullfuse_region_0"]
+    conv, act, pool = model.conv, model.act, model.pool
+    weight, bias = conv.weight, conv.bias
+    with torch.no_grad():
+        fused(x)
+        print(f"\n(1, 3, 20, 20) bf16: auto ran {fused.plans[0].last_path} ({fused.plans[0].last_reason})")
+        (_, ops_run), = region.calls._prepared.values()
+        pieces = {
+            "eager model": lambda: model(x),
+            "fused_model(x)": lambda: fused(x),
+            "region.run(x)": lambda: region.run(x),
+            "SpecCalls.eager": lambda: region.calls.eager(x, weight, bias),
+            "SpecCalls.run": lambda: region.calls.run(x, weight, bias),
+            "the prepared ops": lambda: ops_run(x, weight, bias),
+            "the model's modules, called": lambda: pool(act(conv(x))).squeeze(),
+            "the model's ops, called as its forwards do": lambda: F.adaptive_avg_pool2d(F.gelu(F.conv2d(
+                x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups), approximate="none"),
+                1).squeeze(),
+        }
+        measured = interleaved_host_us(pieces, 300)
+    print(f"{'piece (µs)':44s} {'isolated':>9s} {'back to back':>13s}")
+    for name, (iso, b2b) in measured.items():
+        print(f"{name:44s} {iso:9.2f} {b2b:13.2f}", flush=True)
+
+
 def seed_kernels() -> None:
     for family in ("A", "B"):
         for dtype in (torch.float32, torch.bfloat16):
@@ -217,4 +253,5 @@ def seed_kernels() -> None:
 if __name__ == "__main__":
     host_pieces()
     fallback_pieces()
+    torch_route_pieces()
     seed_kernels()
