@@ -6,6 +6,7 @@ NVRTC needs no GPU, so a CPU machine can fill a cache that GPU machines then rea
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -13,7 +14,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from . import cache, nvrtc
 from .instantiations import all_variants
-from .variants import Variant
+from .variants import HOPPER, MIN_ARCH, Variant
 
 
 def jobs_for(archs: Optional[Iterable[str]] = None, families: Optional[Iterable[str]] = None
@@ -29,6 +30,33 @@ def jobs_for(archs: Optional[Iterable[str]] = None, families: Optional[Iterable[
             for arch in (v.archs if wanted is None else [a for a in wanted if _builds_for(v, a)]):
                 jobs.append((v, arch))
     return jobs
+
+
+def check_archs(archs: Iterable[str]) -> None:
+    """Raises cache.BuildError, saying what to give instead, for an architecture list that would build nothing a GPU
+    loads: empty, a name that is no GPU architecture, one older than the kernels (MIN_ARCH), one this NVRTC cannot
+    target, or a name the runtime never loads (it loads sm_90a on Hopper, sm_NN elsewhere: runtime.arch_of)."""
+    archs = list(archs)
+    if not archs:
+        raise cache.BuildError("fullfuse build: --arch names no architecture (e.g. --arch sm_90a sm_80)")
+    known = nvrtc.supported_archs()
+    for arch in archs:
+        m = re.fullmatch(r"sm_(\d+)([af]?)", arch)
+        if m is None:
+            raise cache.BuildError(f"fullfuse build: {arch!r} is no GPU architecture (e.g. sm_90a, sm_80, sm_86, "
+                                   f"sm_120)")
+        cc = int(m.group(1))
+        if cc < MIN_ARCH:
+            raise cache.BuildError(f"fullfuse build: {arch} predates the kernels, which need sm_{MIN_ARCH} (Ampere) "
+                                   f"or newer; on such a GPU PyTorch's ops run")
+        loaded = HOPPER[0] if cc == 90 else f"sm_{cc}"   # (runtime.arch_of: what a GPU of that kind loads)
+        if arch != loaded:
+            raise cache.BuildError(f"fullfuse build: a GPU of compute capability {cc // 10}.{cc % 10} loads kernels "
+                                   f"built as {loaded}; give {loaded}, not {arch}")
+        if known and cc not in known:
+            version = ".".join(map(str, nvrtc.version()))
+            raise cache.BuildError(f"fullfuse build: NVRTC {version} cannot target {arch} (it knows "
+                                   f"{', '.join(f'sm_{a}' for a in known if a >= MIN_ARCH)})")
 
 
 def _builds_for(variant: Variant, arch: str) -> bool:
@@ -51,6 +79,8 @@ def build(archs: Optional[Iterable[str]] = None, workers: Optional[int] = None,
     """Compile (or find cached) every job; prints a progress line per finished job.  Returns a summary; raises
     cache.BuildError listing the failures, if any."""
     nvrtc.version()  # fail early, with the fix, where NVRTC is missing
+    if archs is not None:
+        check_archs(archs)
     jobs = jobs_for(archs, families)
     workers = max(1, workers or os.cpu_count() or 1)
     start, done, failures, slowest = time.time(), 0, [], (0.0, "")

@@ -12,6 +12,9 @@ from typing import Tuple
 # Architectures a kernel that uses only sm_80 instructions (mma.sync, cp.async, ldmatrix) is built for ahead of time;
 # at run time every kernel is compiled for the GPU's own architecture (runtime.arch_of).
 PORTABLE = ("sm_80", "sm_90a")
+# The oldest architecture any kernel is written for (Ampere: cp.async, bf16 mma.sync, min / max with .NaN): an older
+# GPU runs PyTorch's ops, and nothing is compiled for it
+MIN_ARCH = 80
 HOPPER = ("sm_90a",)  # wgmma, TMA, setmaxnreg: sm_90a only
 
 

@@ -5,6 +5,7 @@ import torch
 
 from cutlass_ops import cache, nvrtc
 
+from . import runtime
 from .fallback import cudnn_conv
 from .measure import environment
 
@@ -17,6 +18,10 @@ def main() -> int:
     if torch.cuda.is_available():
         print(f"GPU            {env['gpu']} (compute capability {env['compute_capability']}, {env['sms']} SMs), "
               f"driver {env['driver']}")
+        try:
+            print(f"kernels        built for {runtime.arch_of(torch.cuda.current_device())} on this GPU")
+        except Exception as exc:   # a GPU older than the kernels, no NVRTC
+            print(f"kernels        none on this GPU: {str(exc).splitlines()[0]}")
     else:
         print("GPU            none visible to torch: kernels cannot run here; the torch path serves every model")
     print(f"torch          {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']})")

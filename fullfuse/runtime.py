@@ -18,7 +18,7 @@ import torch
 
 from cutlass_ops import cache as _cache
 from cutlass_ops import nvrtc as _nvrtc
-from cutlass_ops.variants import Variant
+from cutlass_ops.variants import MIN_ARCH, Variant
 
 from .launch import current_device_index, stream_of
 
@@ -73,9 +73,13 @@ def device_props(index: int) -> DeviceProps:
 @lru_cache(maxsize=None)
 def arch_of(index: int) -> str:
     """The NVRTC target for device ``index``: its own SASS ("sm_90a" on Hopper for wgmma), or, where this NVRTC
-    predates the GPU, PTX for the newest architecture it knows ("compute_NN"), which the driver compiles."""
+    predates the GPU, PTX for the newest architecture it knows ("compute_NN"), which the driver compiles.  Raises
+    KernelUnavailable for a GPU older than the kernels (MIN_ARCH), before any compile."""
     props = device_props(index)
     cc = props.major * 10 + props.minor
+    if cc < MIN_ARCH:
+        raise KernelUnavailable(f"fullfuse: this GPU is sm_{cc}; the kernels need sm_{MIN_ARCH} (Ampere) or newer "
+                                f"(path='auto' runs PyTorch's ops here)")
     if cc == 90:
         return "sm_90a"
     known = [a for a in _nvrtc.supported_archs() if a <= cc]

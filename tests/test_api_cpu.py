@@ -62,6 +62,29 @@ def test_bench_conv_option_builds_that_conv():
         seed_model("A", 8, 2, (32,))
 
 
+@pytest.mark.parametrize("cc", [(9, 0), (7, 5)])
+def test_info_says_what_the_kernels_are_built_for_on_the_gpu(monkeypatch, capsys, cc):
+    """`fullfuse info` with a GPU: the architecture the kernels are built for there, or why there are none (a GPU
+    older than the kernels), from the same rule the kernels load by."""
+    from fullfuse import info, runtime
+    env = {"gpu": "a GPU", "compute_capability": f"{cc[0]}.{cc[1]}", "sms": 40, "driver": "1", "torch": "t",
+           "cuda": "c", "cudnn": "d", "cudnn_frontend": None, "commit": "x"}
+    monkeypatch.setattr(info, "environment", lambda: env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(runtime, "device_props", lambda index: runtime.DeviceProps(*cc, 40, 100 << 10))
+    monkeypatch.setattr(runtime._nvrtc, "supported_archs", lambda: (75, 80, 86, 89, 90, 100, 120))
+    runtime.arch_of.cache_clear()
+    try:
+        assert info.main() == 0
+    finally:
+        runtime.arch_of.cache_clear()
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("kernels"))
+    assert line.split(None, 1)[1] == ("built for sm_90a on this GPU" if cc == (9, 0) else
+                                      "none on this GPU: fullfuse: this GPU is sm_75; the kernels need sm_80 "
+                                      "(Ampere) or newer (path='auto' runs PyTorch's ops here)")
+
+
 def test_bench_plot_titles_name_a_changed_conv(tmp_path):
     pytest.importorskip("matplotlib")   # the [bench] extra; without it the plot is skipped with a hint (tested below)
     from fullfuse.bench import plot

@@ -7,6 +7,7 @@
 - a real NVRTC compile of a small kernel, where NVRTC is installed.
 """
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -168,6 +169,39 @@ def test_unwritable_cache_is_a_build_error_with_the_fix(env, monkeypatch, tmp_pa
     fake_compiler(monkeypatch, [], pause=0.0)
     with pytest.raises(cache.BuildError, match="FULLFUSE_CACHE_DIR"):
         cache.cubin(VARIANT, "sm_80", quiet=True)
+
+
+_KNOWN = (75, 80, 86, 89, 90, 100, 120)
+
+
+@pytest.mark.parametrize("archs, says", [
+    ([], "names no architecture"),
+    (["bogus"], "is no GPU architecture"),
+    (["sm_80", "90a"], "is no GPU architecture"),
+    (["sm_75"], "predates the kernels, which need sm_80"),
+    (["sm_61"], "predates the kernels, which need sm_80"),
+    (["sm_90"], "give sm_90a, not sm_90"),
+    (["sm_100a"], "give sm_100, not sm_100a"),
+    (["sm_86f"], "give sm_86, not sm_86f"),
+    (["sm_130"], "cannot target sm_130 (it knows sm_80, sm_86, sm_89, sm_90, sm_100, sm_120)"),
+])
+def test_build_refuses_architectures_no_gpu_would_load_before_compiling(monkeypatch, archs, says):
+    """`fullfuse build --arch ...` checks its list first: one error naming what to give, no job compiled."""
+    from cutlass_ops import build
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: _KNOWN)
+    monkeypatch.setattr(build, "_compile", lambda job: pytest.fail("compiled despite the refused list"))
+    with pytest.raises(cache.BuildError, match=re.escape(says)):
+        build.build(archs, workers=1)
+
+
+def test_build_takes_the_architectures_gpus_load(monkeypatch):
+    from cutlass_ops import build
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: _KNOWN)
+    build.check_archs(["sm_90a", "sm_80", "sm_86", "sm_89", "sm_100", "sm_120"])
+    jobs = build.jobs_for(["sm_90a", "sm_86"])
+    assert jobs and {arch for _, arch in jobs} == {"sm_90a", "sm_86"}
+    assert all(arch == "sm_90a" for v, arch in jobs if v.archs == ("sm_90a",))   # (wgmma kernels: Hopper only)
 
 
 def test_fullfuse_build_error_is_the_cache_one():

@@ -193,3 +193,26 @@ def test_tensor_maps_made_once_per_address_refusals_kept_and_bounded(monkeypatch
     maps(32), maps(48)            # the fourth address: the cache was full and starts again
     maps(16)
     assert asked == [16, 17, 32, 48, 16]
+
+
+@pytest.mark.parametrize("cc, want", [((9, 0), "sm_90a"), ((8, 0), "sm_80"), ((8, 6), "sm_86"), ((12, 0), "sm_120"),
+                                      ((13, 0), "compute_120"), ((7, 5), None), ((6, 1), None)])
+def test_arch_of_is_what_the_gpu_loads_and_refuses_gpus_older_than_the_kernels(monkeypatch, cc, want):
+    """The NVRTC target per GPU: its own SASS (Hopper as sm_90a), PTX of the newest known architecture for a GPU this
+    NVRTC predates; a GPU older than sm_80 is refused before any compile, with the reason and what runs instead."""
+    from cutlass_ops import cache
+    monkeypatch.setattr(runtime, "device_props", lambda index: runtime.DeviceProps(*cc, 40, 100 << 10))
+    monkeypatch.setattr(runtime._nvrtc, "supported_archs", lambda: (75, 80, 86, 89, 90, 100, 120))
+    monkeypatch.setattr(cache, "cubin", lambda *args, **kwargs: pytest.fail("compiled"))
+    runtime.arch_of.cache_clear()
+    try:
+        if want is None:
+            with pytest.raises(runtime.KernelUnavailable, match=rf"sm_{cc[0]}{cc[1]}; the kernels need sm_80 .*"
+                                                                 r"path='auto' runs PyTorch's ops here"):
+                runtime.arch_of(0)
+            with pytest.raises(runtime.KernelUnavailable):
+                runtime.Kernel(None, 0)
+        else:
+            assert runtime.arch_of(0) == want
+    finally:
+        runtime.arch_of.cache_clear()
