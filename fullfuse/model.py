@@ -127,9 +127,12 @@ class FusedModel(nn.Module):
             return self.forward(*args, **kwargs)   # (which says what changed)
         if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
             gm = d["_modules"]["graph_module"]
-            if type(gm).forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
+            # (fx sets a graph's forward on its own class: read from the class dict, as no descriptor is run there;
+            # a TorchScript module's forward is one)
+            forward = type(gm).__dict__.get("forward")
+            if forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
                 d["_lone_name"] = None if d["_grad_mode"] is not None or d["_training_of"] else lone_region(gm)
-                d["_lone_checked"] = type(gm).forward
+                d["_lone_checked"] = forward
             if d["_lone_name"] is not None:
                 region = gm._modules.get(d["_lone_name"])
                 if type(region) is FusedRegion and "forward" not in region.__dict__:
@@ -324,6 +327,9 @@ def fused_model(model: nn.Module, *, path: str = "auto", precision: str = "auto"
     The parameters stay shared with ``model``.  Where fx cannot trace ``model`` as a whole (data-dependent control
     flow...), its submodules that trace are fused and its own forward runs around them.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fullfuse: fused_model takes a torch.nn.Module, got {type(model).__name__} (a function's "
+                        f"ops can be called through fullfuse.ops)")
     check_path(path)
     check_precision(precision)
     if isinstance(model, FusedModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Optional
 
+import torch
 from torch import nn
 
 from .calls import compiling
@@ -27,7 +28,9 @@ class ModuleTree:
     __slots__ = ("instances", "copies", "paths")
 
     def __init__(self, model: nn.Module):
-        parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False) if module._modules]
+        # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach)
+        parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
+                   if module._modules and not _in_torchscript(model, path)]
         # each parent's instance dict, where its _modules is (Sequential's `del` puts a new one there), and a copy of
         # its children
         self.instances = tuple(vars(module) for _, module in parents)
@@ -52,3 +55,14 @@ class ModuleTree:
 
 
 CHILDREN = itemgetter("_modules")
+
+
+def _in_torchscript(model: nn.Module, path: str) -> bool:
+    """Whether the module at ``path`` of ``model`` is a TorchScript module or inside one."""
+    module, names = model, path.split(".") if path else []
+    for name in [None] + names:
+        if name is not None:
+            module = module._modules[name]
+        if isinstance(module, torch.jit.ScriptModule):
+            return True
+    return False

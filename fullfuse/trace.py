@@ -48,7 +48,9 @@ class _Tracer(torch.fx.Tracer):
         return super().create_arg(a)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return getattr(type(m), "_fullfuse_leaf", False) or super().is_leaf_module(m, module_qualified_name)
+        # (a TorchScript submodule: one call of it, which fx cannot trace into)
+        return (getattr(type(m), "_fullfuse_leaf", False) or isinstance(m, torch.jit.ScriptModule)
+                or super().is_leaf_module(m, module_qualified_name))
 
     def create_node(self, *args, **kwargs) -> Node:
         node = super().create_node(*args, **kwargs)
@@ -85,6 +87,10 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     model with a forward of its own instance (accelerate's hooks, a patched method), which fx would pass over for its
     class's.
     """
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: it is a TorchScript module "
+                         f"(torch.jit.script / torch.jit.trace), whose forward fx cannot follow; call fused_model on "
+                         f"the Python module it was made from to fuse its conv pipelines")
     if "forward" in vars(model):
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward is set on the "
                          f"instance, and fx traces the class's forward")
@@ -210,8 +216,10 @@ class _ModuleState:
     leave fx's traced values on the user's model, and the traced graph would never set them."""
 
     def __init__(self, model: nn.Module):
+        # (TorchScript modules aside: their state lives in TorchScript, which a trace does not run)
         self.saved = [(path, module, dict(module.__dict__), dict(module._parameters), dict(module._buffers),
-                       dict(module._modules)) for path, module in model.named_modules()]
+                       dict(module._modules)) for path, module in model.named_modules()
+                      if not isinstance(module, torch.jit.ScriptModule)]
 
     def restore(self) -> List[str]:
         """Put every module back as it was; returns the names that had changed ("path.attribute")."""

@@ -383,6 +383,63 @@ def test_untraceable_model_without_parts_runs_as_it_is_and_says_why():
     assert torch.equal(fused(x), model(x)) and fused.plans == []
 
 
+def test_fused_model_takes_modules_only():
+    with pytest.raises(TypeError, match="fused_model takes a torch.nn.Module, got function"):
+        fullfuse.fused_model(lambda x: x)
+
+
+@pytest.mark.parametrize("make", ["script", "trace"])
+def test_a_torchscript_module_runs_unchanged_and_says_how_to_fuse(make):
+    """A TorchScript module (torch.jit.script / torch.jit.trace) has no Python forward for fx to follow: the fused
+    model runs it as it is, with a warning naming the fix (fuse the Python module it was made from)."""
+    model, x = SeedA().eval(), torch.randn(2, 8, 16, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # (torch.jit's own, on newer torch)
+        ts = torch.jit.script(model) if make == "script" else torch.jit.trace(model, x)
+    with pytest.warns(UserWarning, match="(?s)TorchScript module.*call fused_model on the Python module"):
+        fused = fullfuse.fused_model(ts)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(fused(x), ts(x))
+    assert fused.plans == []
+
+
+@pytest.mark.parametrize("make", ["script", "trace"])
+def test_a_torchscript_submodule_is_one_call_and_the_rest_is_fused(make):
+    """A model holding a TorchScript module: fx keeps that module as one call (it cannot trace into TorchScript), the
+    rest traces and its conv pipelines are fused; the module-tree check passes over the TorchScript module's
+    children."""
+    class Outer(nn.Module):
+        def __init__(self, child):
+            super().__init__()
+            self.child, self.region = child, SeedA()
+
+        def forward(self, x):
+            return self.region(x) + self.child(x)
+
+    x = torch.randn(2, 8, 16, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        inner = SeedA().eval()
+        child = torch.jit.script(inner) if make == "script" else torch.jit.trace(inner, x)
+    model = Outer(child).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # (no warning: the model traced as a whole)
+        fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(fused(x), model(x))
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    called = [node.target for node in fused.graph_module.graph.nodes if node.op == "call_module"]
+    assert "child" in called
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model.child = torch.jit.script(SeedA().eval()) if make == "script" else torch.jit.trace(SeedA().eval(), x)
+    with pytest.warns(UserWarning, match="child"):   # (a re-assigned child: the model's own forward, as for any)
+        with torch.no_grad():
+            assert torch.equal(fused(x), model(x))
+
+
 class _SumChannels(nn.Module):
     def __init__(self, body):
         super().__init__()
