@@ -127,9 +127,9 @@ class FusedModel(nn.Module):
             return self.forward(*args, **kwargs)   # (which says what changed)
         if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
             gm = d["_modules"]["graph_module"]
-            # (fx sets a graph's forward on its own class: read from the class dict, as no descriptor is run there;
-            # a TorchScript module's forward is one)
-            forward = type(gm).__dict__.get("forward")
+            # (fx sets a graph's forward on its own class; a TorchScript module's class has a descriptor there that
+            # raises AttributeError: None, and lone_region says None for it)
+            forward = getattr(type(gm), "forward", None)
             if forward is not d["_lone_checked"]:   # a graph not yet looked at (built, recompiled, copied)
                 d["_lone_name"] = None if d["_grad_mode"] is not None or d["_training_of"] else lone_region(gm)
                 d["_lone_checked"] = forward
