@@ -94,6 +94,10 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     if "forward" in vars(model):
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward is set on the "
                          f"instance, and fx traces the class's forward")
+    kinds = {p.kind for p in inspect.signature(model.forward).parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.KEYWORD_ONLY in kinds:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__} as it is called: its forward has "
+                         f"*args and keyword-only parameters, which fx's graph would take positionally before *args")
     state = _ModuleState(model)
     try:
         tracer = _Tracer()

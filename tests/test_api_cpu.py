@@ -440,6 +440,40 @@ def test_a_torchscript_submodule_is_one_call_and_the_rest_is_fused(make):
             assert torch.equal(fused(x), model(x))
 
 
+class _VarargsKeywordOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = SeedA()
+
+    def forward(self, x, *rest, scale=1.0):
+        return self.a(x) * scale
+
+
+class _KeywordOnlyFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = SeedA()
+
+    def forward(self, x, *, flip=False):
+        return -self.a(x) if flip else self.a(x)
+
+
+@pytest.mark.parametrize("model, calls", [
+    (_VarargsKeywordOnly, [((), {}), ((3,), {"scale": 2.0}), ((), {"scale": 2.0}), ((1, 2), {})]),
+    (_KeywordOnlyFlag, [((), {}), ((), {"flip": True})]),
+])
+def test_forward_signatures_with_keyword_only_parameters_take_every_valid_call(model, calls):
+    """fx's graph takes a keyword-only parameter positionally, before *args (forward(self, x, scale=1.0, *rest)): a
+    call giving *args and the keyword failed.  Such a model runs its own forward around its fused submodules; a
+    keyword-only flag without *args is an optional input as any other."""
+    model, x = model().eval(), torch.randn(2, 8, 16, 16)
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        for args, kwargs in calls:
+            assert torch.equal(fused(x, *args, **kwargs), model(x, *args, **kwargs))
+    assert fused.plans and all(plan.path == "fused" for plan in fused.plans)
+
+
 class _SumChannels(nn.Module):
     def __init__(self, body):
         super().__init__()
