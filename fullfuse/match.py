@@ -47,7 +47,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .spec import POSTS, ConvActPoolSpec, ConvTPoolReduceSpec
+from .spec import POSTS, ConvActPoolSpec, ConvTPoolReduceSpec, same_padding
 
 Node = torch.fx.Node
 
@@ -237,12 +237,7 @@ def _resolve_padding(padding: Any, dims: int, kernel: Tuple[int, ...], stride: T
         if padding == "valid":
             return (0,) * dims
         if padding == "same":
-            if any(s != 1 for s in stride):
-                return None
-            total = [d * (k - 1) for k, d in zip(kernel, dilation)]
-            if any(t % 2 for t in total):
-                return None  # torch pads asymmetrically here; a symmetric padding tuple can't express it
-            return tuple(t // 2 for t in total)
+            return same_padding(kernel, stride, dilation)   # (None: no symmetric padding tuple expresses it)
         return None
     return _tup(padding, dims)
 

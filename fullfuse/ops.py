@@ -21,16 +21,43 @@ import torch
 from torch import Tensor
 
 from . import calls, torch_path
-from .spec import ConvActPoolSpec, ConvTPoolReduceSpec
+from .spec import ConvActPoolSpec, ConvTPoolReduceSpec, same_padding
 
 
 def _tuple(value, dims: int, name: str):
-    values = tuple(int(v) for v in ((value,) * dims if isinstance(value, int) else value))
+    if isinstance(value, str):   # (its characters would pass for ints: "12" as (1, 2))
+        raise ValueError(f"fullfuse: {name} must be an int or {dims} ints, got {value!r}")
+    try:
+        values = tuple(int(v) for v in ((value,) * dims if isinstance(value, int) else value))
+    except (TypeError, ValueError):
+        raise ValueError(f"fullfuse: {name} must be an int or {dims} ints, got {value!r}") from None
     if len(values) == 1 and dims > 1:
         values = values * dims
     if len(values) != dims:
         raise ValueError(f"fullfuse: {name} needs {dims} values, got {value}")
     return values
+
+
+def _dims(weight, op: str, convs: str) -> int:
+    """The spatial rank of a conv's weight (4-d: 2, 5-d: 3), or ValueError naming what ``op`` takes."""
+    if weight.dim() not in (4, 5):
+        raise ValueError(f"fullfuse: {op} takes the weight of a {convs}, 4-d or 5-d; got {weight.dim()}-d "
+                         f"{tuple(weight.shape)}")
+    return weight.dim() - 2
+
+
+def _padding(padding, dims: int, kernel, stride, dilation):
+    """``padding`` as F.convNd takes it (ints, "valid", "same") as one padding per spatial dim."""
+    if not isinstance(padding, str):
+        return _tuple(padding, dims, "padding")
+    if padding == "valid":
+        return (0,) * dims
+    same = same_padding(kernel, stride, dilation) if padding == "same" else None
+    if same is None:
+        raise ValueError(f"fullfuse: padding must be ints, 'valid' or 'same' (stride 1, dilation * (kernel - 1) even "
+                         f"in every dim: PyTorch pads one side more otherwise; pad the input with F.pad and give 0), "
+                         f"got {padding!r}")
+    return same
 
 
 @lru_cache(maxsize=256)
@@ -48,14 +75,16 @@ def spec_b(dims, in_channels, out_channels, kernel, stride, padding, output_padd
 
 
 def _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post="none"):
-    dims = weight.dim() - 2
-    return spec_a(dims, int(weight.shape[1]), int(weight.shape[0]), tuple(int(s) for s in weight.shape[2:]),
-                  _tuple(stride, dims, "stride"), _tuple(padding, dims, "padding"), _tuple(dilation, dims, "dilation"),
-                  bias is not None, activation, pool, keepdim, post)
+    dims = _dims(weight, "conv_act_pool", "Conv2d or Conv3d")
+    kernel, stride, dilation = tuple(int(s) for s in weight.shape[2:]), _tuple(stride, dims, "stride"), _tuple(
+        dilation, dims, "dilation")
+    return spec_a(dims, int(weight.shape[1]), int(weight.shape[0]), kernel, stride,
+                  _padding(padding, dims, kernel, stride, dilation), dilation, bias is not None, activation, pool,
+                  keepdim, post)
 
 
 def _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window, activation, reduction, keepdim):
-    dims = weight.dim() - 2
+    dims = _dims(weight, "convt_pool_reduce", "ConvTranspose2d or ConvTranspose3d")
     return spec_b(dims, int(weight.shape[0]), int(weight.shape[1]), tuple(int(s) for s in weight.shape[2:]),
                   _tuple(stride, dims, "stride"), _tuple(padding, dims, "padding"),
                   _tuple(output_padding, dims, "output_padding"), _tuple(dilation, dims, "dilation"),

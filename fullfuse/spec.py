@@ -14,6 +14,16 @@ from .codes import ACTIVATIONS, POOLS, REDUCTIONS
 IntTuple = Tuple[int, ...]
 
 
+def same_padding(kernel: IntTuple, stride: IntTuple, dilation: IntTuple):
+    """padding='same' as one padding per spatial dim, as PyTorch pads for it: dilation * (k - 1) // 2 where the
+    stride is 1 and dilation * (k - 1) is even in every dim; None elsewhere (PyTorch pads one side more there, or
+    refuses a strided 'same')."""
+    if any(st != 1 for st in stride):
+        return None
+    total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return None if any(t % 2 for t in total) else tuple(t // 2 for t in total)
+
+
 def _check_choice(kind: str, value: str, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"fullfuse: unknown {kind} {value!r}; expected one of {sorted(allowed)}")

@@ -1,5 +1,6 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
 import copy
+import re
 import warnings
 
 import pytest
@@ -250,6 +251,32 @@ def test_functional_ops_match_torch():
     out = ops.convt_pool_reduce(v, wt, None, stride=2, padding=1, output_padding=1, window=(2, 3, 2), reduction="mean")
     want = F.max_pool3d(F.conv_transpose3d(v, wt, None, 2, 1, 1), (2, 3, 2)).mean(dim=1, keepdim=True)
     _close(out, want)
+
+
+@pytest.mark.parametrize("kernel, dilation", [(3, 1), (5, 1), (3, 2), ((3, 5), (2, 1))])
+def test_functional_op_takes_string_padding_as_f_conv_does(kernel, dilation):
+    x = torch.randn(2, 3, 12, 13)
+    k = (kernel, kernel) if isinstance(kernel, int) else kernel
+    w, b = torch.randn(7, 3, *k), torch.randn(7)
+    for padding in ("same", "valid"):
+        want = F.gelu(F.conv2d(x, w, b, 1, padding, dilation)).mean(dim=(2, 3), keepdim=True)
+        _close(ops.conv_act_pool(x, w, b, padding=padding, dilation=dilation), want)
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda x, w: ops.conv_act_pool(x, w[..., :2, :2], padding="same"), "padding must be ints, 'valid' or 'same'"),
+    (lambda x, w: ops.conv_act_pool(x, w, stride=2, padding="same"), "padding must be ints, 'valid' or 'same'"),
+    (lambda x, w: ops.conv_act_pool(x, w, padding="full"), "padding must be ints, 'valid' or 'same'"),
+    (lambda x, w: ops.conv_act_pool(x, w, stride="12"), "stride must be an int or 2 ints, got '12'"),
+    (lambda x, w: ops.conv_act_pool(x, w, dilation=(1, "a")), "dilation must be an int or 2 ints"),
+    (lambda x, w: ops.conv_act_pool(x, w[..., 0]), "takes the weight of a Conv2d or Conv3d, 4-d or 5-d; got 3-d"),
+    (lambda x, w: ops.convt_pool_reduce(x, w[..., 0]), "takes the weight of a ConvTranspose2d or ConvTranspose3d"),
+])
+def test_functional_ops_say_what_they_take(call, says):
+    """Arguments F.convNd would not take (or would take otherwise) are a ValueError naming what is taken, never a
+    silent other reading (a stride "12" as (1, 2)) or an internal error."""
+    with pytest.raises(ValueError, match=re.escape(says)):
+        call(torch.randn(2, 3, 12, 13), torch.randn(7, 3, 3, 3))
 
 
 def test_custom_ops_are_registered_and_pass_opcheck():
