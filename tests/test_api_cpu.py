@@ -86,6 +86,15 @@ def test_info_says_what_the_kernels_are_built_for_on_the_gpu(monkeypatch, capsys
                                       "(Ampere) or newer (path='auto' runs PyTorch's ops here)")
 
 
+@pytest.mark.parametrize("argv", [["--shape", "1,2,3"], ["--shape", "2,8,16,16"],
+                                  ["--family", "B", "--shape", "2,8,16,16"], ["--family", "A", "--shape", "2,8,0,16"]])
+def test_bench_refuses_a_shape_its_models_cannot_take(capsys, argv):
+    from fullfuse import cli
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", *argv])
+    assert exit_.value.code == 2 and "family A takes (N, C, H, W)" in capsys.readouterr().err
+
+
 def test_bench_plot_titles_name_a_changed_conv(tmp_path):
     pytest.importorskip("matplotlib")   # the [bench] extra; without it the plot is skipped with a hint (tested below)
     from fullfuse.bench import plot
