@@ -104,7 +104,7 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
 def _read(path: Path):
     try:
         code = path.read_bytes()
-        name = path.with_suffix(".name").read_text().strip()
+        name = path.with_suffix(".name").read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -143,11 +143,16 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
+# NVRTC 12.1 (torch 2.4's PyPI wheels bring it) crashes with a segmentation fault compiling any fa_wgmma_kernel;
+# 12.2, 12.3, 12.4, 12.6, 12.8 and 13.x compile them (the other kernels compile with 12.1)
+WG_MIN_NVRTC = (12, 2)
+
+
 def wg_variant(dt: int, split: bool, lm: int, nops: int, minb: int, vol: bool, sw2: bool = False,
                r2: bool = False) -> Variant:
     """fa_wgmma_kernel<DT, SPLIT, LM, NOPS, MINB, VOL, SW2, R2> (every template argument spelled out)."""
     args = f"{dt}, {_b(split)}, {lm}, {nops}, {minb}, {_b(vol)}, {_b(sw2)}, {_b(r2)}"
-    return Variant(WG_HEADER, f"fa_wgmma_kernel<{args}>", HOPPER, WG_CHECKS)
+    return Variant(WG_HEADER, f"fa_wgmma_kernel<{args}>", HOPPER, WG_CHECKS, WG_MIN_NVRTC)
 
 
 def mma_variant(dt: int, split: bool, full: bool) -> Variant:

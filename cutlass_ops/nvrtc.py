@@ -177,7 +177,13 @@ def source(variant: Variant) -> str:
 def compile_variant(variant: Variant, arch: str) -> Tuple[bytes, str]:
     """The cubin of ``variant`` for ``arch`` and the kernel's lowered (mangled) name in it."""
     from cuda.core import Program, ProgramOptions
-    version()
+    have = version()
+    if have < variant.min_nvrtc:   # (an NVRTC that would crash the process on the unit is never handed it)
+        need = ".".join(map(str, variant.min_nvrtc))
+        raise CompileError(f"fullfuse: NVRTC {have[0]}.{have[1]} cannot compile {variant.kernel} (it crashes on it); "
+                           f"NVRTC >= {need} can: pip install -U 'nvidia-cuda-nvrtc-cu{have[0]}>={need}' (a newer "
+                           f"NVRTC of the same CUDA release serves torch too), or point CUDA_HOME at a CUDA toolkit "
+                           f">= {need}")
     includes, bundled = header_dirs()
     if needs_cutlass(variant.header):   # only these units: the others compile without CUTLASS / CCCL installed
         includes = (*includes, *cutlass_include_dirs())

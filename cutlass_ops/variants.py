@@ -24,6 +24,7 @@ class Variant:
     kernel: str                  # the instantiation: "fa_wgmma_kernel<0, false, 6, 10, 3, false>"
     archs: Tuple[str, ...]       # architectures `fullfuse build` compiles it for (run time: the GPU's own)
     checks: str = ""             # C++ appended to the unit: static_asserts that the Python ABI mirror matches
+    min_nvrtc: Tuple[int, int] = (0, 0)   # the oldest NVRTC that compiles it (nvrtc.compile_variant refuses older)
 
     @property
     def label(self) -> str:

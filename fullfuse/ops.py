@@ -92,7 +92,17 @@ def _spec_b_from(weight, bias, stride, padding, output_padding, dilation, window
 
 
 # ---------------------------------------------------------------- registered ops
-@torch.library.custom_op("fullfuse::conv_act_pool", mutates_args=())
+# the schemas spelled out: torch 2.4's custom_op cannot read them from string annotations (this module's, under
+# ``from __future__ import annotations``), which later torch resolves
+_CONV_ACT_POOL_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+                         "str activation, str pool, bool keepdim, str post, str path, str precision, "
+                         "bool deterministic) -> Tensor")
+_CONVT_POOL_REDUCE_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+                             "int[] output_padding, int[] dilation, int[] window, str activation, str reduction, "
+                             "bool keepdim, str path, str precision, bool deterministic) -> Tensor")
+
+
+@torch.library.custom_op("fullfuse::conv_act_pool", mutates_args=(), schema=_CONV_ACT_POOL_SCHEMA)
 def _conv_act_pool_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
                       dilation: List[int], activation: str, pool: str, keepdim: bool, post: str, path: str,
                       precision: str, deterministic: bool) -> Tensor:
@@ -109,7 +119,7 @@ def _(x, weight, bias, stride, padding, dilation, activation, pool, keepdim, pos
     return x.new_empty(spec.output_shape(x.shape[0]))
 
 
-@torch.library.custom_op("fullfuse::convt_pool_reduce", mutates_args=())
+@torch.library.custom_op("fullfuse::convt_pool_reduce", mutates_args=(), schema=_CONVT_POOL_REDUCE_SCHEMA)
 def _convt_pool_reduce_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
                           output_padding: List[int], dilation: List[int], window: List[int], activation: str,
                           reduction: str, keepdim: bool, path: str, precision: str, deterministic: bool) -> Tensor:

@@ -209,7 +209,7 @@ def test_slice_order_closed_forms(tmp_path):
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("needs a host C++ compiler")
-    header = (Path(__file__).resolve().parents[1] / "csrc" / "fused_convt_pack.cuh").read_text()
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "fused_convt_pack.cuh").read_text(encoding="utf-8")
     functions = [_device_function(header, n) for n in ("class_taps", "tap_class", "slice_tap_bits", "tap_slice")]
     (tmp_path / "order.cpp").write_text(_SLICE_ORDER_CHECK % "\n".join(functions))
     subprocess.run([cxx, "-O1", "-D__device__=", "-D__forceinline__=inline", "-D__noinline__=", "-o",

@@ -97,8 +97,8 @@ def test_rows_the_half_gelu_cannot_hold_are_redone():
 def test_kernel_uses_these_constants():
     """The emulation above is of the kernel's own constants (H2_C1, H2_C2 as packed f16x2; the sum's B = 1/2) and
     threshold (wg_epi_h2_checked's T)."""
-    src = (SRC / "gelu_h2.cuh").read_text()
+    src = (SRC / "gelu_h2.cuh").read_text(encoding="utf-8")
     consts = dict(re.findall(r"(H2_C1|H2_C2|H2_HALF) = 0x([0-9a-f]{8})u", src))
     assert consts == {"H2_C1": f"{C1:04x}" * 2, "H2_C2": f"{C2:04x}" * 2, "H2_HALF": "38003800"}, consts
-    epi = (SRC / "fused_conv_act_pool" / "wgmma_epilogue.cuh").read_text()
+    epi = (SRC / "fused_conv_act_pool" / "wgmma_epilogue.cuh").read_text(encoding="utf-8")
     assert re.search(r"constexpr float T = 0x1p-4f;", epi) and T == 2.0 ** -4

@@ -27,6 +27,10 @@ BF16_MMA = abi.mma_variant(abi.BF16, False, True)
 @pytest.mark.parametrize("variant, arch", [(SEED_WGMMA, "sm_90a"), (BF16_MMA, "sm_80")], ids=["wgmma", "mma.sync"])
 def test_variant_compiles(variant, arch):
     assert variant in abi.VARIANTS and arch in variant.archs
+    if nvrtc.version() < variant.min_nvrtc:   # (an NVRTC this old crashes on the unit: refused, with the fix)
+        with pytest.raises(nvrtc.CompileError, match="cannot compile .* pip install -U 'nvidia-cuda-nvrtc"):
+            nvrtc.compile_variant(variant, arch)
+        return
     code, name = nvrtc.compile_variant(variant, arch)
     assert code[:4] == b"\x7fELF"
     name = name.decode() if isinstance(name, bytes) else name
@@ -40,3 +44,15 @@ def test_drifted_mirror_fails_the_compile():
     assert broken.checks != BF16_MMA.checks
     with pytest.raises(nvrtc.CompileError, match="FAParams: size differs"):
         nvrtc.compile_variant(broken, "sm_80")
+
+
+def test_an_nvrtc_that_crashes_on_the_wgmma_kernels_is_never_handed_one(monkeypatch):
+    """NVRTC 12.1 (torch 2.4's wheels) dies with a segmentation fault on every fa_wgmma_kernel: those units are
+    refused before NVRTC sees them (a CompileError naming the NVRTC that compiles them), the others go on."""
+    import cuda.core
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 1))
+    monkeypatch.setattr(cuda.core, "Program", lambda *args, **kwargs: pytest.fail("handed to NVRTC"))
+    assert all(v.min_nvrtc == (12, 2) for v in abi.VARIANTS if v.kernel.startswith("fa_wgmma_kernel"))
+    with pytest.raises(nvrtc.CompileError, match=r"NVRTC 12\.1 cannot compile fa_wgmma_kernel.*NVRTC >= 12\.2"):
+        nvrtc.compile_variant(SEED_WGMMA, "sm_90a")
+    assert BF16_MMA.min_nvrtc <= (12, 1)
