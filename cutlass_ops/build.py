@@ -78,7 +78,10 @@ def build(archs: Optional[Iterable[str]] = None, workers: Optional[int] = None,
           families: Optional[Iterable[str]] = None, stream=sys.stderr) -> Dict[str, object]:
     """Compile (or find cached) every job; prints a progress line per finished job.  Returns a summary; raises
     cache.BuildError listing the failures, if any."""
-    nvrtc.version()  # fail early, with the fix, where NVRTC is missing
+    try:
+        nvrtc.check_compiler()  # fail early, with the fix, where nothing can be compiled here
+    except nvrtc.CompileError as exc:
+        raise cache.BuildError(str(exc)) from exc
     if archs is not None:
         check_archs(archs)
     jobs = jobs_for(archs, families)

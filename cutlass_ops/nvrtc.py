@@ -10,6 +10,7 @@ and the ABI checks (static_asserts on the parameter struct).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sys
@@ -176,7 +177,7 @@ def source(variant: Variant) -> str:
 
 def compile_variant(variant: Variant, arch: str) -> Tuple[bytes, str]:
     """The cubin of ``variant`` for ``arch`` and the kernel's lowered (mangled) name in it."""
-    from cuda.core import Program, ProgramOptions
+    Program, ProgramOptions = _program_api()
     have = version()
     if have < variant.min_nvrtc:   # (an NVRTC that would crash the process on the unit is never handed it)
         need = ".".join(map(str, variant.min_nvrtc))
@@ -187,15 +188,51 @@ def compile_variant(variant: Variant, arch: str) -> Tuple[bytes, str]:
     includes, bundled = header_dirs()
     if needs_cutlass(variant.header):   # only these units: the others compile without CUTLASS / CCCL installed
         includes = (*includes, *cutlass_include_dirs())
-    opts = ProgramOptions(arch=arch_option(arch), include_path=[str(csrc_dir()), *includes],
-                          use_bundled_headers=bundled or None, **OPTIONS)
+    extra = {}
+    if bundled:   # (cuda-core >= 1.2 has the option; only NVRTC >= 13.1 without CUDA headers installed needs it)
+        if "use_bundled_headers" not in {f.name for f in dataclasses.fields(ProgramOptions)}:
+            raise CompileError(f"fullfuse: NVRTC's bundled CUDA headers need cuda-core >= 1.2 (pip install -U "
+                               f"cuda-core); or {FIX}")
+        extra["use_bundled_headers"] = True
+    opts = ProgramOptions(arch=arch_option(arch), include_path=[str(csrc_dir()), *includes], **extra, **OPTIONS)
     try:
         program = Program(source(variant), "c++", options=opts)
         code = program.compile("cubin", name_expressions=(variant.kernel,))
     except Exception as exc:
         raise CompileError(f"fullfuse: NVRTC failed to compile {variant.kernel} for {arch}:\n{exc}") from exc
-    name = code.symbol_mapping[variant.kernel]
+    # (cuda-core 0.4 names the mapping _sym_map)
+    mapping = code.symbol_mapping if hasattr(code, "symbol_mapping") else code._sym_map
+    name = mapping[variant.kernel]
     return bytes(code.code), name.decode() if isinstance(name, bytes) else name
+
+
+def _program_api():
+    """cuda.core's (Program, ProgramOptions): top-level from cuda-core 0.5 on, in cuda.core.experimental before (0.4,
+    the last release for Python 3.9, which also needs the CUDA driver to compile: ``check_compiler``)."""
+    try:
+        from cuda.core import Program, ProgramOptions
+    except ImportError:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)   # (its notice that Python 3.9 support is deprecated)
+            from cuda.core.experimental import Program, ProgramOptions
+    return Program, ProgramOptions
+
+
+@lru_cache(maxsize=None)
+def check_compiler() -> None:
+    """Raises CompileError, with the fix, where no unit can be compiled here: NVRTC or the CUDA headers missing, or a
+    cuda-core that needs the CUDA driver to compile (0.4, on Python 3.9) on a machine without one.  Once per
+    process: one tiny unit."""
+    version()
+    header_dirs()
+    Program, ProgramOptions = _program_api()
+    try:
+        Program("__global__ void ff_probe() {}", "c++", options=ProgramOptions(arch="sm_80")).compile("cubin")
+    except Exception as exc:
+        hint = ("cuda-core < 0.5 (the last for Python 3.9) compiles only where the CUDA driver (libcuda) is: compile "
+                "on a GPU machine, or with Python >= 3.10 and cuda-core >= 0.5" if "libcuda" in str(exc) else FIX)
+        raise CompileError(f"fullfuse: NVRTC cannot compile here ({str(exc).splitlines()[0]}); {hint}") from exc
 
 
 def describe() -> str:

@@ -2,6 +2,7 @@
 weight-packing kernel for every architecture it is built for, each unit with the static_asserts that the ctypes
 mirrors (cutlass_ops/convt_pool_reduce.py) match the C++ parameter structs."""
 import pytest
+from nvrtc_available import nvrtc_missing
 
 from cutlass_ops import convt_pool_reduce as abi
 from cutlass_ops import nvrtc
@@ -9,10 +10,9 @@ from cutlass_ops import nvrtc
 
 @pytest.fixture(scope="module", autouse=True)
 def _needs_nvrtc():
-    try:
-        nvrtc.version()
-    except nvrtc.CompileError as exc:
-        pytest.skip(str(exc).splitlines()[0])
+    missing = nvrtc_missing()
+    if missing:
+        pytest.skip(missing)
 
 
 def test_variant_table():

@@ -188,6 +188,7 @@ _KNOWN = (75, 80, 86, 89, 90, 100, 120)
 def test_build_refuses_architectures_no_gpu_would_load_before_compiling(monkeypatch, archs, says):
     """`fullfuse build --arch ...` checks its list first: one error naming what to give, no job compiled."""
     from cutlass_ops import build
+    monkeypatch.setattr(nvrtc, "check_compiler", lambda: None)
     monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
     monkeypatch.setattr(nvrtc, "supported_archs", lambda: _KNOWN)
     monkeypatch.setattr(build, "_compile", lambda job: pytest.fail("compiled despite the refused list"))
@@ -202,6 +203,16 @@ def test_build_takes_the_architectures_gpus_load(monkeypatch):
     jobs = build.jobs_for(["sm_90a", "sm_86"])
     assert jobs and {arch for _, arch in jobs} == {"sm_90a", "sm_86"}
     assert all(arch == "sm_90a" for v, arch in jobs if v.archs == ("sm_90a",))   # (wgmma kernels: Hopper only)
+
+
+def test_build_where_nothing_compiles_is_a_build_error_with_the_fix(monkeypatch, capsys):
+    """`fullfuse build` on a machine that cannot compile (here: no NVRTC) stops before any job, exit code 1, the fix
+    printed (no traceback)."""
+    from fullfuse import cli
+    monkeypatch.setattr(nvrtc, "check_compiler", lambda: (_ for _ in ()).throw(
+        nvrtc.CompileError(f"fullfuse: NVRTC is not available (test); {nvrtc.FIX}")))
+    assert cli.main(["build", "--arch", "sm_80"]) == 1
+    assert "pip install cuda-python nvidia-cuda-nvrtc" in capsys.readouterr().err
 
 
 def test_fullfuse_build_error_is_the_cache_one():
