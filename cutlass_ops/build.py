@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from . import cache, nvrtc
 from .instantiations import all_variants
-from .variants import HOPPER, MIN_ARCH, Variant
+from .variants import MIN_ARCH, Variant, loaded_arch
 
 
 def jobs_for(archs: Optional[Iterable[str]] = None, families: Optional[Iterable[str]] = None
@@ -35,7 +35,7 @@ def jobs_for(archs: Optional[Iterable[str]] = None, families: Optional[Iterable[
 def check_archs(archs: Iterable[str]) -> None:
     """Raises cache.BuildError, saying what to give instead, for an architecture list that would build nothing a GPU
     loads: empty, a name that is no GPU architecture, one older than the kernels (MIN_ARCH), one this NVRTC cannot
-    target, or a name the runtime never loads (it loads sm_90a on Hopper, sm_NN elsewhere: runtime.arch_of)."""
+    target, or a name no GPU loads its kernels as (``loaded_arch``)."""
     archs = list(archs)
     if not archs:
         raise cache.BuildError("fullfuse build: --arch names no architecture (e.g. --arch sm_90a sm_80)")
@@ -49,7 +49,7 @@ def check_archs(archs: Iterable[str]) -> None:
         if cc < MIN_ARCH:
             raise cache.BuildError(f"fullfuse build: {arch} predates the kernels, which need sm_{MIN_ARCH} (Ampere) "
                                    f"or newer; on such a GPU PyTorch's ops run")
-        loaded = HOPPER[0] if cc == 90 else f"sm_{cc}"   # (runtime.arch_of: what a GPU of that kind loads)
+        loaded = loaded_arch(cc)
         if arch != loaded:
             raise cache.BuildError(f"fullfuse build: a GPU of compute capability {cc // 10}.{cc % 10} loads kernels "
                                    f"built as {loaded}; give {loaded}, not {arch}")

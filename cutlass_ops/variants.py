@@ -18,6 +18,12 @@ MIN_ARCH = 80
 HOPPER = ("sm_90a",)  # wgmma, TMA, setmaxnreg: sm_90a only
 
 
+def loaded_arch(cc: int) -> str:
+    """The architecture name a GPU of compute capability ``cc`` (major * 10 + minor) loads its kernels as: sm_90a on
+    Hopper (wgmma), sm_NN elsewhere."""
+    return HOPPER[0] if cc == 90 else f"sm_{cc}"
+
+
 @dataclass(frozen=True)
 class Variant:
     header: str                  # csrc-relative path of the header that defines the kernel template

@@ -55,9 +55,8 @@ def main(argv=None) -> int:
         return 0
     families = ("A", "B") if args.family == "both" else (args.family,)
     if args.command == "bench" and args.shape is not None:
-        ranks = {family: (4, 5) if family == "A" else (5,) for family in families}
-        wrong = [f for f in families if len(args.shape) not in ranks[f]]
-        if wrong or min(args.shape, default=0) < 1:
+        ranks = {"A": (4, 5), "B": (5,)}   # (family A's 5-d shape: its Conv3d form)
+        if any(len(args.shape) not in ranks[f] for f in families) or min(args.shape, default=0) < 1:
             parser.error(f"--shape {','.join(map(str, args.shape))}: family A takes (N, C, H, W) or (N, C, D, H, W), "
                          f"family B (N, C, D, H, W), every size at least 1"
                          + (" (give --family to bench one family)" if len(families) > 1 else ""))

@@ -18,7 +18,7 @@ import torch
 
 from cutlass_ops import cache as _cache
 from cutlass_ops import nvrtc as _nvrtc
-from cutlass_ops.variants import MIN_ARCH, Variant
+from cutlass_ops.variants import MIN_ARCH, Variant, loaded_arch
 
 from .launch import current_device_index, stream_of
 
@@ -80,11 +80,9 @@ def arch_of(index: int) -> str:
     if cc < MIN_ARCH:
         raise KernelUnavailable(f"fullfuse: this GPU is sm_{cc}; the kernels need sm_{MIN_ARCH} (Ampere) or newer "
                                 f"(path='auto' runs PyTorch's ops here)")
-    if cc == 90:
-        return "sm_90a"
+    if cc == 90 or cc in _nvrtc.supported_archs():
+        return loaded_arch(cc)
     known = [a for a in _nvrtc.supported_archs() if a <= cc]
-    if cc in _nvrtc.supported_archs():
-        return f"sm_{cc}"
     if not known:
         raise KernelUnavailable(f"fullfuse: NVRTC {_nvrtc.version()} cannot target sm_{cc}")
     return f"compute_{max(known)}"
@@ -152,17 +150,13 @@ class Kernel:
                 _check((err,), f"launching {self.variant.label}")
         return launch_at
 
-    def launch_dependent(self, grid: Dim3, block: Dim3, smem: int, args: "Args", stream: Optional[int] = None) -> None:
-        """``launch`` with a programmatic dependency on the kernel before it in the stream
+    def dependent_at(self, grid: Dim3, block: Dim3, smem: int) -> Callable[[int, "Args"], None]:
+        """``at`` with a programmatic dependency on the kernel before it in the stream
         (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of that kernel
         has signalled (griddepcontrol.launch_dependents), so its prologue overlaps that kernel's tail.  The kernel
         must wait (griddepcontrol.wait) before it reads what that kernel writes; where the previous work in the
-        stream is not a kernel, or the GPU predates sm_90, the launch is an ordinary one."""
-        self.dependent_at(grid, block, smem)(stream_of(self.device) if stream is None else stream, args)
-
-    def dependent_at(self, grid: Dim3, block: Dim3, smem: int) -> Callable[[int, "Args"], None]:
-        """``launch_dependent`` at these dimensions as ``fn(stream, args)`` (host time per call: a prepared call keeps
-        it), with each thread's own launch configuration, the attribute set once (a call sets its stream only)."""
+        stream is not a kernel, or the GPU predates sm_90, the launch is an ordinary one.  Each thread has its own
+        launch configuration, the attribute set once (a call sets its stream only: host time per call)."""
         local = threading.local()   # .config: this thread's CUlaunchConfig
 
         def launch_at(stream: int, args: "Args") -> None:

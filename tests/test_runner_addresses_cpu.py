@@ -44,8 +44,6 @@ class _Kernel:
     def launch(self, grid, block, smem, args, stream=None):
         self.launched.append((tuple(bytes(v) for v in args.values), stream))
 
-    launch_dependent = launch
-
     def at(self, grid, block, smem):
         return lambda stream, args: self.launch(grid, block, smem, args, stream)
 
