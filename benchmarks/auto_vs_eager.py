@@ -7,7 +7,7 @@ first call, which makes its measured choice): the best wall time per call of bac
 end (host and GPU time together, whichever is longer sets it; no L2 flush) and the median host time of an isolated
 call.  ``ratio`` = eager / auto per call: >= 1 where auto is at least as fast.  auto's output is checked against the
 model in float64 (TOLERANCE of its precision).  Writes benchmarks/results/auto_vs_eager_<commit>_<GPU>_<torch>_<CUDA>
-.json and prints one line per case, then the lowest ratios.
+.json after each case ("complete": whether all ran) and prints one line per case, then the lowest ratios.
 
     python3 benchmarks/auto_vs_eager.py [--out DIR] [--only-tiny] [--budget-s 0.1]
 """
@@ -93,6 +93,9 @@ def main() -> int:
     print(f"auto_vs_eager on {env['gpu']}: torch {env['torch']}, CUDA {env['cuda']}, commit {env['commit']}",
           flush=True)
     cases = list(TINY) + ([] if args.only_tiny else [("A", shape, conv, what) for shape, conv, what in GRID])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{result_stem('auto_vs_eager')}.json"
     rows = []
     for family, shape, conv, what in cases:
         for dtype in DTYPES:
@@ -104,10 +107,10 @@ def main() -> int:
                       f"{row['eager_us']:.1f} us, auto {row['auto_us']:.1f} us ({row['auto_ran'][0]}), ratio "
                       f"{row['ratio']:.2f}; host {row['eager_host_us']:.1f} / {row['auto_host_us']:.1f} us; relerr "
                       f"{row['relerr']:.1e}{'' if row['within_bound'] else ' OVER BOUND'}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{result_stem('auto_vs_eager')}.json"
-    path.write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+                # written after each case: a run stopped part way keeps what it measured ("complete" says whether
+                # every case ran)
+                done = len(rows) == len(cases) * len(DTYPES) * 2
+                path.write_text(json.dumps({"environment": env, "complete": done, "rows": rows}, indent=1))
     worst = sorted(rows, key=lambda r: r["ratio"])[:5]
     print("lowest eager / auto ratios: " + "; ".join(
         f"{r['family']} {tuple(r['shape'])} {r['dtype']} {r['layout']} {r['ratio']:.2f} ({r['auto_ran'][0]})"
