@@ -28,9 +28,10 @@ class ModuleTree:
     __slots__ = ("instances", "copies", "paths")
 
     def __init__(self, model: nn.Module):
-        # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach)
+        # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
+        # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
-                   if module._modules and not _in_torchscript(model, path)]
+                   if module._modules and not isinstance(module, torch.jit.ScriptModule)]
         # each parent's instance dict, where its _modules is (Sequential's `del` puts a new one there), and a copy of
         # its children
         self.instances = tuple(vars(module) for _, module in parents)
@@ -55,14 +56,3 @@ class ModuleTree:
 
 
 CHILDREN = itemgetter("_modules")
-
-
-def _in_torchscript(model: nn.Module, path: str) -> bool:
-    """Whether the module at ``path`` of ``model`` is a TorchScript module or inside one."""
-    module, names = model, path.split(".") if path else []
-    for name in [None] + names:
-        if name is not None:
-            module = module._modules[name]
-        if isinstance(module, torch.jit.ScriptModule):
-            return True
-    return False

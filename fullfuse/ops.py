@@ -25,9 +25,9 @@ from .spec import ConvActPoolSpec, ConvTPoolReduceSpec, same_padding
 
 
 def _tuple(value, dims: int, name: str):
-    if isinstance(value, str):   # (its characters would pass for ints: "12" as (1, 2))
-        raise ValueError(f"fullfuse: {name} must be an int or {dims} ints, got {value!r}")
     try:
+        if isinstance(value, str):   # (its characters would pass for ints: "12" as (1, 2))
+            raise TypeError
         values = tuple(int(v) for v in ((value,) * dims if isinstance(value, int) else value))
     except (TypeError, ValueError):
         raise ValueError(f"fullfuse: {name} must be an int or {dims} ints, got {value!r}") from None
@@ -76,8 +76,8 @@ def spec_b(dims, in_channels, out_channels, kernel, stride, padding, output_padd
 
 def _spec_a_from(weight, bias, stride, padding, dilation, activation, pool, keepdim, post="none"):
     dims = _dims(weight, "conv_act_pool", "Conv2d or Conv3d")
-    kernel, stride, dilation = tuple(int(s) for s in weight.shape[2:]), _tuple(stride, dims, "stride"), _tuple(
-        dilation, dims, "dilation")
+    kernel = tuple(int(s) for s in weight.shape[2:])
+    stride, dilation = _tuple(stride, dims, "stride"), _tuple(dilation, dims, "dilation")
     return spec_a(dims, int(weight.shape[1]), int(weight.shape[0]), kernel, stride,
                   _padding(padding, dims, kernel, stride, dilation), dilation, bias is not None, activation, pool,
                   keepdim, post)
