@@ -39,9 +39,12 @@ def _conv_act_pool(spec: ConvActPoolSpec, act):
     if mode != "zeros":
         pad = [p for p in reversed(spec.padding) for _ in range(2)]
         padding = (0,) * spec.dims
-    spatial, keepdim = tuple(range(2, 2 + spec.dims)), spec.keepdim
+    spatial = tuple(range(2, 2 + spec.dims))
     pool = torch.mean if spec.pool == "mean" else torch.amax
-    view = _POOLED_VIEWS[spec.post]
+    # the post views in the pool itself (one op less per call: host time): flatten(1) and squeeze() both drop the
+    # pooled dims, which the pool then does not keep; squeeze() also drops a batch or channel dim of size 1
+    keepdim = spec.keepdim and spec.post == "none"
+    squeeze, squeeze_always = spec.post == "squeeze", spec.post == "squeeze" and spec.out_channels == 1
 
     def run(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if pad is not None:
@@ -50,7 +53,7 @@ def _conv_act_pool(spec: ConvActPoolSpec, act):
         if act is not None:
             y = act(y)
         y = pool(y, spatial, keepdim)
-        return y if view is None else view(y)
+        return y.squeeze() if squeeze_always or (squeeze and len(y) == 1) else y
     return run
 
 

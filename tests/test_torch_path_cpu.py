@@ -27,14 +27,37 @@ def test_conv_act_pool_is_the_modules_answer(dims, activation, pool, post, paddi
     conv = (nn.Conv2d if dims == 2 else nn.Conv3d)(3, 5, 3, stride=2, padding=1, dilation=1,
                                                     padding_mode=padding_mode).double()
     x = torch.randn(2, 3, *([7] * dims), dtype=torch.float64)
+    _check_conv_act_pool(conv, x, activation, pool, post, True)
+
+
+@pytest.mark.parametrize("batch, out_channels", [(1, 5), (2, 1), (1, 1), (3, 4)])
+@pytest.mark.parametrize("post", list(POSTS))
+@pytest.mark.parametrize("keepdim", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_act_pool_post_views_keep_the_modules_shape(batch, out_channels, post, keepdim, channels_last):
+    """The post views folded into the pool: size-1 batch and channel dims (squeeze drops them too), the pool's
+    keepdim either way, a channels_last input: the same shape and strides as the pool's op and then the view."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, out_channels, 3, padding=1).double()
+    x = torch.randn(batch, 3, 6, 5, dtype=torch.float64)
+    if channels_last:
+        x, conv = x.contiguous(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
+    for pool in codes.POOLS:
+        _check_conv_act_pool(conv, x, "gelu_erf", pool, post, keepdim)
+
+
+def _check_conv_act_pool(conv, x, activation, pool, post, keepdim):
+    dims = x.dim() - 2
     y = _ACTIVATION_MODULES[activation](conv(x))
     spatial = tuple(range(2, 2 + dims))
-    want = y.mean(spatial, keepdim=True) if pool == "mean" else y.amax(spatial, keepdim=True)
+    want = y.mean(spatial, keepdim=keepdim) if pool == "mean" else y.amax(spatial, keepdim=keepdim)
     want = {"none": want, "flatten": torch.flatten(want, 1), "squeeze": want.squeeze()}[post]
-    spec = ConvActPoolSpec(dims, 3, 5, conv.kernel_size, conv.stride, conv.padding, conv.dilation, True,
-                           activation=activation, pool=pool, keepdim=True, padding_mode=padding_mode, post=post)
+    spec = ConvActPoolSpec(dims, x.shape[1], conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                           conv.dilation, True, activation=activation, pool=pool, keepdim=keepdim,
+                           padding_mode=conv.padding_mode, post=post)
     got = torch_path.prepared(spec)(x, conv.weight, conv.bias)
-    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
     assert torch.equal(torch_path.run(spec, x, conv.weight, conv.bias), got)
 
 
