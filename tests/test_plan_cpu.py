@@ -67,6 +67,15 @@ CASES = [
     ("TF32 3x3 C32: fallback", (32, 32, 128, 128), "float32", True, (64, 3, 1, 1, 1, 1), "tf32",
      None, "one block per SM"),
     ("groups: never", (2, 8, 16, 16), "float32", False, (64, 3, 1, 0, 1, 2), "tf32", None, "groups != 1"),
+    # 5x5 stride 2 over 3 channels: 25 K units (beyond the mma.sync kernel), stride-2 columns through TMA rows only;
+    # 20 fp32 columns are 80 bytes, 20 bf16 ones 40 (no TMA row): the refusal names the layout and both kernels' limits
+    ("5x5 stride 2, fp32 rows of 80 bytes", (1, 3, 20, 20), "float32", False, (64, 5, 2, 0, 1, 1), "tf32",
+     "NCHW rows by TMA split into even / odd columns (stride 2)", None),
+    ("5x5 stride 2, bf16 rows of 40 bytes", (1, 3, 20, 20), "bfloat16", False, (64, 5, 2, 0, 1, 1), "auto",
+     None, "stride 2: the sm_90 kernel reads it through TMA rows, which need a 16-byte-aligned input, NCHW with rows "
+           "of whole 16 bytes (W % 8 == 0) or channels_last with C % 8 == 0; R*S*ceil(C/8) > 9"),
+    ("5x5 stride 3", (1, 3, 20, 20), "float32", False, (64, 5, 3, 0, 1, 1), "tf32",
+     None, "column stride 3: the sm_90 kernel takes 1 or 2; R*S*ceil(C/8) > 9"),
 ]
 
 def _plan(case, props=H200):

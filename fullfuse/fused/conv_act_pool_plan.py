@@ -34,6 +34,7 @@ from fullfuse.codes import ACTIVATIONS, POOLS
 POOL_MEAN, POOL_MAX = POOLS["mean"], POOLS["max"]
 ACT_GELU_ERF = ACTIVATIONS["gelu_erf"]
 _PREFIX = "fused_conv_act_pool: "
+_STRIDE_WHY = _PREFIX + "column stride "   # (the wgmma kernel's reason that the input's layout or stride gives)
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,11 @@ def wg_plan_lm(pb: Problem, C: int, base: MmaPlan, lm: int, v: Vol, want_r2: boo
     # stride-2 columns: a Conv2d through the TMA loaders, each plane's even columns then its odd ones (WG_NT2)
     sw2 = sw == 2
     if sw != 1 and not (sw2 and tma and v.D == 0):
+        w.why = _STRIDE_WHY + (f"{sw}: the sm_90 kernel takes 1 or 2" if not sw2 else
+                               "2: the sm_90 kernel takes it in a Conv2d only" if v.D > 0 else
+                               "2: the sm_90 kernel reads it through TMA rows, which need a 16-byte-aligned input, "
+                               "NCHW with rows of whole 16 bytes (W % " + ("4" if f32 else "8") + " == 0) or "
+                               "channels_last with C % 8 == 0")
         return w
     w.nkb = (K + 63) // 64
     K = min(K, 64)   # per launch
@@ -653,8 +659,9 @@ def choose(pb: Problem, props, lm: int) -> Choice:
     if wp.ok and not pl.mma_why and pl.Q <= q_narrow:
         wp.ok = False
     why = None
-    if not wp.ok and pl.mma_why:
-        why = wp.why or pl.mma_why
+    if not wp.ok and pl.mma_why:   # (both kernels' reasons where the wgmma kernel's is the input's layout)
+        why = (wp.why + "; " + pl.mma_why[len(_PREFIX):] if wp.why and wp.why.startswith(_STRIDE_WHY)
+               else wp.why or pl.mma_why)
     return Choice(pl, wp, why, lm)
 
 
