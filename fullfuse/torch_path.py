@@ -42,7 +42,8 @@ def _conv_act_pool(spec: ConvActPoolSpec, act):
     spatial = tuple(range(2, 2 + spec.dims))
     pool = torch.mean if spec.pool == "mean" else torch.amax
     # the post views in the pool itself (one op less per call: host time): flatten(1) and squeeze() both drop the
-    # pooled dims, which the pool then does not keep; squeeze() also drops a batch or channel dim of size 1
+    # pooled dims, which the pool then does not keep; squeeze() also drops a batch or channel dim of size 1 (the
+    # batch's size compared as a size, not len(): a dynamic batch under torch.export / torch.compile stays symbolic)
     keepdim = spec.keepdim and spec.post == "none"
     squeeze, squeeze_always = spec.post == "squeeze", spec.post == "squeeze" and spec.out_channels == 1
 
@@ -53,7 +54,7 @@ def _conv_act_pool(spec: ConvActPoolSpec, act):
         if act is not None:
             y = act(y)
         y = pool(y, spatial, keepdim)
-        return y.squeeze() if squeeze_always or (squeeze and len(y) == 1) else y
+        return y.squeeze() if squeeze_always or (squeeze and y.shape[0] == 1) else y
     return run
 
 

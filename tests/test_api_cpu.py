@@ -1453,6 +1453,47 @@ def test_export_records_pytorchs_ops_and_compile_the_fused_op(family):
     assert any(t.startswith("fullfuse.") for t in seen), seen
 
 
+class _SeedAFlatten(nn.Module):
+    """Seed A's ops with flatten(1) as the view after the pool (the seed's own is squeeze())."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.pool = nn.Conv2d(8, 6, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return torch.flatten(self.pool(self.act(self.conv(x))), 1)
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "is_exporting"), reason="torch without torch.compiler.is_exporting")
+@pytest.mark.parametrize("post", ["squeeze", "flatten"])
+def test_a_dynamic_batch_stays_dynamic_through_the_regions_ops(post):
+    """torch.export with a dynamic batch dim records the region's PyTorch ops without specializing the batch (the post
+    view folded into the pool compares the batch's size symbolically), strict and not; torch.compile(dynamic=True)
+    traces them where autograd needs them, at a batch of 1 too (squeeze() drops it, as the model's own view)."""
+    torch.manual_seed(0)
+    model = (SeedA(8, 6) if post == "squeeze" else _SeedAFlatten()).eval()
+    fused = fullfuse.fused_model(model)
+    assert fused.plans[0].spec.post == post
+    batch = torch.export.Dim("batch")
+    for strict in (True, False):
+        with torch.no_grad():
+            program = torch.export.export(fused, (torch.randn(3, 8, 9, 9),), dynamic_shapes=(({0: batch},),),
+                                          strict=strict)
+        for n in (2, 5):
+            x = torch.randn(n, 8, 9, 9)
+            got = program.module()(x)
+            assert got.shape == model(x).shape
+            _close(got, model(x))
+    compiled = torch.compile(fused, backend="eager", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the one-time warning that autograd runs PyTorch's ops)
+        for n in (1, 2, 5):
+            x = torch.randn(n, 8, 9, 9)
+            got = compiled(x)
+            assert got.shape == model(x).shape
+            _close(got.detach(), model(x).detach())
+
+
 def test_torch_device_context_keeps_the_kernel_path(monkeypatch):
     """`with torch.device(...)` (a torch function mode that only sets factories' default device) leaves a region on its
     kernel path (stubbed: NaN)."""
