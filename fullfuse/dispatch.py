@@ -103,7 +103,8 @@ def _runner(spec, chosen: str, x, mode: str, deterministic: bool, follows_torch:
     """The prepared call of a path.  follows_torch: the mode is PyTorch's own current setting (precision "auto"), so
     the torch path runs PyTorch's ops as they are, with no flag to hold."""
     if chosen == "torch":
-        ops = torch_path.prepared(spec)
+        # (a signature's calls share the batch size: calls.SpecCalls; an input of another rank gets torch's own error)
+        ops = torch_path.prepared(spec, x.shape[0] if x.dim() == spec.dims + 2 else None)
         if follows_torch or mode not in ("tf32", "ieee"):
             return ops
 

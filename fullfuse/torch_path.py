@@ -24,28 +24,32 @@ _POOLED_VIEWS = {"none": None, "flatten": functools.partial(torch.flatten, start
 _CHANNEL_REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 
 
-def prepared(spec):
+def prepared(spec, batch: Optional[int] = None):
     """``run(x, weight, bias)``: the spec's PyTorch ops with its arguments bound once (host time per call: what auto
-    runs for a signature where PyTorch is faster costs no more than the model's own ops)."""
+    runs for a signature where PyTorch is faster costs no more than the model's own ops).  ``batch``: the batch size of
+    every call (one call signature's): family A's post view is then folded into its pool (one op less per call); without
+    it the ops are the model's as written, whose shapes a trace (torch.jit.trace, torch.export, torch.compile) records
+    for any batch."""
     act = _ACTIVATIONS[spec.activation]   # (a spec's names are checked when it is made)
     if isinstance(spec, ConvActPoolSpec):
-        return _conv_act_pool(spec, act)
+        return _conv_act_pool(spec, act, batch)
     return _convt_pool_reduce(spec, act)
 
 
-def _conv_act_pool(spec: ConvActPoolSpec, act):
+def _conv_act_pool(spec: ConvActPoolSpec, act, batch: Optional[int]):
     conv, stride, padding, dilation, groups = CONV[spec.dims], spec.stride, spec.padding, spec.dilation, spec.groups
     pad, mode = None, spec.padding_mode
     if mode != "zeros":
         pad = [p for p in reversed(spec.padding) for _ in range(2)]
         padding = (0,) * spec.dims
-    spatial = tuple(range(2, 2 + spec.dims))
+    spatial, keepdim = tuple(range(2, 2 + spec.dims)), spec.keepdim
     pool = torch.mean if spec.pool == "mean" else torch.amax
-    # the post views in the pool itself (one op less per call: host time): flatten(1) and squeeze() both drop the
-    # pooled dims, which the pool then does not keep; squeeze() also drops a batch or channel dim of size 1 (the
-    # batch's size compared as a size, not len(): a dynamic batch under torch.export / torch.compile stays symbolic)
-    keepdim = spec.keepdim and spec.post == "none"
-    squeeze, squeeze_always = spec.post == "squeeze", spec.post == "squeeze" and spec.out_channels == 1
+    view = _POOLED_VIEWS[spec.post]
+    if batch is not None and view is not None:
+        # flatten(1) and squeeze() both drop the pooled dims, which the pool then does not keep; squeeze() also drops
+        # a batch or channel dim of size 1, which this batch and the spec's channels say
+        keepdim = False
+        view = torch.squeeze if spec.post == "squeeze" and 1 in (batch, spec.out_channels) else None
 
     def run(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if pad is not None:
@@ -54,7 +58,7 @@ def _conv_act_pool(spec: ConvActPoolSpec, act):
         if act is not None:
             y = act(y)
         y = pool(y, spatial, keepdim)
-        return y.squeeze() if squeeze_always or (squeeze and y.shape[0] == 1) else y
+        return y if view is None else view(y)
     return run
 
 

@@ -1492,6 +1492,27 @@ def test_a_dynamic_batch_stays_dynamic_through_the_regions_ops(post):
             got = compiled(x)
             assert got.shape == model(x).shape
             _close(got.detach(), model(x).detach())
+    with torch.no_grad():
+        traced = torch.jit.trace(fused, torch.randn(2, 8, 9, 9))   # (recorded at a batch of 2, run at others)
+        for n in (1, 3):
+            x = torch.randn(n, 8, 9, 9)
+            assert traced(x).shape == model(x).shape
+
+
+@pytest.mark.parametrize("post", ["squeeze", "flatten"])
+@pytest.mark.parametrize("out_channels", [6, 1])
+def test_each_signatures_torch_ops_keep_the_models_shape(post, out_channels):
+    """A signature's prepared PyTorch ops (here: CPU inputs) fold the post view into the pool for its batch size: a
+    batch of 1 and one output channel, which squeeze() drops, and others, each call its own signature."""
+    torch.manual_seed(0)
+    model = (SeedA(8, out_channels) if post == "squeeze" else _SeedAFlatten()).eval()
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        for n in (1, 2, 1, 3):
+            x = torch.randn(n, 8, 9, 9)
+            got, want = fused(x), model(x)
+            assert got.shape == want.shape and got.stride() == want.stride()
+            _close(got, want)
 
 
 def test_torch_device_context_keeps_the_kernel_path(monkeypatch):

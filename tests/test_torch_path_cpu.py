@@ -35,8 +35,9 @@ def test_conv_act_pool_is_the_modules_answer(dims, activation, pool, post, paddi
 @pytest.mark.parametrize("keepdim", [True, False])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_conv_act_pool_post_views_keep_the_modules_shape(batch, out_channels, post, keepdim, channels_last):
-    """The post views folded into the pool: size-1 batch and channel dims (squeeze drops them too), the pool's
-    keepdim either way, a channels_last input: the same shape and strides as the pool's op and then the view."""
+    """A signature's ops with the post view folded into the pool: size-1 batch and channel dims (squeeze drops them
+    too), the pool's keepdim either way, a channels_last input: the same shape and strides as the pool's op and then
+    the view."""
     torch.manual_seed(0)
     conv = nn.Conv2d(3, out_channels, 3, padding=1).double()
     x = torch.randn(batch, 3, 6, 5, dtype=torch.float64)
@@ -59,6 +60,8 @@ def _check_conv_act_pool(conv, x, activation, pool, post, keepdim):
     assert got.shape == want.shape and got.stride() == want.stride()
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
     assert torch.equal(torch_path.run(spec, x, conv.weight, conv.bias), got)
+    folded = torch_path.prepared(spec, x.shape[0])(x, conv.weight, conv.bias)   # (one signature's: the view folded)
+    assert folded.shape == want.shape and folded.stride() == want.stride() and torch.equal(folded, got)
 
 
 @pytest.mark.parametrize("dims", [2, 3])
