@@ -15,7 +15,9 @@ the conv-problem lookup, the epilogue launch and the output's allocation; and wh
 
 Part 3, where auto runs PyTorch's ops (the first-call measurement kept them: (1, 3, 20, 20), 5x5 stride 2 over 3
 channels, bfloat16): the eager model against the fused model, each layer of the fused model's call down to the
-prepared ops, and the eager model's own ops called as its modules call them, side by side (interleaved_host_us).
+prepared ops (and the spec's ops as written, its post view not folded into the pool), and the eager model's own ops
+called as its modules call them, side by side (interleaved_host_us); then the GPU span per call of back-to-back calls
+of the eager and the fused model (host-bound where it is below their back-to-back time).
 
 Part 4, torch.profiler over five fused calls per seed problem (A, B x float32, bfloat16): each kernel's GPU time and
 the span of one call from its first kernel's start to its last kernel's end.
@@ -206,6 +208,7 @@ def torch_route_pieces() -> None:
         fused(x)
         print(f"\n(1, 3, 20, 20) bf16: auto ran {fused.plans[0].last_path} ({fused.plans[0].last_reason})")
         (_, ops_run), = region.calls._prepared.values()
+        as_written = torch_path.prepared(region.calls.spec)
         pieces = {
             "eager model": lambda: model(x),
             "fused_model(x)": lambda: fused(x),
@@ -213,15 +216,26 @@ def torch_route_pieces() -> None:
             "SpecCalls.eager": lambda: region.calls.eager(x, weight, bias),
             "SpecCalls.run": lambda: region.calls.run(x, weight, bias),
             "the prepared ops": lambda: ops_run(x, weight, bias),
+            "the spec's ops as written (post view not folded)": lambda: as_written(x, weight, bias),
             "the model's modules, called": lambda: pool(act(conv(x))).squeeze(),
             "the model's ops, called as its forwards do": lambda: F.adaptive_avg_pool2d(F.gelu(F.conv2d(
                 x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups), approximate="none"),
                 1).squeeze(),
         }
         measured = interleaved_host_us(pieces, 300)
-    print(f"{'piece (µs)':44s} {'isolated':>9s} {'back to back':>13s}")
+    print(f"{'piece (µs)':50s} {'isolated':>9s} {'back to back':>13s}")
     for name, (iso, b2b) in measured.items():
-        print(f"{name:44s} {iso:9.2f} {b2b:13.2f}", flush=True)
+        print(f"{name:50s} {iso:9.2f} {b2b:13.2f}", flush=True)
+    with torch.no_grad():   # GPU time per call of the eager and the fused model: what back-to-back calls cannot beat
+        for name in ("eager model", "fused_model(x)"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(300):
+                pieces[name]()
+            end.record()
+            torch.cuda.synchronize()
+            print(f"{name}: GPU span of 300 back-to-back calls, per call {start.elapsed_time(end) * 1e3 / 300:.2f} µs")
 
 
 def seed_kernels() -> None:
