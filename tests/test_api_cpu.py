@@ -1453,25 +1453,23 @@ def test_export_records_pytorchs_ops_and_compile_the_fused_op(family):
     assert any(t.startswith("fullfuse.") for t in seen), seen
 
 
-class _SeedAFlatten(nn.Module):
-    """Seed A's ops with flatten(1) as the view after the pool (the seed's own is squeeze())."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv, self.act, self.pool = nn.Conv2d(8, 6, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1)
-
-    def forward(self, x):
-        return torch.flatten(self.pool(self.act(self.conv(x))), 1)
+def _seed_a_viewed(post: str, out_channels: int = 6) -> nn.Module:
+    """Seed A's ops (8 input channels, 3x3) whose pool is followed by ``post``: the seed's own squeeze() or
+    nn.Flatten()."""
+    if post == "squeeze":
+        return SeedA(8, out_channels).eval()
+    return nn.Sequential(nn.Conv2d(8, out_channels, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
 
 
 @pytest.mark.skipif(not hasattr(torch.compiler, "is_exporting"), reason="torch without torch.compiler.is_exporting")
 @pytest.mark.parametrize("post", ["squeeze", "flatten"])
 def test_a_dynamic_batch_stays_dynamic_through_the_regions_ops(post):
-    """torch.export with a dynamic batch dim records the region's PyTorch ops without specializing the batch (the post
-    view folded into the pool compares the batch's size symbolically), strict and not; torch.compile(dynamic=True)
-    traces them where autograd needs them, at a batch of 1 too (squeeze() drops it, as the model's own view)."""
+    """torch.export with a dynamic batch dim records the region's PyTorch ops without specializing the batch (traces
+    get the ops as written, not a signature's folded ones), strict and not; torch.compile(dynamic=True) traces them
+    where autograd needs them, at a batch of 1 too (squeeze() drops it, as the model's own view); torch.jit.trace's
+    graph keeps the model's shape at other batch sizes."""
     torch.manual_seed(0)
-    model = (SeedA(8, 6) if post == "squeeze" else _SeedAFlatten()).eval()
+    model = _seed_a_viewed(post)
     fused = fullfuse.fused_model(model)
     assert fused.plans[0].spec.post == post
     batch = torch.export.Dim("batch")
@@ -1505,7 +1503,7 @@ def test_each_signatures_torch_ops_keep_the_models_shape(post, out_channels):
     """A signature's prepared PyTorch ops (here: CPU inputs) fold the post view into the pool for its batch size: a
     batch of 1 and one output channel, which squeeze() drops, and others, each call its own signature."""
     torch.manual_seed(0)
-    model = (SeedA(8, out_channels) if post == "squeeze" else _SeedAFlatten()).eval()
+    model = _seed_a_viewed(post, out_channels)
     fused = fullfuse.fused_model(model)
     with torch.no_grad():
         for n in (1, 2, 1, 3):
