@@ -910,6 +910,134 @@ def test_second_gpu(family, path):
     assert_close(again, ref64(model, x), "tf32", "second call on cuda:1")
 
 
+def _needs_two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+
+
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_model_moved_to_another_gpu(family, path):
+    """A fused model called on cuda:0, moved with ``.to("cuda:1")``, called there, then moved back: each call gives
+    the original's answer on the device its input is on (prepared calls are per device: kernels, streams, buffers)."""
+    _needs_two_gpus()
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    with torch.no_grad():
+        for device in ("cuda:0", "cuda:1", "cuda:0"):
+            fused.to(device)
+            x = make_x(family, seed=SEED + int(device[-1]), device=device)
+            got = fused(x)
+            assert got.device == x.device
+            assert_close(got, ref64(model, x), "tf32", f"on {device}")
+
+
+@pytest.mark.parametrize("set_device", [True, False], ids=["device-set", "device-0-current"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_threads_one_gpu_each(family, set_device):
+    """Two threads, each calling its own copy of a fused model on its own GPU (the common multi-GPU inference loop),
+    with that GPU made current in the thread or with cuda:0 current in both: every result is its own model's."""
+    _needs_two_gpus()
+    import copy
+    models = [make_model(family, seed=SEED + i, device=f"cuda:{i}") for i in range(2)]
+    fused = [fullfuse.fused_model(copy.deepcopy(models[0]), path="auto", precision="tf32"),
+             fullfuse.fused_model(models[1], path="auto", precision="tf32")]
+    xs = [[make_x(family, seed=SEED + 10 * i + j, device=f"cuda:{i}") for j in range(3)] for i in range(2)]
+    results, failures, barrier = {}, [], threading.Barrier(2)
+
+    def job(i):
+        try:
+            barrier.wait()
+            with torch.no_grad(), torch.cuda.device(i if set_device else 0):
+                results[i] = [fused[i](x) for _ in range(4) for x in xs[i]]
+        except Exception:
+            failures.append(traceback.format_exc())
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+    for i in range(2):
+        torch.cuda.synchronize(i)
+        for k, got in enumerate(results[i]):
+            x = xs[i][k % 3]
+            assert got.device == x.device
+            assert_close(got, ref64(models[i], x), "tf32", f"thread on cuda:{i}, call {k}")
+
+
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_side_stream_on_second_gpu(family, path):
+    """A call on a side stream of cuda:1 launches on that stream: the input is rewritten there after a ~0.1 s sleep,
+    so a launch on any other stream would read the old values."""
+    _needs_two_gpus()
+    model = make_model(family, device="cuda:1")
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    old, new = (make_x(family, seed=SEED + k, device="cuda:1") for k in (1, 2))
+    x = old.clone()
+    with torch.no_grad():
+        fused(x)   # (prepared: the timed call below is the kernel alone)
+        torch.cuda.synchronize(1)
+        side = torch.cuda.Stream(device=1)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            x.copy_(new)
+            got = fused(x)
+        torch.cuda.current_stream(1).wait_stream(side)
+    torch.cuda.synchronize(1)
+    assert_close(got, ref64(model, new), "tf32", "side stream of cuda:1")
+
+
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_cuda_graph_on_second_gpu(family, path):
+    """CUDA graph capture and replay on cuda:1 (cuda:0 current outside the capture)."""
+    _needs_two_gpus()
+    model = make_model(family, device="cuda:1")
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    with torch.cuda.device(1):
+        static_x = make_x(family, device="cuda:1")
+        graph, static_out = _capture(fused, static_x)
+        new_x = make_x(family, seed=SEED + 11, device="cuda:1")
+        static_x.copy_(new_x)
+        graph.replay()
+    torch.cuda.synchronize(1)
+    assert_close(static_out, ref64(model, new_x), "tf32", "replay on cuda:1")
+
+
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_input_on_another_gpu_than_the_model(family):
+    """Input on cuda:1, model on cuda:0: the fused model raises as the original does (no kernel reads across GPUs)."""
+    _needs_two_gpus()
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path="auto", precision="tf32")
+    x = make_x(family, device="cuda:1")
+    with torch.no_grad():
+        with pytest.raises(RuntimeError) as want:
+            model(x)
+        with pytest.raises(RuntimeError) as got:
+            fused(x)
+    assert type(got.value) is type(want.value), (got.value, want.value)
+
+
+@pytest.mark.parametrize("path", ["fused", "fallback", "auto"])
+@pytest.mark.parametrize("family", ["A", "B"])
+def test_data_parallel(family, path):
+    """nn.DataParallel over two GPUs around a fused model: its replicas (shallow copies holding broadcast weights) run
+    in threads, one per GPU, and the gathered result is the original's."""
+    _needs_two_gpus()
+    model = make_model(family)
+    fused = fullfuse.fused_model(model, path=path, precision="tf32")
+    x = make_x(family, shape=(4,) + SHAPE[family][1:])
+    with torch.no_grad():
+        got = nn.DataParallel(fused, device_ids=[0, 1])(x)
+        again = nn.DataParallel(fused, device_ids=[0, 1])(x)
+    want = ref64(model, x)
+    assert_close(got, want, "tf32", "DataParallel")
+    assert_close(again, want, "tf32", "DataParallel, second call")
+
+
 # ------------------------------------------------------------------ misaligned channels_last input
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("path", ["fallback", "auto"])
