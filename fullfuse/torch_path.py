@@ -20,6 +20,13 @@ _MAX_POOL = {2: F.max_pool2d, 3: F.max_pool3d}
 
 _ACTIVATIONS = {"none": None, "relu": F.relu, "gelu_erf": F.gelu,
                 "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "silu": F.silu}
+# the same activations in place, for a signature's calls (``prepared`` given a batch): the conv's output is the call's
+# own temporary, and those calls need no autograd (calls.SpecCalls.run), so one buffer fewer per call (host time);
+# out of place where a torch build lacks the in-place op
+_gelu_ = getattr(torch._C._nn, "gelu_", None)
+_silu_ = getattr(torch._C._nn, "silu_", None)
+_IN_PLACE = {"none": None, "relu": torch.relu_, "gelu_erf": _gelu_ or F.gelu,
+             "gelu_tanh": functools.partial(_gelu_ or F.gelu, approximate="tanh"), "silu": _silu_ or F.silu}
 _POOLED_VIEWS = {"none": None, "flatten": functools.partial(torch.flatten, start_dim=1), "squeeze": torch.squeeze}
 _CHANNEL_REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 
@@ -27,10 +34,12 @@ _CHANNEL_REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 def prepared(spec, batch: Optional[int] = None):
     """``run(x, weight, bias)``: the spec's PyTorch ops with its arguments bound once (host time per call: what auto
     runs for a signature where PyTorch is faster costs no more than the model's own ops).  ``batch``: the batch size of
-    every call (one call signature's): family A's post view is then folded into its pool (one op less per call); without
-    it the ops are the model's as written, whose shapes a trace (torch.jit.trace, torch.export, torch.compile) records
-    for any batch."""
-    act = _ACTIVATIONS[spec.activation]   # (a spec's names are checked when it is made)
+    every call (one call signature's, which needs no autograd): the activation then runs in place and family A's post
+    view is folded into its pool (a buffer and an op less per call); without it the ops are the model's as written,
+    whose shapes a trace (torch.jit.trace, torch.export, torch.compile) records for any batch, and autograd can
+    differentiate."""
+    # (a spec's names are checked when it is made)
+    act = (_ACTIVATIONS if batch is None else _IN_PLACE)[spec.activation]
     if isinstance(spec, ConvActPoolSpec):
         return _conv_act_pool(spec, act, batch)
     return _convt_pool_reduce(spec, act)

@@ -15,13 +15,15 @@ _ACTIVATION_MODULES = {"none": nn.Identity(), "relu": nn.ReLU(), "gelu_erf": nn.
 
 def test_every_spec_name_has_its_op():
     assert set(torch_path._ACTIVATIONS) == set(codes.ACTIVATIONS) == set(_ACTIVATION_MODULES)
+    assert set(torch_path._IN_PLACE) == set(codes.ACTIVATIONS)
     assert set(torch_path._POOLED_VIEWS) == set(POSTS)
     assert set(torch_path._CHANNEL_REDUCTIONS) == set(codes.REDUCTIONS)
 
 
 @pytest.mark.parametrize("dims", [2, 3])
 @pytest.mark.parametrize("activation, pool, post, padding_mode",
-                         list(itertools.product(codes.ACTIVATIONS, codes.POOLS, POSTS, ("zeros", "reflect", "circular"))))
+                         list(itertools.product(codes.ACTIVATIONS, codes.POOLS, POSTS,
+                                                ("zeros", "reflect", "circular"))))
 def test_conv_act_pool_is_the_modules_answer(dims, activation, pool, post, padding_mode):
     torch.manual_seed(0)
     conv = (nn.Conv2d if dims == 2 else nn.Conv3d)(3, 5, 3, stride=2, padding=1, dilation=1,
@@ -81,3 +83,25 @@ def test_convt_pool_reduce_is_the_modules_answer(dims, activation, reduction, ke
                                keepdim=keepdim)
     got = torch_path.prepared(spec)(x, conv.weight, conv.bias)
     assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    in_place = torch_path.prepared(spec, x.shape[0])(x, conv.weight, conv.bias)   # (one signature's: in place)
+    assert torch.equal(in_place, got)
+
+
+@pytest.mark.parametrize("activation", list(codes.ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_signature_ops_in_place_equal_the_ops_as_written(activation, dtype):
+    """A signature's ops run the activation in place on the conv's output: bit for bit the ops as written, the
+    inputs untouched, and autograd still differentiates the ops as written."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, 3).to(dtype)
+    x = torch.randn(2, 3, 9, 8, dtype=dtype)
+    spec = ConvActPoolSpec(2, 3, 5, (3, 3), (1, 1), (0, 0), (1, 1), True, activation=activation, pool="mean",
+                           keepdim=True)
+    before = [t.clone() for t in (x, conv.weight, conv.bias)]
+    with torch.no_grad():
+        want = torch_path.prepared(spec)(x, conv.weight, conv.bias)
+        got = torch_path.prepared(spec, 2)(x, conv.weight, conv.bias)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(before, (x, conv.weight, conv.bias)))
+    torch_path.prepared(spec)(x, conv.weight, conv.bias).float().sum().backward()
+    assert conv.weight.grad is not None
