@@ -588,6 +588,24 @@ def _run_threads(jobs, main_work=None):
     return failures
 
 
+def _in_threads(job, count: int) -> list:
+    """``job(i)`` for i < ``count``, each in its own thread, released together; the tracebacks of the failures."""
+    failures, barrier = [], threading.Barrier(count)
+
+    def run(i):
+        try:
+            barrier.wait()
+            job(i)
+        except Exception:
+            failures.append(traceback.format_exc())
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failures
+
+
 def _alternating_job(fused, xs, results, iterations=6):
     def job():
         for i in range(iterations):
@@ -943,20 +961,12 @@ def test_threads_one_gpu_each(family, set_device):
     fused = [fullfuse.fused_model(copy.deepcopy(models[0]), path="auto", precision="tf32"),
              fullfuse.fused_model(models[1], path="auto", precision="tf32")]
     xs = [[make_x(family, seed=SEED + 10 * i + j, device=f"cuda:{i}") for j in range(3)] for i in range(2)]
-    results, failures, barrier = {}, [], threading.Barrier(2)
+    results = {}
 
     def job(i):
-        try:
-            barrier.wait()
-            with torch.no_grad(), torch.cuda.device(i if set_device else 0):
-                results[i] = [fused[i](x) for _ in range(4) for x in xs[i]]
-        except Exception:
-            failures.append(traceback.format_exc())
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        with torch.no_grad(), torch.cuda.device(i if set_device else 0):
+            results[i] = [fused[i](x) for _ in range(4) for x in xs[i]]
+    failures = _in_threads(job, 2)
     assert not failures, failures[0]
     for i in range(2):
         torch.cuda.synchronize(i)
@@ -1144,21 +1154,14 @@ def test_scratch_is_per_thread_and_stream():
     fused = [fullfuse.fused_model(m, path="fused", precision="tf32") for m in models]
     xs = [make_x("B"), make_x("Bw")]   # packed in the fused kernel / by the packing kernel before it
     refs = [[ref64(m, x) for x in xs] for m in models]
-    results, failures = [[] for _ in range(4)], []
+    results = [[] for _ in range(4)]
 
     def job(t):
-        try:
-            with torch.no_grad():
-                for i in range(8):
-                    results[t].append(fused[t % 2](xs[i % 2]))
-        except Exception:
-            failures.append(traceback.format_exc())
+        with torch.no_grad():
+            for i in range(8):
+                results[t].append(fused[t % 2](xs[i % 2]))
 
-    threads = [threading.Thread(target=job, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    failures = _in_threads(job, 4)
     torch.cuda.synchronize()
     assert not failures, "\n".join(failures)
     for t in range(4):
