@@ -559,38 +559,10 @@ def test_torch_compile_reduce_overhead(family):
 
 
 # ------------------------------------------------------------------ threads
-def _run_threads(jobs, main_work=None):
-    """jobs: callables run at once, one per thread (each on its own stream); returns the tracebacks of failures."""
-    failures, barrier = [], threading.Barrier(len(jobs) + 1)
-
-    def wrap(job):
-        try:
-            stream = torch.cuda.Stream()
-            barrier.wait()
-            with torch.cuda.stream(stream), torch.no_grad():
-                job()
-            stream.synchronize()
-        except Exception:
-            failures.append(traceback.format_exc())
-
-    threads = [threading.Thread(target=wrap, args=(job,)) for job in jobs]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    try:
-        if main_work is not None:
-            main_work(threads)
-    except Exception:
-        failures.append("main thread: " + traceback.format_exc())
-    for t in threads:
-        t.join()
-    torch.cuda.synchronize()
-    return failures
-
-
-def _in_threads(job, count: int) -> list:
-    """``job(i)`` for i < ``count``, each in its own thread, released together; the tracebacks of the failures."""
-    failures, barrier = [], threading.Barrier(count)
+def _in_threads(job, count: int, main_work=None) -> list:
+    """``job(i)`` for i < ``count``, each in its own thread, all released at once (then ``main_work(threads)`` runs
+    in this thread, where given, while they do); returns the tracebacks of failures."""
+    failures, barrier = [], threading.Barrier(count + 1)
 
     def run(i):
         try:
@@ -601,8 +573,26 @@ def _in_threads(job, count: int) -> list:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
+    barrier.wait()
+    try:
+        if main_work is not None:
+            main_work(threads)
+    except Exception:
+        failures.append("main thread: " + traceback.format_exc())
     for t in threads:
         t.join()
+    return failures
+
+
+def _run_threads(jobs, main_work=None):
+    """jobs: callables run at once, one per thread, each on its own stream without grad (``_in_threads``)."""
+    def on_own_stream(i):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.no_grad():
+            jobs[i]()
+        stream.synchronize()
+    failures = _in_threads(on_own_stream, len(jobs), main_work)
+    torch.cuda.synchronize()
     return failures
 
 
