@@ -12,6 +12,10 @@ Three figures per path (µs):
   turns in blocks of 20 calls: fullfuse.measure.repeated_host_us): a program calling one signature again and again.
 - ``<path>_us``: the wall time per call of back-to-back calls, synchronised at the end, best of 5 rounds: host and GPU
   time together (whichever is longer sets it; the seed shapes are GPU-bound).
+- ``eager_op_after_wait_host_us``: the eager op's isolated host time where, as for a repeated call of the fused path,
+  the GPU has just been busy for as long as that call's GPU time (``wait_us``: a sleep kernel, synchronised, untimed).
+  After a long wait every launch costs the host more (the seed rows: a repeated call follows a wait of 0.4-0.8 ms);
+  this is the eager op's cost under the seed rows' conditions.
 "auto" is what fused_model() runs by default (its first-call measurement done before timing); "auto ran" says which
 path it kept.  ``eager_op``: one eager PyTorch op (F.gelu of 64 floats).  Per shape, the paths and the eager op take
 turns call by call (fullfuse.measure.interleaved_host_us): their ratios hold on a shared host whose speed drifts.
@@ -43,6 +47,34 @@ class _Squeezed(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pooled.squeeze()
+
+
+def _sleep_cycles_per_us() -> float:
+    """GPU clock cycles per µs of ``torch.cuda._sleep`` (timed with CUDA events once)."""
+    cycles = 2_000_000
+    torch.cuda._sleep(cycles)   # (warm)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
+
+def after_wait_host_us(fn, wait_us: float, cycles_per_us: float, calls: int) -> float:
+    """Median host time in µs of ``fn`` called just after the host waited ``wait_us`` for the GPU (a sleep kernel,
+    then a synchronisation; neither timed)."""
+    fn()
+    cycles = max(1, int(wait_us * cycles_per_us))
+    times = []
+    for _ in range(calls):
+        torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
 
 
 def untouched_rest(calls: int) -> dict:
@@ -85,6 +117,7 @@ def main() -> int:
     torch.manual_seed(0)
     one = torch.randn(64, device="cuda")
     rows = []
+    cycles_per_us = _sleep_cycles_per_us()
     with torch.inference_mode():
         for family, shapes in SHAPES.items():
             model = seed_model(family).cuda().eval()
@@ -107,6 +140,10 @@ def main() -> int:
                 for name, iso in repeated_host_us(fns, calls).items():
                     row[f"{name}_repeated_host_us"] = iso
                 row["auto_ran"] = fused_models["auto"].plans[0].last_path
+                if "fused_us" in row:
+                    row["wait_us"] = row["fused_us"]
+                    row["eager_op_after_wait_host_us"] = after_wait_host_us(fns["eager_op"], row["wait_us"],
+                                                                            cycles_per_us, calls)
                 rows.append(row)
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),
                       flush=True)
