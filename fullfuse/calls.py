@@ -126,16 +126,6 @@ def _requires_grad(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     return x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
 
 
-def common_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rank: int) -> bool:
-    """Whether a call that needs no gradient, outside torch.compile, is the common one (``SpecCalls.run`` serves it
-    as it is): a batched input of ``rank`` dims, plain tensors, no CUDA autocast, no torch dispatch or function mode,
-    torch.func transform or dual level.  Under autocast for another device alone a CUDA input's ops run as written, and
-    a CPU input's prepared call is PyTorch's ops, which that autocast sees."""
-    return (x.dim() == rank and type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and not _cuda_autocast_on() and not _dispatch_modes() and not _function_modes()
-            and _functorch_stack() is None and _forward_ad._current_level < 0)
-
-
 class SpecCalls:
     """The calls of one (spec, path, precision, deterministic) (the module's text says what a call does); one object
     per such tuple (``calls_for``), so that a region, ``ops.run_spec`` and the registered op share prepared calls."""
@@ -167,16 +157,23 @@ class SpecCalls:
         return calls_for, (self.spec, self.path, self.precision, self.deterministic)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        if compiling():   # (before the C queries of common_call: torch.compile traces none of them)
+        if compiling():   # (before the C queries of eager: torch.compile traces none of them)
             return self._general(x, weight, bias, _grad_enabled() and _requires_grad(x, weight, bias))
         return self.eager(x, weight, bias)
 
     def eager(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """``__call__`` outside torch.compile (a caller that knows it is not tracing asks nothing more: host time)."""
-        needs_grad = _grad_enabled() and _requires_grad(x, weight, bias)
-        if not needs_grad and common_call(x, weight, bias, self._rank):
+        """``__call__`` outside torch.compile (a caller that knows it is not tracing asks nothing more: host time).  A
+        call that needs no gradient is the common one, which ``run`` serves as it is, where it has a batched input of
+        the spec's rank, plain tensors, no CUDA autocast, no torch dispatch or function mode, torch.func transform or
+        dual level (tested inline: host time per call).  Under autocast for another device alone a CUDA input's ops
+        run as written, and a CPU input's prepared call is PyTorch's ops, which that autocast sees."""
+        if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+            return self._general(x, weight, bias, True)
+        if (x.dim() == self._rank and type(x) in _PLAIN and type(weight) in _PLAIN
+                and (bias is None or type(bias) in _PLAIN) and not _cuda_autocast_on() and not _dispatch_modes()
+                and not _function_modes() and _functorch_stack() is None and _forward_ad._current_level < 0):
             return self.run(x, weight, bias)
-        return self._general(x, weight, bias, needs_grad)
+        return self._general(x, weight, bias, False)
 
     def run(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """The dispatcher: the signature's prepared call (made on its first call: dispatch.prepare), run.  Built
