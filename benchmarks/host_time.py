@@ -15,7 +15,8 @@ Three figures per path (µs):
 - ``eager_op_after_wait_host_us``: the eager op's isolated host time where, as for a repeated call of the fused path,
   the GPU has just been busy for as long as that call's GPU time (``wait_us``: a sleep kernel, synchronised, untimed).
   After a long wait every launch costs the host more (the seed rows: a repeated call follows a wait of 0.4-0.8 ms);
-  this is the eager op's cost under the seed rows' conditions.
+  this is the eager op's cost under the seed rows' conditions; the last row (``after_waits``) times seed A's tiny
+  fused call, its eager model and the op after waits of 0-800 µs.
 "auto" is what fused_model() runs by default (its first-call measurement done before timing); "auto ran" says which
 path it kept.  ``eager_op``: one eager PyTorch op (F.gelu of 64 floats).  Per shape, the paths and the eager op take
 turns call by call (fullfuse.measure.interleaved_host_us): their ratios hold on a shared host whose speed drifts.
@@ -75,6 +76,36 @@ def after_wait_host_us(fn, wait_us: float, cycles_per_us: float, calls: int) -> 
         times.append(time.perf_counter() - start)
     torch.cuda.synchronize()
     return 1e6 * statistics.median(times)
+
+
+WAITS_US = (0, 25, 100, 400, 800)
+
+
+def after_waits(cycles_per_us: float, calls: int) -> dict:
+    """The same calls after GPU waits of each length of WAITS_US (the seed rows' repeated calls each follow a wait of
+    their own GPU time): seed A's fused call, its eager model and the eager op at the tiny shape, taking turns call by
+    call.  A longer wait that costs every call more is the host's, not the path's."""
+    model = seed_model("A").cuda().eval()
+    x = torch.randn(SHAPES["A"][0][1], device="cuda")
+    one = torch.randn(64, device="cuda")
+    fused = fullfuse.fused_model(model, path="fused")
+    fns = {"fused": lambda: fused(x), "eager": lambda: model(x), "eager_op": lambda: torch.nn.functional.gelu(one)}
+    row = {"family": "A", "size": "tiny after GPU waits", "shape": list(x.shape), "waits_us": list(WAITS_US)}
+    for fn in fns.values():
+        fn()
+    times = {(name, wait): [] for name in fns for wait in WAITS_US}
+    for _ in range(calls):   # (call by call: a drift of the shared host's speed hits every figure alike)
+        for wait in WAITS_US:
+            for name, fn in fns.items():
+                torch.cuda._sleep(max(1, int(wait * cycles_per_us)))
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                fn()
+                times[name, wait].append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    for name in fns:
+        row[f"{name}_after_wait_host_us"] = [1e6 * statistics.median(times[name, wait]) for wait in WAITS_US]
+    return row
 
 
 def untouched_rest(calls: int) -> dict:
@@ -148,6 +179,8 @@ def main() -> int:
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),
                       flush=True)
         rows.append(untouched_rest(calls=300))
+        print(rows[-1], flush=True)
+        rows.append(after_waits(cycles_per_us, calls=200))
         print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
