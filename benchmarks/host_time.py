@@ -62,18 +62,21 @@ def _sleep_cycles_per_us() -> float:
     return cycles / (start.elapsed_time(end) * 1e3)
 
 
+def _seconds_after_wait(fn, cycles: int) -> float:
+    """Host time in s of one call of ``fn`` just after the host waited for ``cycles`` GPU clock cycles of a sleep kernel
+    (launched and synchronised, untimed)."""
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def after_wait_host_us(fn, wait_us: float, cycles_per_us: float, calls: int) -> float:
-    """Median host time in µs of ``fn`` called just after the host waited ``wait_us`` for the GPU (a sleep kernel,
-    then a synchronisation; neither timed)."""
+    """Median host time in µs of ``fn`` called just after the host waited ``wait_us`` for the GPU."""
     fn()
     cycles = max(1, int(wait_us * cycles_per_us))
-    times = []
-    for _ in range(calls):
-        torch.cuda._sleep(cycles)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times = [_seconds_after_wait(fn, cycles) for _ in range(calls)]
     torch.cuda.synchronize()
     return 1e6 * statistics.median(times)
 
@@ -97,11 +100,7 @@ def after_waits(cycles_per_us: float, calls: int) -> dict:
     for _ in range(calls):   # (call by call: a drift of the shared host's speed hits every figure alike)
         for wait in WAITS_US:
             for name, fn in fns.items():
-                torch.cuda._sleep(max(1, int(wait * cycles_per_us)))
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                fn()
-                times[name, wait].append(time.perf_counter() - start)
+                times[name, wait].append(_seconds_after_wait(fn, max(1, int(wait * cycles_per_us))))
     torch.cuda.synchronize()
     for name in fns:
         row[f"{name}_after_wait_host_us"] = [1e6 * statistics.median(times[name, wait]) for wait in WAITS_US]
