@@ -1,0 +1,127 @@
+"""Random models of both families on the CPU (where every region runs PyTorch's ops): ``fused_model(model)(x)`` is
+``model(x)`` bit for bit — shape, dtype and requires_grad too — and an input the model rejects gets the same error type.
+Drawn per case: conv dims, channels, kernel, stride, padding, dilation / output padding, the activation (module or
+none), the pool or reduction and its keepdim, the post view, the dtype, the input's batch (empty too), layout
+(contiguous, channels_last, a channel slice, unbatched) and the grad mode (grad, no_grad, inference_mode)."""
+import random
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullfuse
+
+CASES_PER_SEED = 40
+ACTIVATIONS = (nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.ReLU, nn.SiLU, nn.Identity)
+
+
+class ConvActPool(nn.Module):
+    def __init__(self, dims, cin, cout, kernel, stride, padding, dilation, activation, pool, post):
+        super().__init__()
+        self.conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1](cin, cout, kernel, stride=stride, padding=padding,
+                                                                dilation=dilation)
+        self.act = activation()
+        self.dims, self.pool, self.post = dims, pool, post
+
+    def forward(self, x):
+        y = self.act(self.conv(x))
+        space = tuple(range(-self.dims, 0))
+        if self.pool == "avg":
+            y = (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d)[self.dims - 1](y, 1)
+        elif self.pool == "max":
+            y = (F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d)[self.dims - 1](y, 1)
+        elif self.pool == "mean":
+            y = y.mean(dim=space, keepdim=True)
+        else:
+            y = torch.amax(y, dim=space)
+        if self.post == "squeeze":
+            return y.squeeze()
+        return y.flatten(1) if self.post == "flatten" else y
+
+
+class ConvTPoolReduce(nn.Module):
+    def __init__(self, cin, cout, kernel, stride, padding, output_padding, window, second_window, activation,
+                 reduction, keepdim):
+        super().__init__()
+        self.conv_transpose = nn.ConvTranspose3d(cin, cout, kernel, stride=stride, padding=padding,
+                                                 output_padding=output_padding)
+        self.act = activation()
+        self.pool1 = nn.MaxPool3d(window)
+        self.pool2 = nn.MaxPool3d(second_window) if second_window else nn.Identity()
+        self.reduction, self.keepdim = reduction, keepdim
+
+    def forward(self, x):
+        y = self.pool2(self.pool1(self.act(self.conv_transpose(x))))
+        if self.reduction == "sum":
+            return torch.sum(y, dim=1, keepdim=self.keepdim)
+        if self.reduction == "mean":
+            return y.mean(dim=1, keepdim=self.keepdim)
+        return torch.amax(y, dim=1, keepdim=self.keepdim)
+
+
+def _family_a(rng):
+    dims, kernel, dilation = rng.choice((1, 2, 2, 2, 3)), rng.choice((1, 2, 3, 5)), rng.choice((1, 1, 2))
+    padding = rng.choice((0, 1, 2))
+    model = ConvActPool(dims, rng.choice((1, 3, 4, 8)), rng.choice((1, 7, 16, 64)), kernel, rng.choice((1, 1, 2, 3)),
+                        padding, dilation, rng.choice(ACTIVATIONS), rng.choice(("avg", "max", "mean", "amax")),
+                        rng.choice(("squeeze", "flatten", None)))
+    least = max(1, dilation * (kernel - 1) + 1 - 2 * padding)
+    return model, (rng.choice((0, 1, 2, 3)), model.conv.in_channels, *[rng.randint(least, 12) for _ in range(dims)])
+
+
+def _family_b(rng):
+    kernel, stride = rng.choice((1, 2, 3, 5)), rng.choice((1, 2, 3))
+    model = ConvTPoolReduce(rng.choice((1, 4, 8)), rng.choice((1, 5, 16)), kernel, stride,
+                            min(rng.choice((0, 1, 2)), kernel - 1), rng.choice((0, 1)) if stride > 1 else 0,
+                            rng.choice((1, 2, 3)), rng.choice((0, 2, 3)), rng.choice(ACTIVATIONS),
+                            rng.choice(("sum", "mean", "amax")), rng.choice((True, False)))
+    return model, (rng.choice((0, 1, 2)), model.conv_transpose.in_channels, *[rng.randint(2, 6) for _ in range(3)])
+
+
+def _input(rng, shape, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    layout = rng.choice(("contiguous", "channels_last", "slice", "unbatched"))
+    if layout == "channels_last" and x.dim() in (4, 5):
+        return x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    if layout == "slice":
+        return torch.cat([x, x], dim=1)[:, ::2]
+    if layout == "unbatched" and shape[0] >= 1:
+        return x[0]
+    return x
+
+
+def _run(fn, x, mode):
+    try:
+        with mode():
+            return fn(x)
+    except Exception as exc:   # (the error, compared by type)
+        return exc
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_models_answer_as_the_originals(seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    matched = 0
+    for case in range(CASES_PER_SEED):
+        model, shape = (_family_a if rng.random() < 0.5 else _family_b)(rng)
+        # (bfloat16 only in 1-d and 2-d convs: torch's CPU bfloat16 3-d convs crash the process on some shapes)
+        dtype = rng.choice((torch.float32, torch.float64) + ((torch.bfloat16,) if len(shape) < 5 else ()))
+        model = model.eval().to(dtype)
+        x = _input(rng, shape, dtype)
+        mode = rng.choice((torch.enable_grad, torch.no_grad, torch.inference_mode))
+        with warnings.catch_warnings():   # (fullfuse says once per process that autograd runs PyTorch's ops)
+            warnings.simplefilter("ignore")
+            fused = fullfuse.fused_model(model)
+            expected, got = _run(model, x, mode), _run(fused, x, mode)
+        matched += bool(fused.plans)
+        what = f"case {case}: {model}, x {tuple(x.shape)} {dtype} stride {x.stride()}, {mode.__name__}"
+        if isinstance(expected, Exception) or isinstance(got, Exception):
+            assert type(got) is type(expected), f"{what}: {expected!r} against {got!r}"
+            continue
+        assert got.shape == expected.shape and got.dtype == expected.dtype, what
+        assert got.requires_grad == expected.requires_grad, what
+        assert torch.equal(got.detach(), expected.detach()), what
+    assert matched >= CASES_PER_SEED // 4   # (the cases reach fused regions, not only models left as they are)
