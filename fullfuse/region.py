@@ -13,6 +13,9 @@ from .plan import Plan
 _fx = torch.fx._symbolic_trace
 fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or _fx.is_fx_tracing
 jit_tracing = torch._C._get_tracing_state   # (torch.jit.trace and ONNX export set it)
+# whether autocast is on for any device (one C call; CPU and CUDA autocast where a torch build lacks it)
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled",
+                       lambda: torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled())
 
 
 def keep_as_fx_call(module: nn.Module) -> None:
@@ -27,8 +30,10 @@ class FusedRegion(nn.Module):
     """Runs one spec through its ``calls.SpecCalls`` (shared with its plan, which shows the last call's path).  Holds
     the original conv module (sharing its parameters), or gets the weight and bias as inputs when the model called
     F.convNd.  Where the plan no longer describes the model (``original_ops.Changes``: hooks, a forward set on one of
-    its modules, a setting of one changed: the conv's stride, GELU's approximation) or an unbatched input means
-    something else to the ops as written, it runs the region's own ops instead."""
+    its modules, a setting of one changed: the conv's stride, GELU's approximation), an unbatched input means
+    something else to the ops as written, or a non-CUDA input runs under autocast (whose per-device op lists cast the
+    ops the model wrote, which a spec's PyTorch ops need not be: CPU autocast runs adaptive_avg_pool3d in float32,
+    not mean), it runs the region's own ops instead."""
 
     _fullfuse_leaf = True   # (trace.trace keeps it as a module call)
 
@@ -78,6 +83,9 @@ class FusedRegion(nn.Module):
             unbatched = d["_unbatched_rank"]
             if unbatched is not None and x.dim() == unbatched:
                 return self._run_original(x, weight, bias, "an unbatched input, and the ops count a dim from the batch")
+            if not x.is_cuda and any_autocast():
+                return self._run_original(x, weight, bias, "autocast on a non-CUDA input: its op lists set the "
+                                                           "dtype of each op the model wrote")
         if conv is not None:
             params = conv._parameters
             weight = params.get("weight")

@@ -1141,8 +1141,10 @@ def _small_seed(family: str):
 def _stub_kernel_path(monkeypatch):
     """Every call signature prepared from here on runs a stub of the kernel path: PyTorch's answer as NaN (its shape
     and dtype), each call's input type appended to the returned list ``launched``.  ``launched.stubbed = False``
-    prepares the real calls again (for signatures not prepared yet: the registry starts empty here)."""
-    from fullfuse import dispatch
+    prepares the real calls again (for signatures not prepared yet: the registry starts empty here).  The CPU input
+    stands for a CUDA one: a region's own ops serve a non-CUDA input under autocast, and that test is off here."""
+    from fullfuse import dispatch, region
+    monkeypatch.setattr(region, "any_autocast", lambda: False)
     real = dispatch.prepare
     launched = _Launched()
 
