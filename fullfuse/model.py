@@ -22,7 +22,7 @@ from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD,
 from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
-from .state_names import StateNames
+from .state_names import StateNames, not_called
 from .trace import TRAINING_READ, optional_inputs, trace
 
 
@@ -88,6 +88,10 @@ class FusedModel(nn.Module):
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
         self.__dict__["_plain"] = not (self._as_module or self._optional or read or grad_mode or blocks)
+        if not self._as_module:   # (a traced graph holds only what the forward reaches)
+            unreached = not_called(original, self)
+            if unreached is not None:
+                self.fullfuse_not_called = unreached
         names = StateNames(original, self)
         names.register(self)
         self.__dict__["_original_names"] = OriginalNames(self, graph_module, original, names.modules)

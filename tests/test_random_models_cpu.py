@@ -5,7 +5,6 @@ or none), the pool or reduction and its keepdim, the post view, the dtype (float
 (empty too), layout (contiguous, channels_last, a channel slice, unbatched) and the mode (grad, no_grad,
 inference_mode, the CPU's bfloat16 autocast)."""
 import random
-import warnings
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fullfuse
+from same_answer import answer, assert_same_answer
 
 CASES_PER_SEED = 40
 ACTIVATIONS = (nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.ReLU, nn.SiLU, nn.Identity)
@@ -97,14 +97,7 @@ def cpu_autocast_bfloat16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-def _run(fn, x, mode):
-    try:
-        with mode():
-            return fn(x)
-    except Exception as exc:   # (the error, compared by type)
-        return exc
-
-
+@pytest.mark.filterwarnings("ignore:fullfuse. no fusable conv pipeline")
 @pytest.mark.parametrize("seed", range(8))
 def test_random_models_answer_as_the_originals(seed):
     rng = random.Random(seed)
@@ -118,18 +111,10 @@ def test_random_models_answer_as_the_originals(seed):
         model = model.eval().to(dtype)
         x = _input(rng, shape, dtype)
         mode = rng.choice((torch.enable_grad, torch.no_grad, torch.inference_mode, cpu_autocast_bfloat16))
-        with warnings.catch_warnings():   # (fullfuse says once per process that autograd runs PyTorch's ops)
-            warnings.simplefilter("ignore")
-            fused = fullfuse.fused_model(model)
-            expected, got = _run(model, x, mode), _run(fused, x, mode)
+        fused = fullfuse.fused_model(model)
         matched += bool(fused.plans)
-        what = f"case {case}: {model}, x {tuple(x.shape)} {dtype} stride {x.stride()}, {mode.__name__}"
-        if isinstance(expected, Exception) or isinstance(got, Exception):
-            assert type(got) is type(expected), f"{what}: {expected!r} against {got!r}"
-            continue
-        assert got.shape == expected.shape and got.dtype == expected.dtype, what
-        assert got.requires_grad == expected.requires_grad, what
-        assert torch.equal(got.detach(), expected.detach()), what
+        assert_same_answer(answer(model, x, mode), answer(fused, x, mode),
+                           f"case {case}: {model}, x {tuple(x.shape)} {dtype} stride {x.stride()}, {mode.__name__}")
     assert matched >= CASES_PER_SEED // 4   # (the cases reach fused regions, not only models left as they are)
 
 

@@ -53,6 +53,23 @@ class TwoRegionsOneConv(nn.Module):
         return self.pool(self.conv(x)) + self.pool(self.conv(2.0 * x))
 
 
+class NotCalledParts(nn.Module):
+    """A head only training calls, a module nothing calls and a root parameter and buffer nothing reads: the traced
+    (eval) forward reaches none of them, and the state dict still holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+        self.aux = nn.Linear(64, 4)
+        self.spare = nn.Sequential(nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4))
+        self.temperature = nn.Parameter(torch.ones(1))
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x):
+        y = self.body(x)
+        return (y, self.aux(y)) if self.training else y
+
+
 def _fresh_values(state):
     """a state dict of the same names with new random values (integer buffers kept, variances positive)"""
     fresh = {k: torch.randn_like(v) if v.is_floating_point() else v.clone() for k, v in state.items()}
@@ -65,7 +82,7 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
-MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv]
+MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts]
 
 
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
@@ -140,3 +157,22 @@ def test_one_conv_in_two_regions_loads_into_both():
     fused.load_state_dict(ckpt)
     for name in ("fullfuse_region_0", "fullfuse_region_1"):
         assert torch.equal(getattr(fused.graph_module, name).conv.weight, ckpt["conv.weight"])
+
+
+def test_modules_the_forward_does_not_reach_are_the_fused_models_too():
+    """parameters(), double() and train() cover the original's modules and tensors the traced forward does not reach,
+    as the original's own calls do (the fused model shares its modules)."""
+    torch.manual_seed(3)
+    model = NotCalledParts().eval()
+    fused = _fused(model)
+    assert len(fused.plans) == 1
+    assert {id(p) for p in fused.parameters()} == {id(p) for p in model.parameters()}
+    fused.double()
+    assert all(t.dtype == torch.float64 for t in model.state_dict().values() if t.is_floating_point())
+    fused.train()
+    assert model.aux.training and model.spare[1].training
+    fused.eval()
+    assert not model.aux.training
+    x = torch.randn(SMALL_SHAPE["A"], dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
