@@ -15,7 +15,8 @@ import fullfuse.precision
 from fullfuse.seed_models import seed_model
 
 # the fused model's call, the region's change test and call, SpecCalls' common-call test and dispatcher (float32's
-# precision under "auto", read per call from torch's flags, is not counted: how it reads them depends on the torch build)
+# precision under "auto", read per call from torch's flags, is not counted: how it reads them depends on the torch
+# build)
 FRAMES_ABOVE_THE_PREPARED_CALL = 5
 SHAPES = {"A": (1, 8, 16, 16), "B": (1, 32, 4, 4, 4)}
 
