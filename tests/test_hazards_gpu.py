@@ -5,7 +5,6 @@ memory.  Each test compares the fused model with what the ORIGINAL model gives (
 user would see it.  Skipped without CUDA."""
 import os
 import threading
-import traceback
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import fullfuse
 from fullfuse import launch
 from fullfuse.measure import errors
 from fullfuse.precision import TOLERANCE, cudnn_conv_precision
+from in_threads import in_threads
 
 pytestmark = pytest.mark.gpu
 SEED = (int(os.environ["FULLFUSE_TEST_SEED"]) if "FULLFUSE_TEST_SEED" in os.environ
@@ -559,39 +559,14 @@ def test_torch_compile_reduce_overhead(family):
 
 
 # ------------------------------------------------------------------ threads
-def _in_threads(job, count: int, main_work=None) -> list:
-    """``job(i)`` for i < ``count``, each in its own thread, all released at once (then ``main_work(threads)`` runs
-    in this thread, where given, while they do); returns the tracebacks of failures."""
-    failures, barrier = [], threading.Barrier(count + 1)
-
-    def run(i):
-        try:
-            barrier.wait()
-            job(i)
-        except Exception:
-            failures.append(traceback.format_exc())
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    try:
-        if main_work is not None:
-            main_work(threads)
-    except Exception:
-        failures.append("main thread: " + traceback.format_exc())
-    for t in threads:
-        t.join()
-    return failures
-
-
 def _run_threads(jobs, main_work=None):
-    """jobs: callables run at once, one per thread, each on its own stream without grad (``_in_threads``)."""
+    """jobs: callables run at once, one per thread, each on its own stream without grad (``in_threads``)."""
     def on_own_stream(i):
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream), torch.no_grad():
             jobs[i]()
         stream.synchronize()
-    failures = _in_threads(on_own_stream, len(jobs), main_work)
+    failures = in_threads(on_own_stream, len(jobs), main_work)
     torch.cuda.synchronize()
     return failures
 
@@ -956,7 +931,7 @@ def test_threads_one_gpu_each(family, set_device):
     def job(i):
         with torch.no_grad(), torch.cuda.device(i if set_device else 0):
             results[i] = [fused[i](x) for _ in range(4) for x in xs[i]]
-    failures = _in_threads(job, 2)
+    failures = in_threads(job, 2)
     assert not failures, failures[0]
     for i in range(2):
         torch.cuda.synchronize(i)
@@ -1151,7 +1126,7 @@ def test_scratch_is_per_thread_and_stream():
             for i in range(8):
                 results[t].append(fused[t % 2](xs[i % 2]))
 
-    failures = _in_threads(job, 4)
+    failures = in_threads(job, 4)
     torch.cuda.synchronize()
     assert not failures, "\n".join(failures)
     for t in range(4):

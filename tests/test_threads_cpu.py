@@ -1,13 +1,12 @@
 """One fused model called from many threads at once on the CPU, from its first call on: each thread's calls (its own
 input shapes, unbatched ones among them, in no_grad and inference_mode) answer as the original model does, while the
 threads prepare their call signatures, build the regions' change tests and look at the graph concurrently."""
-import threading
-
 import pytest
 import torch
 
 import fullfuse
 from fullfuse.seed_models import SeedA, SeedB
+from in_threads import in_threads
 
 THREADS = 8
 ROUNDS = 20
@@ -15,27 +14,13 @@ SHAPES = {"A": [(1, 8, 12, 12), (2, 8, 9, 17), (8, 10, 10), (3, 8, 16, 5)],
           "B": [(1, 32, 7, 7, 7), (2, 32, 7, 8, 7), (32, 7, 7, 7), (1, 32, 8, 7, 9)]}
 
 
-def _failures_in_threads(call) -> list:
-    """Run ``call(thread_index, round)`` for ROUNDS rounds in each of THREADS threads started together; its
-    failures (a False answer: (thread, round); an exception: (thread, its repr))."""
-    start = threading.Barrier(THREADS)
-    failures = []
-
-    def work(index: int) -> None:
-        try:
-            start.wait()
-            for round_ in range(ROUNDS):
-                if not call(index, round_):
-                    failures.append((index, round_))
-        except Exception as exc:   # (reported by the caller)
-            failures.append((index, repr(exc)))
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return failures
+def _every_round(check):
+    """A thread's job: ROUNDS calls of ``check(thread, round)``, each answering as the original (an AssertionError
+    names the thread and round)."""
+    def job(index: int) -> None:
+        for round_ in range(ROUNDS):
+            assert check(index, round_), (index, round_)
+    return job
 
 
 @pytest.mark.parametrize("family", ["A", "B"])
@@ -52,8 +37,8 @@ def test_threads_from_the_first_call(family):
         with (torch.no_grad() if (index + round_) % 2 else torch.inference_mode()):
             return torch.equal(fused(inputs[which]), expected[which])
 
-    failures = _failures_in_threads(call)
-    assert not failures, failures[:5]
+    failures = in_threads(_every_round(call), THREADS)
+    assert not failures, failures[:2]
     assert fused.plans and fused.plans[0].last_path == "torch"   # (a CPU input: PyTorch's ops, in the region)
 
 
@@ -75,5 +60,5 @@ def test_threads_two_models_of_one_spec(family):
         with torch.no_grad():
             return torch.equal(fused[which](x), expected[which])
 
-    failures = _failures_in_threads(call)
-    assert not failures, failures[:5]
+    failures = in_threads(_every_round(call), THREADS)
+    assert not failures, failures[:2]
