@@ -5,7 +5,8 @@ call, median of 300) and back to back (best of 5 rounds of 2000): each layer fro
 prepared runner (with its launch, and with the launch replaced by nothing), the kept-buffer lookup, torch.empty,
 the stream, capture and precision queries, Kernel.launch and cuLaunchKernel itself (through cuda-bindings and
 through ctypes; the mma.sync kernel of the tiny shape and the wgmma kernel of (4, 8, 64, 64), whose parameter block
-is 3 KB), the fallback calls, one eager op and the eager model.
+is 3 KB; and an empty kernel of 16 and of 3136 parameter bytes: what the block's size alone costs a launch), the
+fallback calls, one eager op and the eager model.
 
 Part 2, the fallback's per-call pieces at a tiny and a small shape of each family: the whole call, the layers down to
 its prepared runner (the region's forward, ops.run_spec, the dispatcher), the runner, its conv as it runs (PyTorch's
@@ -63,6 +64,34 @@ def _launched(run):
     return runner.kernel, grid, runner.l.smem, args
 
 
+def _empty_kernel_launches(stream: int) -> dict:
+    """cuLaunchKernel through cuda-bindings of an empty kernel (one block of 32 threads) taking a struct of 16 and of
+    3136 bytes: the parameter block's own share of a launch's host time."""
+    from cuda.bindings import driver
+    from cutlass_ops.nvrtc import _program_api
+
+    program, options = _program_api()
+    sizes = (16, 3136)
+    source = "".join(f"struct P{n} {{ int a[{n // 4}]; }};\n"
+                     f"extern \"C\" __global__ void k{n}(P{n} p) {{ if (p.a[0] == 7 && threadIdx.x > 99) p.a[1]++; }}\n"
+                     for n in sizes)
+    major, minor = torch.cuda.get_device_capability()
+    cubin = program(source, "c++", options=options(arch=f"sm_{major}{minor}")).compile("cubin").code
+    err, module = driver.cuModuleLoadData(cubin)
+    assert err == 0, err
+    pieces = {}
+    for n in sizes:
+        err, fn = driver.cuModuleGetFunction(module, f"k{n}".encode())
+        assert err == 0, err
+        block = (ctypes.c_char * n)()
+        pointers = (ctypes.c_void_p * 1)(ctypes.addressof(block))
+
+        def launch_it(fn=fn, address=ctypes.addressof(pointers), keep=(block, pointers)):
+            driver.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, address, 0)
+        pieces[f"cuLaunchKernel, empty kernel, {n} B"] = launch_it
+    return pieces
+
+
 def host_pieces() -> None:
     x = torch.randn(1, 8, 16, 16, device="cuda")
     model = SeedA().cuda().eval()
@@ -107,6 +136,7 @@ def host_pieces() -> None:
         pieces["fused_model(x), (4, 8, 64, 64)"] = lambda: fused(xs)
         pieces["cuLaunchKernel, (4, 8, 64, 64)'s kernel"] = lambda: wg_kernel._launch(
             wg_kernel._fn, *wg_grid, 128, 1, 1, wg_smem, stream, wg_args.address, 0)
+        pieces.update(_empty_kernel_launches(stream))
         fallback = fullfuse.fused_model(model, path="fallback")
         pieces["fallback A fused_model(x)"] = lambda: fallback(x)
         rows = {name: (isolated_host_us(fn, 300), back_to_back_us(fn)) for name, fn in pieces.items()}

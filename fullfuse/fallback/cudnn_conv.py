@@ -27,7 +27,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import launch
-from ..first_call import per_call_ms
+from ..first_call import compare_ms
 from ..spec import ConvActPoolSpec, ConvTPoolReduceSpec
 
 _SLOW_MS = 20.0          # a plan slower than this on its first run is not timed again
@@ -208,8 +208,7 @@ def _build(cudnn, kind, x, weight, out_shape, out_dtype, padding, stride, dilati
     if torch_call is not None and out_dtype == original[0].dtype:
         # each call as it would run (the plan's with the operands' layout copies), on the operands as the caller has
         # them; the slower stops once clearly slower
-        plan_cost = _plan_cost_ms(entry, *original)
-        torch_cost = _torch_cost_ms(torch_call, *original, _CLEARLY_SLOWER * plan_cost)
+        plan_cost, torch_cost = _costs_ms(entry, torch_call, *original)
         if torch_serves(torch_cost, plan_cost):
             _debug(f"PyTorch's call {torch_cost:.3f} ms per call against the best plan's {plan_cost:.3f} ms: "
                    f"PyTorch's call serves")
@@ -222,17 +221,13 @@ def torch_serves(torch_cost_ms: float, plan_cost_ms: float) -> bool:
     return torch_cost_ms <= _TORCH_MARGIN * plan_cost_ms
 
 
-def _plan_cost_ms(entry: _Entry, x: torch.Tensor, weight: torch.Tensor) -> float:
-    """The cost in ms of the plan's call (layout copies included): the wall time per call of back-to-back calls
-    (first_call.per_call_ms: host and GPU time together, whichever is longer setting it, as in a model's run or the
-    pipeline's chunks)."""
-    return per_call_ms(lambda: entry(x, weight), x.device)
-
-
-def _torch_cost_ms(torch_call, x: torch.Tensor, weight: torch.Tensor, give_up_above: float) -> float:
-    """The cost in ms of PyTorch's own call ``torch_call(x, weight)``, as _plan_cost_ms (its first call, out of the
-    timing, makes PyTorch's algorithm choice); not timed further once above ``give_up_above``."""
-    return per_call_ms(lambda: torch_call(x, weight), x.device, give_up_above)
+def _costs_ms(entry: _Entry, torch_call, x: torch.Tensor, weight: torch.Tensor) -> Tuple[float, float]:
+    """(the plan's, PyTorch's) cost in ms per call of ``entry(x, weight)`` (the plan's call, its layout copies
+    included) and ``torch_call(x, weight)`` (whose first call, out of the timing, makes PyTorch's algorithm choice):
+    the wall time per call of back-to-back calls, their rounds interleaved (first_call.compare_ms: host and GPU time
+    together, whichever is longer setting it, as in a model's run or the pipeline's chunks); PyTorch's call is not
+    timed further once clearly slower."""
+    return compare_ms(lambda: entry(x, weight), lambda: torch_call(x, weight), x.device, _CLEARLY_SLOWER)
 
 
 def _debug(message: str) -> None:
