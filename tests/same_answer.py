@@ -16,10 +16,11 @@ def answer(fn, x, mode):
         return exc
 
 
-def assert_same_answer(expected, got, what: str) -> None:
+def assert_same_answer(expected, got, what: str, values: bool = True) -> None:
+    """(values: compare the values too; where False, only the error type or the shape, dtype and requires_grad.)"""
     if isinstance(expected, Exception) or isinstance(got, Exception):
         assert type(got) is type(expected), f"{what}: {expected!r} against {got!r}"
         return
     assert got.shape == expected.shape and got.dtype == expected.dtype, what
     assert got.requires_grad == expected.requires_grad, what
-    assert torch.equal(got.detach(), expected.detach()), what
+    assert not values or torch.equal(got.detach(), expected.detach()), what

@@ -1,9 +1,9 @@
 """Random models of both families on the CPU (where every region runs PyTorch's ops): ``fused_model(model)(x)`` is
-``model(x)`` bit for bit — shape, dtype and requires_grad too — and an input the model rejects gets the same error
-type. Drawn per case: conv dims, channels, kernel, stride, padding, dilation / output padding, the activation (module
-or none), the pool or reduction and its keepdim, the post view, the dtype (float32, float64), the input's batch
-(empty too), layout (contiguous, channels_last, a channel slice, unbatched) and the mode (grad, no_grad,
-inference_mode, the CPU's bfloat16 autocast)."""
+``model(x)`` bit for bit — shape, dtype and requires_grad too — and an input the model rejects gets the same error type.
+Drawn per case: conv dims, channels, kernel, stride, padding (also 'same' / 'valid'), padding mode, bias, groups,
+dilation / output padding, the activation (module or none), the pool or reduction and its keepdim, the post view, the
+dtype (float32, float64), the input's batch (empty too), layout (contiguous, channels_last, a channel slice, unbatched)
+and the mode (grad, no_grad, inference_mode, the CPU's bfloat16 autocast)."""
 import random
 
 import pytest
@@ -19,10 +19,12 @@ ACTIVATIONS = (nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.ReLU, nn.SiLU, n
 
 
 class ConvActPool(nn.Module):
-    def __init__(self, dims, cin, cout, kernel, stride, padding, dilation, activation, pool, post):
+    def __init__(self, dims, cin, cout, kernel, stride, padding, dilation, activation, pool, post, padding_mode="zeros",
+                 bias=True, groups=1):
         super().__init__()
         self.conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1](cin, cout, kernel, stride=stride, padding=padding,
-                                                                dilation=dilation)
+                                                                dilation=dilation, padding_mode=padding_mode,
+                                                                bias=bias, groups=groups)
         self.act = activation()
         self.dims, self.pool, self.post = dims, pool, post
 
@@ -64,11 +66,17 @@ class ConvTPoolReduce(nn.Module):
 
 def _family_a(rng):
     dims, kernel, dilation = rng.choice((1, 2, 2, 2, 3)), rng.choice((1, 2, 3, 5)), rng.choice((1, 1, 2))
-    padding = rng.choice((0, 1, 2))
-    model = ConvActPool(dims, rng.choice((1, 3, 4, 8)), rng.choice((1, 7, 16, 64)), kernel, rng.choice((1, 1, 2, 3)),
-                        padding, dilation, rng.choice(ACTIVATIONS), rng.choice(("avg", "max", "mean", "amax")),
-                        rng.choice(("squeeze", "flatten", None)))
-    least = max(1, dilation * (kernel - 1) + 1 - 2 * padding)
+    stride = rng.choice((1, 1, 2, 3))
+    # string padding ('same' only unstrided, as PyTorch takes it; an even kernel's 'same' pads one side more), padding
+    # modes other than zeros, no bias, groups: each in some cases
+    padding = rng.choice((0, 1, 2, "valid") + (("same",) * 2 if stride == 1 else ()))
+    cin, cout = rng.choice((1, 3, 4, 8)), rng.choice((1, 7, 16, 64))
+    groups = rng.choice((1,) * 5 + tuple(g for g in (2, 4) if cin % g == 0 and cout % g == 0))
+    model = ConvActPool(dims, cin, cout, kernel, stride, padding, dilation, rng.choice(ACTIVATIONS),
+                        rng.choice(("avg", "max", "mean", "amax")), rng.choice(("squeeze", "flatten", None)),
+                        rng.choice(("zeros",) * 4 + ("reflect", "replicate", "circular")), rng.random() < 0.8, groups)
+    pads = {0: 0, 1: 1, 2: 2, "valid": 0, "same": dilation * (kernel - 1) // 2}[padding]
+    least = max(1, dilation * (kernel - 1) + 1 - 2 * pads)
     return model, (rng.choice((0, 1, 2, 3)), model.conv.in_channels, *[rng.randint(least, 12) for _ in range(dims)])
 
 
@@ -93,6 +101,13 @@ def _input(rng, shape, dtype):
     return x
 
 
+def _same(a, b) -> bool:
+    """Whether two answers of the original agree bit for bit (under CPU autocast torch 2.13's bfloat16 convs leave
+    some outputs unwritten on some shapes, a 3-d replicate-padded stride-3 conv among them: two calls then differ, and
+    only the answer's form is compared)."""
+    return isinstance(a, Exception) or isinstance(b, Exception) or torch.equal(a, b)
+
+
 def cpu_autocast_bfloat16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
@@ -113,8 +128,9 @@ def test_random_models_answer_as_the_originals(seed):
         mode = rng.choice((torch.enable_grad, torch.no_grad, torch.inference_mode, cpu_autocast_bfloat16))
         fused = fullfuse.fused_model(model)
         matched += bool(fused.plans)
-        assert_same_answer(answer(model, x, mode), answer(fused, x, mode),
-                           f"case {case}: {model}, x {tuple(x.shape)} {dtype} stride {x.stride()}, {mode.__name__}")
+        expected, what = answer(model, x, mode), f"case {case}: {model}, x {tuple(x.shape)} {dtype} stride {x.stride()}"
+        values = mode is not cpu_autocast_bfloat16 or _same(expected, answer(model, x, mode))
+        assert_same_answer(expected, answer(fused, x, mode), f"{what}, {mode.__name__}", values)
     assert matched >= CASES_PER_SEED // 4   # (the cases reach fused regions, not only models left as they are)
 
 
