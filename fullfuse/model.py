@@ -23,7 +23,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import TRAINING_READ, optional_inputs, trace
+from .trace import TRACED_THROUGH, TRAINING_READ, optional_inputs, trace
 
 
 class FusedModel(nn.Module):
@@ -83,7 +83,8 @@ class FusedModel(nn.Module):
         # torch.compile that cannot trace the graph's autocast blocks; a pickled or copied fused model has no tree
         # (__getstate__)
         self.__dict__["_original"] = None if graph_module is original else original
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original)
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
+            original, () if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ()))
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -127,7 +128,8 @@ class FusedModel(nn.Module):
                 or calls.compiling()):
             return super().__call__(*args, **kwargs)
         tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
-        if tree is not None and tuple(map(CHILDREN, tree.instances)) != tree.copies:
+        if tree is not None and (tuple(map(CHILDREN, tree.instances)) != tree.copies
+                                 or (tree.watched and tree.hooks_changed())):
             return self.forward(*args, **kwargs)   # (which says what changed)
         if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
             gm = d["_modules"]["graph_module"]
@@ -255,18 +257,18 @@ class FusedModel(nn.Module):
                 return graph.forward(*args, **kwargs)
         return graph.forward(*args, **kwargs)   # no second Module.__call__ (host time)
 
-    def _replaced(self, path: str, args, kwargs):
-        """A call after the model's module ``path`` was re-assigned, added or deleted on the model: the fused graph
-        still holds the modules as they were, so the model's own forward runs, with every region's ops as written
-        (warned once per path; fusing again fuses the model as it is now)."""
-        if self.__dict__["_warned_replaced"] != path:
-            self.__dict__["_warned_replaced"] = path
-            warnings.warn(f"fullfuse: the model's module '{path}' was re-assigned, added or deleted after fused_model; "
-                          f"the fused model runs the model's own forward (no kernel) until it is as it was: call "
-                          f"fused_model(model) again to fuse the model as it is", stacklevel=3)
+    def _replaced(self, what: str, args, kwargs):
+        """A call after ``what`` (``ModuleTree.changed``: a module of the model re-assigned, added or deleted, or one
+        the trace went into given other hooks or another forward): the fused graph still holds the modules and ops as
+        they were, so the model's own forward runs, with every region's ops as written (warned once per change; fusing
+        again fuses the model as it is now)."""
+        if self.__dict__["_warned_replaced"] != what and not calls.compiling():   # (dynamo cannot trace a warning)
+            self.__dict__["_warned_replaced"] = what
+            warnings.warn(f"fullfuse: {what} after fused_model; the fused model runs the model's own forward (no "
+                          f"kernel) until it is as it was: call fused_model(model) again to fuse the model as it is",
+                          stacklevel=3)
         for plan in self.plans:
-            plan.calls.last = ("torch", f"the model's module '{path}' was re-assigned, added or deleted after "
-                                        f"fused_model: the model's own forward runs")
+            plan.calls.last = ("torch", f"{what} after fused_model: the model's own forward runs")
         original = self.__dict__["_original"]
         was, original.training = original.training, self.training   # (the root's flag is this model's: train())
         try:

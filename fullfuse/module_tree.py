@@ -6,11 +6,18 @@ model's: a module re-assigned, added or deleted on the model after ``fused_model
 answer.  ``ModuleTree`` keeps the children of each module that has any as they were fused; where they differ, the
 fused model runs the model's own forward (see ``FusedModel``).  Tensors need no such test: the graph shares the
 model's parameter and buffer dicts (``trace.share_tensor_dicts``).
+
+The same holds for the modules the trace went into (a block, a Sequential, a custom activation:
+``trace.TRACED_THROUGH``), whose calls the graph does not make: their hooks and a forward set on the instance ran once,
+at the trace, and the graph holds their ops as they ran then.  A hook registered on one since (or one removed since, or
+a forward set or deleted) would be invisible too; ``ModuleTree`` watches their hook dicts and instance dicts as well.
+The modules the graph calls run their own hooks; those a region replaced are its own change test's
+(``original_ops.Changes``).
 """
 from __future__ import annotations
 
-from operator import itemgetter
-from typing import Optional
+from operator import itemgetter, methodcaller
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -25,9 +32,10 @@ class ModuleTree:
     comparison of each parent's ``_modules`` (which ``nn.Module.__setattr__``, ``register_module`` and the
     containers' methods change) with its copy (``unchanged``, inline in ``FusedModel``)."""
 
-    __slots__ = ("instances", "copies", "paths")
+    __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
+                 "forwards", "through_paths")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, traced_through: Sequence[nn.Module] = ()):
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -37,22 +45,52 @@ class ModuleTree:
         self.instances = tuple(vars(module) for _, module in parents)
         self.copies = tuple(dict(module._modules) for _, module in parents)
         self.paths = tuple(path for path, _ in parents)
+        # the traced-through modules: their forward and backward hook dicts (torch registers hooks into these in place)
+        # and instance dicts, with their contents as fused; ``bare`` where none had a hook or an instance forward then
+        # (the common case: one C-level truth test of each dict per call)
+        paths = {id(module): path for path, module in model.named_modules(remove_duplicate=False)}
+        through = [module for module in traced_through if id(module) in paths and module is not model]
+        self.watched = bool(through)
+        self.hook_dicts = tuple(d for m in through for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
+                                                             m._backward_pre_hooks))
+        self.hook_items = tuple(tuple(d.items()) for d in self.hook_dicts)
+        self.through_instances = tuple(vars(m) for m in through)
+        self.forwards = tuple(instance.get("forward") for instance in self.through_instances)
+        self.through_paths = tuple(paths[id(m)] for m in through)
+        self.bare = not any(self.hook_dicts) and not any(f is not None for f in self.forwards)
+
+    def hooks_changed(self) -> bool:
+        """Whether a traced-through module got a hook or an instance forward, or lost one, since it was fused."""
+        if self.bare and not compiling():
+            return any(self.hook_dicts) or any(map(HAS_FORWARD, self.through_instances))
+        return (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
+                or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards)
 
     def unchanged(self) -> bool:
+        if self.watched and self.hooks_changed():
+            return False
         if compiling():   # (torch.compile cannot trace an itemgetter: the same test, by name)
             return tuple(instance["_modules"] for instance in self.instances) == self.copies
         # (dicts compare their values by identity first: modules compare so)
         return tuple(map(CHILDREN, self.instances)) == self.copies
 
     def changed(self) -> Optional[str]:
+        """What changed since the model was fused, as a sentence about the model's module (None: nothing)."""
         if self.unchanged():
             return None
         for instance, was, path in zip(self.instances, self.copies, self.paths):
             modules = instance["_modules"]
             for name in list(was) + [name for name in modules if name not in was]:
                 if modules.get(name) is not was.get(name):
-                    return f"{path}.{name}" if path else name
+                    where = f"{path}.{name}" if path else name
+                    return f"the model's module '{where}' was re-assigned, added or deleted"
+        for i, (instance, path) in enumerate(zip(self.through_instances, self.through_paths)):
+            hooks = zip(self.hook_dicts[4 * i:4 * i + 4], self.hook_items[4 * i:4 * i + 4])
+            if instance.get("forward") is not self.forwards[i] or any(tuple(d.items()) != was for d, was in hooks):
+                return (f"the model's module '{path}' (traced through: the fused graph holds its ops, not its "
+                        f"call) got other hooks or another forward")
         return None
 
 
 CHILDREN = itemgetter("_modules")
+HAS_FORWARD = methodcaller("__contains__", "forward")   # (an instance dict: a forward set on the module)

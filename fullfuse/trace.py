@@ -34,6 +34,7 @@ class _Tracer(torch.fx.Tracer):
     (``mode_blocks``, whose calls it records as calls: the re-trace of a pickled graph)."""
 
     autocast: tuple = ()
+    traced_through: Dict[int, nn.Module]   # the modules whose forward the trace went into (not kept as calls), by id
     # a buffer the forward reads is a traced value, as a parameter is: an in-place op on it (``self.steps += 1``) is
     # recorded, not run on the user's buffer during the trace
     proxy_buffer_attributes = True
@@ -41,6 +42,16 @@ class _Tracer(torch.fx.Tracer):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("autowrap_functions", MODE_BLOCK_CALLS)
         super().__init__(*args, **kwargs)
+        self.traced_through = {}
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        try:
+            through = not self.is_leaf_module(m, self.path_of_module(m))
+        except NameError:   # (a module outside the root: fx's own call below says so)
+            through = False
+        if through:
+            self.traced_through[id(m)] = m
+        return super().call_module(m, forward, args, kwargs)
 
     def create_arg(self, a: Any):
         if type(a) is _TrainingFlag:   # (a training flag passed to an op: a constant, which the graph depends on)
@@ -112,6 +123,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
         gm.__dict__[TRAINING_READ] = training.read
+        gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -132,6 +144,9 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
 
 
 TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: its training flag} its forward read
+# a traced graph's: the modules (not the root) whose forward the trace went into, their calls' hooks and instance
+# forwards baked into the graph as they were (module_tree.ModuleTree watches them)
+TRACED_THROUGH = "_fullfuse_traced_through"
 
 
 class _TrainingFlag(int):

@@ -2309,6 +2309,113 @@ def test_a_module_added_to_or_deleted_from_the_model_after_fused_model(monkeypat
         assert torch.isnan(fused(x)).all() and len(launched) == 1
 
 
+class _Doubled(nn.Module):
+    """A custom module fx traces through (its ops, not its call, go into the graph)."""
+
+    def forward(self, x):
+        return x * 2
+
+
+class _TracedThrough(nn.Module):
+    """Seed A's pipeline in a Sequential (fx traces through it) with a custom activation (traced through too), a
+    head after, and a module nothing calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(8, 6, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.scale = _Doubled()
+        self.head = nn.Linear(6, 3)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.head(self.scale(self.body(x)))
+
+
+def _double(module, inputs, output):
+    return output * 2
+
+
+@pytest.mark.parametrize("where", ["body", "scale"])
+@pytest.mark.parametrize("change", ["forward hook", "forward pre-hook", "hook with kwargs", "instance forward",
+                                   "hook removed", "instance forward deleted"])
+def test_a_hook_or_forward_on_a_traced_through_module_after_fused_model(monkeypatch, where, change):
+    """fx traces into a Sequential or a custom module: the graph holds their ops and the hooks and instance forward
+    they had, not their calls.  A hook registered on one after fused_model, one removed since, a forward set on the
+    instance or deleted: the fused model runs the model's own forward (PyTorch's answer, with a warning naming the
+    module and the fix) until the module is as it was, then the kernel path (stubbed: NaN) again."""
+    launched = _stub_kernel_path(monkeypatch)
+    torch.manual_seed(0)
+    model, x = _TracedThrough().eval(), torch.randn(2, 8, 9, 9)
+    module = getattr(model, where)
+    before = None
+    if change == "hook removed":
+        before = module.register_forward_hook(_double)
+    elif change == "instance forward deleted":
+        module.forward = lambda *args: type(module).forward(module, *args) * 3
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
+        if change == "forward hook":
+            handle = module.register_forward_hook(_double)
+        elif change == "forward pre-hook":
+            handle = module.register_forward_pre_hook(lambda m, inputs: (inputs[0] * 3,))
+        elif change == "hook with kwargs":
+            handle = module.register_forward_hook(lambda m, args, kwargs, out: out + 1, with_kwargs=True)
+        elif change == "instance forward":
+            module.forward = lambda *args: torch.zeros(2, 6)
+            handle = type("Handle", (), {"remove": lambda self: module.__dict__.pop("forward")})()
+        elif change == "hook removed":
+            before.remove()
+            handle = type("Handle", (), {"remove": lambda self: None})()
+        else:
+            forward = module.__dict__.pop("forward")
+            handle = type("Handle", (), {"remove": lambda self: setattr(module, "forward", forward)})()
+        with pytest.warns(UserWarning, match=f"'{where}' \\(traced through.*got other hooks or another forward after "
+                                             f"fused_model.*fused_model\\(model\\)"):
+            got = fused(x)
+        assert torch.equal(got, model(x)) and not torch.isnan(got).any()
+        assert fused.plans[0].last_path == "torch" and len(launched) == 1
+        if change == "hook removed":
+            before = module.register_forward_hook(_double)   # (another hook: as the graph has it, but not the same)
+            assert torch.equal(fused(x), model(x)) and len(launched) == 1   # (warned once per change)
+            before.remove()
+            return
+        handle.remove()
+        assert torch.isnan(fused(x)).all() and len(launched) == 2
+
+
+@pytest.mark.parametrize("change", ["hook on a traced-through module", "module re-assigned"])
+def test_a_change_after_fused_model_under_torch_compile(change):
+    """Under torch.compile (fullgraph: nothing may break the graph) a change after fused_model gives the model's own
+    answer too, and the fused model's once the change is undone (dynamo's guards on the dicts see both)."""
+    torch.manual_seed(0)
+    model, x = _TracedThrough().eval(), torch.randn(2, 8, 9, 9)
+    compiled = torch.compile(fullfuse.fused_model(model), backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x))
+        if change == "module re-assigned":
+            old, model.head = model.head, nn.Linear(6, 3)
+            undo = lambda: setattr(model, "head", old)  # noqa: E731
+        else:
+            undo = model.scale.register_forward_hook(_double).remove
+        assert torch.equal(compiled(x), model(x))
+        undo()
+        assert torch.equal(compiled(x), model(x))
+
+
+def test_a_hook_on_a_module_the_forward_does_not_call_keeps_the_kernel_path(monkeypatch):
+    """Only the modules the trace went into are watched: a hook on a module nothing calls changes no answer."""
+    launched = _stub_kernel_path(monkeypatch)
+    model, x = _TracedThrough().eval(), torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    model.unused.register_forward_hook(_double)
+    model.head.register_forward_hook(_double)   # (a module the graph calls: its own hooks run)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
+
+
 @pytest.mark.parametrize("on", ["fused model", "region"])
 def test_a_forward_set_on_the_fused_model_or_its_region_runs(monkeypatch, on):
     """A forward set on an instance runs when the module is called, as nn.Module does (accelerate's hooks set one on
