@@ -84,7 +84,7 @@ class FusedModel(nn.Module):
         # (__getstate__)
         self.__dict__["_original"] = None if graph_module is original else original
         self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
-            original, () if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ()))
+            original, None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ()))
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)

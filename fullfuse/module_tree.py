@@ -23,6 +23,9 @@ import torch
 from torch import nn
 
 from .calls import compiling
+from .original_ops import settings_of
+
+_DELETED = object()
 
 
 class ModuleTree:
@@ -33,9 +36,11 @@ class ModuleTree:
     containers' methods change) with its copy (``unchanged``, inline in ``FusedModel``)."""
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
-                 "forwards", "through_paths")
+                 "forwards", "through_paths", "settings")
 
-    def __init__(self, model: nn.Module, traced_through: Sequence[nn.Module] = ()):
+    def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None):
+        """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
+        calls ``model`` itself, not a traced graph."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -49,7 +54,7 @@ class ModuleTree:
         # and instance dicts, with their contents as fused; ``bare`` where none had a hook or an instance forward then
         # (the common case: one C-level truth test of each dict per call)
         paths = {id(module): path for path, module in model.named_modules(remove_duplicate=False)}
-        through = [module for module in traced_through if id(module) in paths and module is not model]
+        through = [module for module in traced_through or () if id(module) in paths and module is not model]
         self.watched = bool(through)
         self.hook_dicts = tuple(d for m in through for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
                                                              m._backward_pre_hooks))
@@ -58,13 +63,35 @@ class ModuleTree:
         self.forwards = tuple(instance.get("forward") for instance in self.through_instances)
         self.through_paths = tuple(paths[id(m)] for m in through)
         self.bare = not any(self.hook_dicts) and not any(f is not None for f in self.forwards)
+        # the settings (original_ops.settings_of: plain public attributes, which fx reads as constants) of the root
+        # and the traced-through modules, where they have any: (path, instance dict, their names, an itemgetter of
+        # them, their values as fused: the value itself for one name, else a tuple)
+        modules = ([model] if traced_through is not None else []) + through
+        self.settings = tuple((paths[id(m)], vars(m), names, itemgetter(*names), was if len(names) > 1 else was[0])
+                              for m, (names, was) in zip(modules, settings_of(modules)) if names)
+        self.watched = bool(through or self.settings)
 
     def hooks_changed(self) -> bool:
-        """Whether a traced-through module got a hook or an instance forward, or lost one, since it was fused."""
-        if self.bare and not compiling():
-            return any(self.hook_dicts) or any(map(HAS_FORWARD, self.through_instances))
-        return (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
-                or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards)
+        """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
+        them another setting, since it was fused."""
+        if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
+            return (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
+                    or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards
+                    or any(tuple(instance.get(name, _DELETED) for name in names) != (was if len(names) > 1 else (was,))
+                           for _, instance, names, _, was in self.settings))
+        if self.bare:
+            if any(self.hook_dicts) or any(map(HAS_FORWARD, self.through_instances)):
+                return True
+        elif (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
+              or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards):
+            return True
+        try:
+            for _, instance, _, get, was in self.settings:
+                if get(instance) != was:
+                    return True
+        except KeyError:   # (a setting deleted)
+            return True
+        return False
 
     def unchanged(self) -> bool:
         if self.watched and self.hooks_changed():
@@ -89,6 +116,12 @@ class ModuleTree:
             if instance.get("forward") is not self.forwards[i] or any(tuple(d.items()) != was for d, was in hooks):
                 return (f"the model's module '{path}' (traced through: the fused graph holds its ops, not its "
                         f"call) got other hooks or another forward")
+        for path, instance, names, _, was in self.settings:
+            for name, value in zip(names, was if len(names) > 1 else (was,)):
+                if instance.get(name, _DELETED) != value:
+                    where = f"module '{path}' (traced through: the fused graph holds its ops, not its call)" if path \
+                        else "root module"
+                    return f"the model's {where} changed its setting '{name}'"
         return None
 
 

@@ -1,4 +1,5 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
+import contextlib
 import copy
 import re
 import warnings
@@ -11,6 +12,7 @@ from torch import nn
 import fullfuse
 from fullfuse import calls, ops, precision, torch_path, weights
 from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
+from same_answer import answer, assert_same_answer
 
 
 def _close(a, b, tol=1e-5):
@@ -2384,12 +2386,73 @@ def test_a_hook_or_forward_on_a_traced_through_module_after_fused_model(monkeypa
         assert torch.isnan(fused(x)).all() and len(launched) == 2
 
 
-@pytest.mark.parametrize("change", ["hook on a traced-through module", "module re-assigned"])
+class _Settings(nn.Module):
+    """Seed A's pipeline, then a scale read from the root's attribute and a shift from a custom module's (fx bakes
+    both into the graph as constants)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(8, 6, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.scale = 2.0
+        self.shift = _Shift()
+
+    def forward(self, x):
+        return self.shift(self.body(x) * self.scale)
+
+
+class _Shift(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.by, self.dims = 1.0, [1]
+
+    def forward(self, x):
+        return x + self.by * len(self.dims)
+
+
+@pytest.mark.parametrize("change", ["root's float", "traced-through module's float", "a list setting's item",
+                                    "a setting deleted", "the same value again"])
+def test_a_setting_read_as_a_constant_changed_after_fused_model(monkeypatch, change):
+    """A plain attribute the traced forward read (the root's or a traced-through module's: fx bakes its value into
+    the graph) set to another value after fused_model: the model's own forward runs (PyTorch's answer, with a warning
+    naming it), until the value is as it was; the same value assigned again changes nothing."""
+    launched = _stub_kernel_path(monkeypatch)
+    torch.manual_seed(0)
+    model, x = _Settings().eval(), torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        assert torch.isnan(fused(x)).all() and len(launched) == 1
+        if change == "the same value again":
+            model.scale = 2.0
+            assert torch.isnan(fused(x)).all() and len(launched) == 2
+            return
+        if change == "root's float":
+            model.scale, name = 3.0, "root module changed its setting 'scale'"
+            undo = lambda: setattr(model, "scale", 2.0)  # noqa: E731
+        elif change == "traced-through module's float":
+            model.shift.by, undo, name = 5.0, lambda: setattr(model.shift, "by", 1.0), "'shift'.*setting 'by'"
+        elif change == "a list setting's item":
+            model.shift.dims.append(2)
+            undo, name = model.shift.dims.pop, "'shift'.*setting 'dims'"
+        else:
+            del model.shift.by
+            undo, name = lambda: setattr(model.shift, "by", 1.0), "'shift'.*setting 'by'"
+        with pytest.warns(UserWarning, match=name):
+            try:
+                got = fused(x)
+            except AttributeError as error:   # (the model's own error: its forward reads the deleted setting)
+                got = error
+        assert_same_answer(answer(model, x, contextlib.nullcontext), got, change)
+        assert len(launched) == 1
+        undo()
+        assert torch.isnan(fused(x)).all() and len(launched) == 2
+
+
+@pytest.mark.parametrize("change", ["hook on a traced-through module", "module re-assigned", "setting"])
 def test_a_change_after_fused_model_under_torch_compile(change):
     """Under torch.compile (fullgraph: nothing may break the graph) a change after fused_model gives the model's own
     answer too, and the fused model's once the change is undone (dynamo's guards on the dicts see both)."""
     torch.manual_seed(0)
-    model, x = _TracedThrough().eval(), torch.randn(2, 8, 9, 9)
+    model, x = (_Settings() if change == "setting" else _TracedThrough()).eval(), torch.randn(2, 8, 9, 9)
     compiled = torch.compile(fullfuse.fused_model(model), backend="eager", fullgraph=True)
     torch._dynamo.reset()
     with torch.no_grad():
@@ -2397,6 +2460,9 @@ def test_a_change_after_fused_model_under_torch_compile(change):
         if change == "module re-assigned":
             old, model.head = model.head, nn.Linear(6, 3)
             undo = lambda: setattr(model, "head", old)  # noqa: E731
+        elif change == "setting":
+            model.shift.by = 4.0
+            undo = lambda: setattr(model.shift, "by", 1.0)  # noqa: E731
         else:
             undo = model.scale.register_forward_hook(_double).remove
         assert torch.equal(compiled(x), model(x))
