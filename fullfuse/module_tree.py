@@ -36,7 +36,7 @@ class ModuleTree:
     containers' methods change) with its copy (``unchanged``, inline in ``FusedModel``)."""
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
-                 "forwards", "through_paths", "settings")
+                 "forwards", "through_paths", "settings", "tensors")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
@@ -69,7 +69,11 @@ class ModuleTree:
         modules = ([model] if traced_through is not None else []) + through
         self.settings = tuple((paths[id(m)], vars(m), names, itemgetter(*names), was if len(names) > 1 else was[0])
                               for m, (names, was) in zip(modules, settings_of(modules)) if names)
-        self.watched = bool(through or self.settings)
+        # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph),
+        # compared by identity: (path, instance dict, name, the tensor as fused)
+        self.tensors = tuple((paths[id(m)], vars(m), name, value) for m in modules
+                             for name, value in vars(m).items() if isinstance(value, torch.Tensor))
+        self.watched = bool(through or self.settings or self.tensors)
 
     def hooks_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
@@ -78,7 +82,8 @@ class ModuleTree:
             return (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
                     or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards
                     or any(tuple(instance.get(name, _DELETED) for name in names) != (was if len(names) > 1 else (was,))
-                           for _, instance, names, _, was in self.settings))
+                           for _, instance, names, _, was in self.settings)
+                    or any(instance.get(name) is not value for _, instance, name, value in self.tensors))
         if self.bare:
             if any(self.hook_dicts) or any(map(HAS_FORWARD, self.through_instances)):
                 return True
@@ -91,6 +96,9 @@ class ModuleTree:
                     return True
         except KeyError:   # (a setting deleted)
             return True
+        for _, instance, name, value in self.tensors:
+            if instance.get(name) is not value:
+                return True
         return False
 
     def unchanged(self) -> bool:
@@ -122,6 +130,11 @@ class ModuleTree:
                     where = f"module '{path}' (traced through: the fused graph holds its ops, not its call)" if path \
                         else "root module"
                     return f"the model's {where} changed its setting '{name}'"
+        for path, instance, name, value in self.tensors:
+            if instance.get(name) is not value:
+                where = f"module '{path}' (traced through: the fused graph holds its ops, not its call)" if path \
+                    else "root module"
+                return f"the model's {where} has another tensor as its attribute '{name}'"
         return None
 
 

@@ -2404,13 +2404,15 @@ class _Shift(nn.Module):
     def __init__(self):
         super().__init__()
         self.by, self.dims = 1.0, [1]
+        self.offset = torch.zeros(6)   # (a plain tensor attribute, not a buffer: fx keeps this object in the graph)
 
     def forward(self, x):
-        return x + self.by * len(self.dims)
+        return x + self.by * len(self.dims) + self.offset
 
 
 @pytest.mark.parametrize("change", ["root's float", "traced-through module's float", "a list setting's item",
-                                    "a setting deleted", "the same value again"])
+                                    "a setting deleted", "the same value again", "a tensor attribute re-assigned",
+                                    "a tensor attribute changed in place"])
 def test_a_setting_read_as_a_constant_changed_after_fused_model(monkeypatch, change):
     """A plain attribute the traced forward read (the root's or a traced-through module's: fx bakes its value into
     the graph) set to another value after fused_model: the model's own forward runs (PyTorch's answer, with a warning
@@ -2425,6 +2427,14 @@ def test_a_setting_read_as_a_constant_changed_after_fused_model(monkeypatch, cha
             model.scale = 2.0
             assert torch.isnan(fused(x)).all() and len(launched) == 2
             return
+        if change == "a tensor attribute changed in place":   # (the graph holds that object: it sees the change)
+            model.shift.offset += 1
+            launched.stubbed = False   # (a new signature, PyTorch's ops on the CPU: the values)
+            x = torch.randn(3, 8, 9, 9)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert torch.equal(fused(x), model(x)) and fused.plans[0].last_reason != "stub"
+            return
         if change == "root's float":
             model.scale, name = 3.0, "root module changed its setting 'scale'"
             undo = lambda: setattr(model, "scale", 2.0)  # noqa: E731
@@ -2433,6 +2443,9 @@ def test_a_setting_read_as_a_constant_changed_after_fused_model(monkeypatch, cha
         elif change == "a list setting's item":
             model.shift.dims.append(2)
             undo, name = model.shift.dims.pop, "'shift'.*setting 'dims'"
+        elif change == "a tensor attribute re-assigned":
+            offset, model.shift.offset = model.shift.offset, torch.ones(6)
+            undo, name = lambda: setattr(model.shift, "offset", offset), "'shift'.*another tensor.*'offset'"
         else:
             del model.shift.by
             undo, name = lambda: setattr(model.shift, "by", 1.0), "'shift'.*setting 'by'"
