@@ -99,7 +99,8 @@ class FusedModel(nn.Module):
         keep_as_fx_call(self)
 
     def __getattr__(self, name: str):
-        """The original model's attribute names reach the same objects here (``original_names``)."""
+        """The original model's attribute names reach the same objects here (``original_names``); its other public
+        attributes (a setting, ``num_classes``, a config, a method) are the model's own."""
         try:
             return super().__getattr__(name)
         except AttributeError:
@@ -108,11 +109,26 @@ class FusedModel(nn.Module):
                 raise
             if self.__dict__.get("_as_module"):   # (what the model's own forward set on its copy, ``fused.features``)
                 return getattr(self._modules["graph_module"], name)
-            return names.get(self, name)
+            try:
+                return names.get(self, name)
+            except AttributeError:
+                original = self.__dict__.get("_original")
+                if original is None or name.startswith("_"):
+                    raise
+                return getattr(original, name)
 
     def __setattr__(self, name: str, value) -> None:
-        names = self.__dict__.get("_original_names")
-        if names is None or name in self.__dict__ or not names.set(self, name, value):
+        """A module or tensor by one of the original's names goes where the graph reads it (``original_names``); a
+        plain attribute the original model has (``fused.scale = 3.0``) is set on the model, whose forward reads it
+        (the model's module tree sees the change); anything else is the fused model's own."""
+        d = self.__dict__
+        names = d.get("_original_names")
+        if names is None or name in d or not names.set(self, name, value):
+            original = d.get("_original")
+            if (names is not None and original is not None and name not in d and not name.startswith("_")
+                    and name in vars(original) and not isinstance(value, (torch.Tensor, nn.Module))):
+                setattr(original, name, value)
+                return
             super().__setattr__(name, value)
 
     def __call__(self, *args, **kwargs):

@@ -36,7 +36,15 @@ class OriginalNames:
             if hasattr(type(fused), first) or any(first in d for d in (fused.__dict__, fused._modules,
                                                                        fused._parameters, fused._buffers)):
                 continue   # (the fused model's own attribute of that name wins)
-            if first in graph._modules or first in graph._parameters or first in graph._buffers:
+            # (a TorchScript module's _modules has no .get)
+            mine = graph._modules[first] if first in graph._modules else None
+            theirs = original._modules[first] if first in original._modules else None
+            if type(mine) is nn.Module and theirs is not None and theirs is not mine:
+                # (a holder fx made for the tensors the graph reads of a module it traced through: the module itself is
+                # the original's, which the graph does not call)
+                self.objects[first] = theirs
+                self.taken.add(first)
+            elif first in graph._modules or first in graph._parameters or first in graph._buffers:
                 self.paths[first] = f"graph_module.{first}"
             elif first in inner_of:
                 self.paths[first] = inner_of[first]

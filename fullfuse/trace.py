@@ -9,6 +9,7 @@ reads (fx bakes them in: ``TRAINING_READ``), the forward's optional inputs taken
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -135,12 +136,44 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
             f"to fuse a conv pipeline that {name}.forward itself calls, make that part of forward traceable "
             f"(torch.fx.wrap the offending function, or move the pipeline into a submodule)."
         ) from e
-    changed = state.restore()
+    # (fx itself puts each tensor the forward makes as a constant, ``torch.tensor(0.5)``, on the root as
+    # _tensor_constant<i>, from where the GraphModule copied it)
+    changed = [name for name in state.restore() if not _FX_CONSTANT.fullmatch(name)]
     if changed:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
                          f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
+    _plain_tensor_attributes(gm, model)
     share_tensor_dicts(gm, model)
     return gm
+
+
+_FX_CONSTANT = re.compile(r"_tensor_constant\d+")
+
+
+def _plain_tensor_attributes(gm: torch.fx.GraphModule, model: nn.Module) -> None:
+    """The tensors the graph reads that are no parameter or buffer of ``model`` (a plain tensor attribute,
+    ``self.mean = torch.tensor(...)``; a constant the forward makes) as plain attributes of their holder in ``gm``, as
+    they are in the model: fx registers each as a buffer, which would put it in the fused model's state dict (a strict
+    ``load_state_dict`` of the model's checkpoint would miss it) and let ``to()`` / ``double()`` convert it where the
+    model's stays as it is."""
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        prefix, _, name = node.target.rpartition(".")
+        try:
+            holder = gm.get_submodule(prefix)
+        except AttributeError:
+            continue
+        if name not in holder._buffers:
+            continue
+        try:
+            source = model.get_submodule(prefix)
+        except AttributeError:
+            source = None
+        if source is None or name not in source._buffers:
+            tensor = holder._buffers.pop(name)
+            holder._non_persistent_buffers_set.discard(name)
+            holder.__dict__[name] = tensor
 
 
 TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: its training flag} its forward read

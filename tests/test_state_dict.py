@@ -70,6 +70,42 @@ class NotCalledParts(nn.Module):
         return (y, self.aux(y)) if self.training else y
 
 
+class _LayerScale(nn.Module):
+    """A custom module fx traces through: a parameter it multiplies by, a plain tensor attribute (no buffer) it adds
+    and a plain setting."""
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((16,), 0.5))
+        self.offset = torch.full((16,), 0.25)
+        self.by = 2.0
+
+    def forward(self, x):
+        return x.flatten(1) * self.gamma * self.by + self.offset
+
+
+class PlainTensors(nn.Module):
+    """A plain tensor attribute on the root (normalisation constants kept as an attribute, not a buffer), a constant
+    the forward makes (``torch.tensor``), and a traced-through module with a parameter and a plain tensor: in the
+    model none of the plain tensors is in the state dict, and ``to()`` / ``double()`` leave them as they are."""
+
+    def __init__(self):
+        super().__init__()
+        self.mean = torch.full((1, 8, 1, 1), 0.5)
+        self.conv = nn.Conv2d(8, 16, 3)
+        self.scale = _LayerScale()
+
+    def forward(self, x):
+        return self.scale(F.adaptive_avg_pool2d(F.gelu(self.conv((x - self.mean) * torch.tensor(0.5))), 1))
+
+
+class PlainAttributes(PlainTensors):
+    """PlainTensors without the constant: the plain tensor attributes alone."""
+
+    def forward(self, x):
+        return self.scale(F.adaptive_avg_pool2d(F.gelu(self.conv(x - self.mean)), 1))
+
+
 def _fresh_values(state):
     """a state dict of the same names with new random values (integer buffers kept, variances positive)"""
     fresh = {k: torch.randn_like(v) if v.is_floating_point() else v.clone() for k, v in state.items()}
@@ -82,7 +118,7 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
-MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts]
+MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts, PlainTensors, PlainAttributes]
 
 
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
@@ -176,3 +212,53 @@ def test_modules_the_forward_does_not_reach_are_the_fused_models_too():
     x = torch.randn(SMALL_SHAPE["A"], dtype=torch.float64)
     with torch.no_grad():
         assert torch.equal(fused(x), model(x))
+
+
+def test_plain_tensors_and_attributes_are_the_models():
+    """A model whose forward reads plain tensors (an attribute, a constant it makes) fuses (fx's copies of them are no
+    buffers of the fused model); the fused model reaches the model's own attributes by their names — its plain tensor,
+    its setting, its traced-through module itself (not fx's holder of that module's tensors) — and ``double()``
+    converts what the model's ``double()`` converts."""
+    torch.manual_seed(4)
+    model = PlainTensors().eval()
+    fused = _fused(model)
+    assert len(fused.plans) == 1
+    assert fused.mean is model.mean and fused.scale is model.scale and fused.scale.by == 2.0
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+        fused.double()
+        assert model.conv.weight.dtype == model.scale.gamma.dtype == torch.float64
+        assert model.mean.dtype == model.scale.offset.dtype == torch.float32   # (plain tensors: as nn.Module does)
+        assert torch.equal(fused(x.double()), model(x.double()))
+
+
+def test_a_setting_set_on_the_fused_model_is_the_models():
+    """``fused.by = ...`` for a plain attribute of the model sets the model's (whose forward reads it: the fused model
+    then runs the model's forward, with a warning, until it is as it was); a new name is the fused model's own."""
+    torch.manual_seed(5)
+    model = PlainTensors().eval()
+    fused = _fused(model)
+    fused.scale.by = 3.0   # (the model's module itself)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad(), pytest.warns(UserWarning, match="setting 'by'"):
+        assert torch.equal(fused(x), model(x))
+    model.scale.by = 2.0
+    settable = _Settable().eval()
+    root = _fused(settable)
+    root.k = 5.0
+    assert settable.k == 5.0 and "k" not in root.__dict__ and root.k == 5.0
+    with torch.no_grad(), pytest.warns(UserWarning, match="root module changed its setting 'k'"):
+        assert torch.equal(root(x), settable(x))
+    root.mine = 1   # (a name the model does not have: the fused model's own)
+    assert root.__dict__["mine"] == 1 and not hasattr(settable, "mine")
+
+
+class _Settable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 4, 3)
+        self.k = 2.0
+
+    def forward(self, x):
+        return F.adaptive_max_pool2d(F.relu(self.conv(x)), 1) * self.k
