@@ -145,7 +145,7 @@ class FusedModel(nn.Module):
             return super().__call__(*args, **kwargs)
         tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
         if tree is not None and (tuple(map(CHILDREN, tree.instances)) != tree.copies
-                                 or (tree.watched and tree.hooks_changed())):
+                                 or (tree.watched and tree.traced_parts_changed())):
             return self.forward(*args, **kwargs)   # (which says what changed)
         if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
             gm = d["_modules"]["graph_module"]

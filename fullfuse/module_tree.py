@@ -7,12 +7,13 @@ answer.  ``ModuleTree`` keeps the children of each module that has any as they w
 fused model runs the model's own forward (see ``FusedModel``).  Tensors need no such test: the graph shares the
 model's parameter and buffer dicts (``trace.share_tensor_dicts``).
 
-The same holds for the modules the trace went into (a block, a Sequential, a custom activation:
+The same holds for the modules the trace went into (the root, a block, a Sequential, a custom activation:
 ``trace.TRACED_THROUGH``), whose calls the graph does not make: their hooks and a forward set on the instance ran once,
-at the trace, and the graph holds their ops as they ran then.  A hook registered on one since (or one removed since, or
-a forward set or deleted) would be invisible too; ``ModuleTree`` watches their hook dicts and instance dicts as well.
-The modules the graph calls run their own hooks; those a region replaced are its own change test's
-(``original_ops.Changes``).
+at the trace, and the graph holds their ops as they ran then, with the plain settings they read (``self.scale``) as
+constants and their plain tensor attributes as the objects they were.  A hook registered on one since (or one removed,
+a forward set or deleted, a setting changed, a tensor attribute re-assigned) would be invisible too; ``ModuleTree``
+watches their hook dicts and instance dicts as well.  The modules the graph calls run their own hooks; those a region
+replaced are its own change test's (``original_ops.Changes``).
 """
 from __future__ import annotations
 
@@ -29,15 +30,15 @@ _DELETED = object()
 
 
 class ModuleTree:
-    """``ModuleTree(model).changed()``: the path of the first module of ``model`` re-assigned, added or deleted since
-    (None: none).  A module without children when fused may get some (a parametrization registered on a conv adds
-    ``parametrizations``): its class's forward decides what they do, as the graph's.  Host time per call: one C-level
-    comparison of each parent's ``_modules`` (which ``nn.Module.__setattr__``, ``register_module`` and the
-    containers' methods change) with its copy (``unchanged``, inline in ``FusedModel``)."""
+    """``ModuleTree(model, traced_through).changed()``: what changed on ``model`` since it was fused (the module text),
+    as a sentence naming the module (None: nothing).  A module without children when fused may get some (a
+    parametrization registered on a conv adds ``parametrizations``): its class's forward decides what they do, as the
+    graph's.  Host time per call: one C-level comparison of each parent's ``_modules`` (which
+    ``nn.Module.__setattr__``, ``register_module`` and the containers' methods change) with its copy, and where
+    anything is ``watched``, ``traced_parts_changed`` (both inline in ``FusedModel``)."""
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors")
-
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph."""
@@ -55,7 +56,6 @@ class ModuleTree:
         # (the common case: one C-level truth test of each dict per call)
         paths = {id(module): path for path, module in model.named_modules(remove_duplicate=False)}
         through = [module for module in traced_through or () if id(module) in paths and module is not model]
-        self.watched = bool(through)
         self.hook_dicts = tuple(d for m in through for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
                                                              m._backward_pre_hooks))
         self.hook_items = tuple(tuple(d.items()) for d in self.hook_dicts)
@@ -75,7 +75,7 @@ class ModuleTree:
                              for name, value in vars(m).items() if isinstance(value, torch.Tensor))
         self.watched = bool(through or self.settings or self.tensors)
 
-    def hooks_changed(self) -> bool:
+    def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
         them another setting, since it was fused."""
         if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
@@ -102,7 +102,7 @@ class ModuleTree:
         return False
 
     def unchanged(self) -> bool:
-        if self.watched and self.hooks_changed():
+        if self.watched and self.traced_parts_changed():
             return False
         if compiling():   # (torch.compile cannot trace an itemgetter: the same test, by name)
             return tuple(instance["_modules"] for instance in self.instances) == self.copies
