@@ -15,7 +15,7 @@ from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
-from .module_tree import CHILDREN, ModuleTree
+from .module_tree import CHILDREN, ModuleTree, StaleTree
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -23,7 +23,8 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import TRACED_THROUGH, TRAINING_READ, optional_inputs, trace
+from .trace import (TRACED_THROUGH, TRAINING_READ, optional_inputs, plain_tensor_attributes, share_tensor_dicts,
+                    trace)
 
 
 class FusedModel(nn.Module):
@@ -83,8 +84,9 @@ class FusedModel(nn.Module):
         # torch.compile that cannot trace the graph's autocast blocks; a pickled or copied fused model has no tree
         # (__getstate__)
         self.__dict__["_original"] = None if graph_module is original else original
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
-            original, None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ()))
+        # (the modules the trace went into, kept here: a GraphModule's copy drops what fx does not know of its dict)
+        self.__dict__["_traced_through"] = None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ())
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through)
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -119,15 +121,16 @@ class FusedModel(nn.Module):
 
     def __setattr__(self, name: str, value) -> None:
         """A module or tensor by one of the original's names goes where the graph reads it (``original_names``); a
-        plain attribute the original model has (``fused.scale = 3.0``) is set on the model, whose forward reads it
-        (the model's module tree sees the change); anything else is the fused model's own."""
+        plain attribute the original model has (``fused.scale = 3.0``, a plain tensor) is set on the model, whose
+        forward reads it (the model's module tree sees the change); anything else is the fused model's own."""
         d = self.__dict__
         names = d.get("_original_names")
         if names is None or name in d or not names.set(self, name, value):
-            original = d.get("_original")
-            if (names is not None and original is not None and name not in d and not name.startswith("_")
-                    and name in vars(original) and not isinstance(value, (torch.Tensor, nn.Module))):
-                setattr(original, name, value)
+            # (the module this one calls as it is, where it has no traced graph: ``__getattr__`` reads it there too)
+            model = d["_modules"]["graph_module"] if d.get("_as_module") else d.get("_original")
+            if (names is not None and model is not None and name not in d and not name.startswith("_")
+                    and name in vars(model) and not isinstance(value, nn.Module)):
+                setattr(model, name, value)
                 return
             super().__setattr__(name, value)
 
@@ -167,13 +170,30 @@ class FusedModel(nn.Module):
         state = dict(super().__getstate__())
         state["_lone_checked"] = state["_lone_name"] = None
         state["_hooked"], state["_root_hooks"] = None, ()   # (the original model's hooks stay with it)
-        # (a copy is a model of its own, which nothing re-assigns modules of; its original without the root's hooks,
-        # for torch.compile: _graph_forward)
-        original = state["_original"]
+        # (the copy's model: the original without the root's hooks, its modules the copied graph's; the copy watches
+        # it from its own tree, made when it is restored: __setstate__.  Where the model had changed since it was
+        # fused, the copied graph no longer describes it, and the copy runs its model's own forward: _stale)
+        original, tree = state["_original"], state["_tree"]
         state["_original"], state["_tree"] = None if original is None else _copy_of(original, hooks=False), None
+        state["_stale"] = state.get("_stale") or (None if tree is None else tree.changed())
         # (the graphs for given optional inputs are traced again where needed, their plans added again)
         state["_graphs"], state["plans"] = {}, state["plans"][:state["_plans_of_the_graph"]]
         return state
+
+    def __setstate__(self, state):
+        """A copy (deepcopy, pickle): a GraphModule is rebuilt from its code and attributes, which registers the
+        plain tensors it reads as buffers again and gives fx's holders dicts of their own: the graph gets the
+        model's dicts and plain tensors again, as ``trace.trace`` gave them, and the copy its own module tree."""
+        super().__setstate__(state)
+        original = self.__dict__.get("_original")
+        if original is None:
+            return
+        graph = self._modules["graph_module"]
+        if not self._as_module:
+            plain_tensor_attributes(graph, original)
+            share_tensor_dicts(graph, original)
+        stale = self.__dict__.get("_stale")
+        self.__dict__["_tree"] = StaleTree(stale) if stale else ModuleTree(original, self.__dict__["_traced_through"])
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

@@ -138,5 +138,26 @@ class ModuleTree:
         return None
 
 
+class StaleTree:
+    """The tree of a fused model's copy (deepcopy, pickle) made after its model had changed (``what``): the copied graph
+    holds the model as it was fused, the copy's model as it was copied, so the copy runs its model's own forward."""
+
+    __slots__ = ("what",)
+    instances = copies = ()
+    watched = True
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def traced_parts_changed(self) -> bool:
+        return True
+
+    def unchanged(self) -> bool:
+        return False
+
+    def changed(self) -> str:
+        return f"{self.what} (before this copy of the fused model was made)"
+
+
 CHILDREN = itemgetter("_modules")
 HAS_FORWARD = methodcaller("__contains__", "forward")   # (an instance dict: a forward set on the module)

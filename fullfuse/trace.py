@@ -142,7 +142,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     if changed:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
                          f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
-    _plain_tensor_attributes(gm, model)
+    plain_tensor_attributes(gm, model)
     share_tensor_dicts(gm, model)
     return gm
 
@@ -150,7 +150,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
 _FX_CONSTANT = re.compile(r"_tensor_constant\d+")
 
 
-def _plain_tensor_attributes(gm: torch.fx.GraphModule, model: nn.Module) -> None:
+def plain_tensor_attributes(gm: torch.fx.GraphModule, model: nn.Module) -> None:
     """The tensors the graph reads that are no parameter or buffer of ``model`` (a plain tensor attribute,
     ``self.mean = torch.tensor(...)``; a constant the forward makes) as plain attributes of their holder in ``gm``, as
     they are in the model: fx registers each as a buffer, which would put it in the fused model's state dict (a strict

@@ -1,6 +1,7 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
 import contextlib
 import copy
+import io
 import re
 import warnings
 
@@ -2481,6 +2482,44 @@ def test_a_change_after_fused_model_under_torch_compile(change):
         assert torch.equal(compiled(x), model(x))
         undo()
         assert torch.equal(compiled(x), model(x))
+
+
+def _pickled(module):
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@pytest.mark.parametrize("copied", [copy.deepcopy, _pickled], ids=["deepcopy", "pickle"])
+@pytest.mark.parametrize("when", ["before the change", "after the change"])
+def test_a_copy_of_the_fused_model_watches_its_own_model(copied, when):
+    """A copy of a fused model holds a copy of the model: a change made to it through the copy's names (a setting,
+    a plain tensor, a hook on a module the trace went into) gives the changed model's answer; a copy made after its
+    model had changed (the fused model then running the model's own forward) runs its model's own forward for good,
+    its graph being the model's as fused.  The copy's state dict has the model's names, no more."""
+    torch.manual_seed(0)
+    model, x = _Settings().eval(), torch.randn(2, 8, 9, 9)
+    fused = fullfuse.fused_model(model)
+
+    def change(m):
+        m.scale, m.shift.offset = 3.0, torch.ones(6)
+        m.shift.register_forward_hook(_double)
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if when == "after the change":
+            change(model)
+            fused(x)
+        fused_copy, model_copy = copied(fused), copied(model)
+        assert list(fused_copy.state_dict()) == list(model_copy.state_dict())
+        if when == "before the change":
+            assert torch.equal(fused_copy(x), model_copy(x))
+            change(fused_copy)
+            change(model_copy)
+        assert torch.equal(fused_copy(x), model_copy(x))
+        assert fused_copy.plans[0].last_path == "torch" and "before this copy" in fused_copy.plans[0].last_reason \
+            if when == "after the change" else "traced through" in fused_copy.plans[0].last_reason
 
 
 def test_a_hook_on_a_module_the_forward_does_not_call_keeps_the_kernel_path(monkeypatch):

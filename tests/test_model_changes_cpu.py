@@ -3,8 +3,11 @@ original does (``same_answer``).  Changes: the conv's weight updated in place, t
 Parameter; ``load_state_dict`` of new values (through the fused model's names where it no longer shares the original's
 modules); the conv's stride or GELU's approximation set; a forward hook on the conv; batch-norm statistics updated; a
 train / eval round; ``.double()``; ``copy.deepcopy`` and a ``torch.save`` / ``torch.load`` round trip (the copies then
-change alike).  Models: a conv-act-pool region after a batch norm, a 1x1 conv or a ReLU, with a flatten / squeeze /
-linear head after it, a second conv branch added to its output, or the conv's output also read outside the region."""
+change alike, through the original's names); a hook on a module the trace went into, the root's setting that the
+forward reads, a plain tensor attribute re-assigned.  Models: a conv-act-pool
+region after a batch norm, a 1x1 conv or a ReLU, with a flatten / squeeze / linear head after it, a second conv branch
+added to its output, or the conv's output also read outside the region; then a gain, an offset and a custom scale
+module the trace goes into."""
 import copy
 import io
 import random
@@ -17,7 +20,7 @@ import fullfuse
 from same_answer import answer, assert_same_answer
 
 CHANGES = ("in place", "data", "load", "double", "deepcopy", "save and load", "stride", "approximation", "train",
-           "hook", "new parameter", "batch-norm statistics")
+           "hook", "new parameter", "batch-norm statistics", "traced-through hook", "gain", "offset")
 MODELS_PER_SEED = 25
 CHANGES_PER_MODEL = 6
 
@@ -38,11 +41,12 @@ class _Model(nn.Module):
         self.after = rng.choice(("flatten", "squeeze", "none", "linear", "conv output read again", "second branch"))
         self.fc = nn.Linear(16, 5)
         self.conv2 = nn.Conv2d(self.cin, 16, 3, padding=1)
+        self.gain, self.offset, self.scale = 1.0, torch.zeros(1), _Scale()
 
     def forward(self, x):
         x = self.p(x)
         y = self.act(self.conv(x))
-        z = self.pool(y)
+        z = self.scale(self.pool(y)) * self.gain + self.offset
         if self.after == "flatten":
             return z.flatten(1)
         if self.after == "squeeze":
@@ -54,6 +58,13 @@ class _Model(nn.Module):
         if self.after == "second branch":
             return z + torch.relu(self.conv2(x)).mean(dim=(2, 3), keepdim=True)
         return z
+
+
+class _Scale(nn.Module):
+    """A custom module: fx traces into it (its ops, not its call, are in the graph)."""
+
+    def forward(self, x):
+        return x * 1.5
 
 
 def _change(model, change: str, values: torch.Generator) -> None:
@@ -84,6 +95,12 @@ def _change(model, change: str, values: torch.Generator) -> None:
     elif change == "batch-norm statistics" and isinstance(model.p, nn.BatchNorm2d):
         with torch.no_grad():
             model.p.running_mean.add_(0.5)
+    elif change == "traced-through hook":
+        model.scale.register_forward_hook(_scale_by_two)
+    elif change == "gain":
+        model.gain = 1.0 if model.gain != 1.0 else 2.0
+    elif change == "offset":
+        model.offset = torch.randn(1, generator=values, dtype=model.offset.dtype)
 
 
 def _saved_and_loaded(module):
@@ -94,6 +111,7 @@ def _saved_and_loaded(module):
 
 
 @pytest.mark.filterwarnings("ignore:fullfuse. no fusable conv pipeline")
+@pytest.mark.filterwarnings("ignore:fullfuse. the model's")
 @pytest.mark.parametrize("seed", range(6))
 def test_changes_after_fusing(seed):
     rng = random.Random(seed)
