@@ -9,6 +9,7 @@ reads (fx bakes them in: ``TRAINING_READ``), the forward's optional inputs taken
 from __future__ import annotations
 
 import inspect
+import operator
 import re
 import threading
 from typing import Any, Dict, List, Optional, Tuple
@@ -142,12 +143,54 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     if changed:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
                          f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
+    if _constants_changed_in_place(gm):
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward changes in place a "
+                         f"tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced graph makes "
+                         f"once, at the trace, and would change again in every call")
     plain_tensor_attributes(gm, model)
     share_tensor_dicts(gm, model)
     return gm
 
 
 _FX_CONSTANT = re.compile(r"_tensor_constant\d+")
+_IN_PLACE_FUNCTIONS = frozenset((operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                 operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+                                 operator.ixor, operator.ilshift, operator.irshift, operator.imatmul))
+
+
+def _constants_changed_in_place(gm: torch.fx.GraphModule) -> bool:
+    """Whether an op the graph records may change, in place, a tensor the forward made (fx keeps it as a constant,
+    ``_tensor_constant<i>``: the graph would change that one object in every call, where the forward makes a fresh
+    one).  Conservative: any in-place op on the constant or on any value computed from it (a view would alias it)."""
+    todo = [node for node in gm.graph.nodes if node.op == "get_attr" and _FX_CONSTANT.fullmatch(node.target)]
+    seen = set(todo)
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if _in_place(gm, user):
+                return True
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
+def _in_place(gm: torch.fx.GraphModule, node: Node) -> bool:
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if node.op in ("call_method", "call_function") and isinstance(name, str) and (
+            (name.endswith("_") and not name.startswith("__")) or name in ("__setitem__", "__iadd__", "__isub__",
+                                                                         "__imul__", "__itruediv__")):
+        return True
+    if node.op == "call_function" and node.target in _IN_PLACE_FUNCTIONS:
+        return True
+    if "out" in node.kwargs or node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_module":
+        try:
+            return getattr(gm.get_submodule(node.target), "inplace", False) is True
+        except AttributeError:
+            return True
+    return False
 
 
 def plain_tensor_attributes(gm: torch.fx.GraphModule, model: nn.Module) -> None:

@@ -262,3 +262,39 @@ class _Settable(nn.Module):
 
     def forward(self, x):
         return F.adaptive_max_pool2d(F.relu(self.conv(x)), 1) * self.k
+
+
+class _MakesAndChanges(nn.Module):
+    """A forward that makes a tensor and changes it in place from the input (fx would keep the tensor as one
+    constant and change it again in every call)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.conv, self.how = nn.Conv2d(8, 4, 3), how
+
+    def forward(self, x):
+        t = torch.zeros(2)
+        if self.how == "setitem":
+            t[0] = x.mean()
+        elif self.how == "iadd":
+            t += x.mean()
+        elif self.how == "method":
+            t.add_(x.mean())
+        else:   # (through a view)
+            t[:1].mul_(x.mean())
+        return F.adaptive_avg_pool2d(F.gelu(self.conv(x)), 1).flatten(1) + t.sum()
+
+
+@pytest.mark.parametrize("how", ["setitem", "iadd", "method", "view"])
+def test_a_forward_changing_a_tensor_it_makes_runs_as_written(how):
+    """Such a forward is not traced (the model runs its own forward, with a warning saying why): every call gives the
+    model's answer, where the traced graph would carry the change over from call to call."""
+    torch.manual_seed(6)
+    model = _MakesAndChanges(how).eval()
+    with pytest.warns(UserWarning, match="changes in place a tensor it makes"):
+        fused = fullfuse.fused_model(model)
+    assert not fused.plans
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(fused(x), model(x))
