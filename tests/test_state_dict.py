@@ -298,3 +298,50 @@ def test_a_forward_changing_a_tensor_it_makes_runs_as_written(how):
     with torch.no_grad():
         for _ in range(3):
             assert torch.equal(fused(x), model(x))
+
+
+class _AsksTheMode(nn.Module):
+    """A forward that asks torch for a global mode and branches on the answer."""
+
+    def __init__(self, query: str):
+        super().__init__()
+        self.conv, self.query = nn.Conv2d(8, 4, 3), query
+
+    def forward(self, x):
+        y = F.adaptive_avg_pool2d(F.gelu(self.conv(x)), 1)
+        return y * 2 if getattr(torch, self.query)() else y
+
+
+class _PartAsks(nn.Module):
+    """A region in one child and the mode query in another: the model as a whole does not trace, its first child
+    does."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+        self.tail = _AsksTheMode("is_grad_enabled")
+        self.tail.conv = nn.Identity()
+
+    def forward(self, x):
+        return self.tail(self.body(x))
+
+
+@pytest.mark.parametrize("query", ["is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled"])
+def test_a_forward_asking_torch_for_a_mode_gives_the_models_answer_in_every_mode(query):
+    """fx would bake the trace's answer (grad on, no autocast) into the graph: such a forward is not traced (a warning
+    says why) and answers as the model in every mode; where a child asks, the other children still fuse."""
+    torch.manual_seed(7)
+    model = _AsksTheMode(query).eval()
+    with pytest.warns(UserWarning, match=f"asks torch for a global mode \\(torch.{query}\\(\\)\\)"):
+        fused = fullfuse.fused_model(model)
+    assert not fused.plans
+    x = torch.randn(SMALL_SHAPE["A"])
+    for mode in (torch.enable_grad, torch.no_grad, torch.inference_mode, lambda: torch.autocast("cpu")):
+        with mode():
+            assert torch.equal(fused(x), model(x))
+    parted = _PartAsks().eval()
+    fused = _fused(parted)
+    assert len(fused.plans) == 1
+    for mode in (torch.enable_grad, torch.no_grad):
+        with mode():
+            torch.testing.assert_close(fused(x), parted(x))
