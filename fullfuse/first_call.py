@@ -7,9 +7,9 @@ then the wall time of a few back-to-back calls, synchronised at the end (host an
 are host-bound, large ones GPU-bound), best of five rounds, the two paths' rounds interleaved (kernel, torch; then
 torch, kernel; ...): a shared host or GPU that slows down during the comparison slows both alike (timed one path after
 the other, a slow phase of a few hundred µs can fall on one path's rounds alone and keep the slower path for good).
-The torch path stops early where a round is already several times slower,
-and where it runs out of memory (the kernels hold far less than eager's conv output).  Not under CUDA-graph capture
-(timing synchronises): the static choice stands there.
+The torch path stops early where a round is already several times slower, and where it runs out of memory (the
+kernels hold far less than eager's conv output).  Not under CUDA-graph capture (timing synchronises): the static
+choice stands there.
 """
 from __future__ import annotations
 

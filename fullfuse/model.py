@@ -80,9 +80,9 @@ class FusedModel(nn.Module):
         # graph consists of where it is nothing else (lone_region)
         self._lone_checked, self._lone_name = None, None
         # the model (outside _modules: its modules are the graph's, its state dict this one's) and its module tree as
-        # fused: where a module of it is re-assigned since, its own forward runs (``_replaced``), as under a
-        # torch.compile that cannot trace the graph's autocast blocks; a pickled or copied fused model has no tree
-        # (__getstate__)
+        # fused: where a module of it is re-assigned since (or one the trace went into changed), its own forward runs
+        # (``_replaced``), as under a torch.compile that cannot trace the graph's autocast blocks; a pickled or copied
+        # fused model makes its own tree (__setstate__)
         self.__dict__["_original"] = None if graph_module is original else original
         # (the modules the trace went into, kept here: a GraphModule's copy drops what fx does not know of its dict)
         self.__dict__["_traced_through"] = None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ())

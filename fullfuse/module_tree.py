@@ -77,13 +77,8 @@ class ModuleTree:
 
     def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
-        them another setting, since it was fused."""
-        if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
-            return (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
-                    or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards
-                    or any(tuple(instance.get(name, _DELETED) for name in names) != (was if len(names) > 1 else (was,))
-                           for _, instance, names, _, was in self.settings)
-                    or any(instance.get(name) is not value for _, instance, name, value in self.tensors))
+        them another setting or plain tensor, since it was fused.  Outside torch.compile (``unchanged`` and
+        ``FusedModel.__call__``'s eager path)."""
         if self.bare:
             if any(self.hook_dicts) or any(map(HAS_FORWARD, self.through_instances)):
                 return True
@@ -102,10 +97,11 @@ class ModuleTree:
         return False
 
     def unchanged(self) -> bool:
+        if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
+            return (tuple(instance["_modules"] for instance in self.instances) == self.copies
+                    and (not self.watched or self._traced_change() is None))
         if self.watched and self.traced_parts_changed():
             return False
-        if compiling():   # (torch.compile cannot trace an itemgetter: the same test, by name)
-            return tuple(instance["_modules"] for instance in self.instances) == self.copies
         # (dicts compare their values by identity first: modules compare so)
         return tuple(map(CHILDREN, self.instances)) == self.copies
 
@@ -119,23 +115,26 @@ class ModuleTree:
                 if modules.get(name) is not was.get(name):
                     where = f"{path}.{name}" if path else name
                     return f"the model's module '{where}' was re-assigned, added or deleted"
+        return self._traced_change()
+
+    def _traced_change(self) -> Optional[str]:
+        """``traced_parts_changed``'s tests one by one, by name: the first difference as a sentence (None: none)."""
         for i, (instance, path) in enumerate(zip(self.through_instances, self.through_paths)):
             hooks = zip(self.hook_dicts[4 * i:4 * i + 4], self.hook_items[4 * i:4 * i + 4])
             if instance.get("forward") is not self.forwards[i] or any(tuple(d.items()) != was for d, was in hooks):
-                return (f"the model's module '{path}' (traced through: the fused graph holds its ops, not its "
-                        f"call) got other hooks or another forward")
+                return f"the model's {_traced(path)} got other hooks or another forward"
         for path, instance, names, _, was in self.settings:
             for name, value in zip(names, was if len(names) > 1 else (was,)):
                 if instance.get(name, _DELETED) != value:
-                    where = f"module '{path}' (traced through: the fused graph holds its ops, not its call)" if path \
-                        else "root module"
-                    return f"the model's {where} changed its setting '{name}'"
+                    return f"the model's {_traced(path)} changed its setting '{name}'"
         for path, instance, name, value in self.tensors:
             if instance.get(name) is not value:
-                where = f"module '{path}' (traced through: the fused graph holds its ops, not its call)" if path \
-                    else "root module"
-                return f"the model's {where} has another tensor as its attribute '{name}'"
+                return f"the model's {_traced(path)} has another tensor as its attribute '{name}'"
         return None
+
+
+def _traced(path: str) -> str:
+    return f"module '{path}' (traced through: the fused graph holds its ops, not its call)" if path else "root module"
 
 
 class StaleTree:
