@@ -23,8 +23,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import (TRACED_THROUGH, TRAINING_READ, optional_inputs, plain_tensor_attributes, share_tensor_dicts,
-                    trace)
+from .trace import TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace
 
 
 class FusedModel(nn.Module):
@@ -190,8 +189,7 @@ class FusedModel(nn.Module):
             return
         graph = self._modules["graph_module"]
         if not self._as_module:
-            plain_tensor_attributes(graph, original)
-            share_tensor_dicts(graph, original)
+            bind_to_model(graph, original)
         stale = self.__dict__.get("_stale")
         self.__dict__["_tree"] = StaleTree(stale) if stale else ModuleTree(original, self.__dict__["_traced_through"])
 

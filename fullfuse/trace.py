@@ -152,9 +152,16 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward changes in place a "
                          f"tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced graph makes "
                          f"once, at the trace, and would change again in every call")
+    bind_to_model(gm, model)
+    return gm
+
+
+def bind_to_model(gm: torch.fx.GraphModule, model: nn.Module) -> None:
+    """What makes a traced graph ``model``'s: the plain tensors it reads as plain attributes, as in the model, and the
+    model's parameter and buffer dicts in fx's holders (after a trace, and again after a GraphModule is rebuilt by
+    deepcopy or pickle, which undoes both)."""
     plain_tensor_attributes(gm, model)
     share_tensor_dicts(gm, model)
-    return gm
 
 
 _FX_CONSTANT = re.compile(r"_tensor_constant\d+")
