@@ -1,7 +1,6 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
 import contextlib
 import copy
-import io
 import re
 import warnings
 
@@ -14,6 +13,7 @@ import fullfuse
 from fullfuse import calls, ops, precision, torch_path, weights
 from fullfuse.seed_models import SMALL_SHAPE, SeedA, SeedB
 from same_answer import answer, assert_same_answer
+from saved_and_loaded import saved_and_loaded
 
 
 def _close(a, b, tol=1e-5):
@@ -2484,14 +2484,7 @@ def test_a_change_after_fused_model_under_torch_compile(change):
         assert torch.equal(compiled(x), model(x))
 
 
-def _pickled(module):
-    buffer = io.BytesIO()
-    torch.save(module, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=False)
-
-
-@pytest.mark.parametrize("copied", [copy.deepcopy, _pickled], ids=["deepcopy", "pickle"])
+@pytest.mark.parametrize("copied", [copy.deepcopy, saved_and_loaded], ids=["deepcopy", "pickle"])
 @pytest.mark.parametrize("when", ["before the change", "after the change"])
 def test_a_copy_of_the_fused_model_watches_its_own_model(copied, when):
     """A copy of a fused model holds a copy of the model: a change made to it through the copy's names (a setting,

@@ -9,7 +9,6 @@ region after a batch norm, a 1x1 conv or a ReLU, with a flatten / squeeze / line
 added to its output, or the conv's output also read outside the region; then a gain, an offset and a custom scale
 module the trace goes into."""
 import copy
-import io
 import random
 
 import pytest
@@ -18,6 +17,7 @@ from torch import nn
 
 import fullfuse
 from same_answer import answer, assert_same_answer
+from saved_and_loaded import saved_and_loaded
 
 CHANGES = ("in place", "data", "load", "double", "deepcopy", "save and load", "stride", "approximation", "train",
            "hook", "new parameter", "batch-norm statistics", "traced-through hook", "gain", "offset")
@@ -103,13 +103,6 @@ def _change(model, change: str, values: torch.Generator) -> None:
         model.offset = torch.randn(1, generator=values, dtype=model.offset.dtype)
 
 
-def _saved_and_loaded(module):
-    buffer = io.BytesIO()
-    torch.save(module, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=False)
-
-
 @pytest.mark.filterwarnings("ignore:fullfuse. no fusable conv pipeline")
 @pytest.mark.filterwarnings("ignore:fullfuse. the model's")
 @pytest.mark.parametrize("seed", range(6))
@@ -129,7 +122,7 @@ def test_changes_after_fusing(seed):
                 if not shared:
                     model = model.double()
             elif change in ("deepcopy", "save and load"):
-                copied = copy.deepcopy if change == "deepcopy" else _saved_and_loaded
+                copied = copy.deepcopy if change == "deepcopy" else saved_and_loaded
                 fused, model, shared = copied(fused), copied(model), False
             else:
                 values = rng.randrange(1 << 30)
