@@ -4,14 +4,16 @@
 the model's answer: each node's grad mode and autocast contexts (``mode_blocks``), the training flags the forward
 reads (fx bakes them in: ``TRAINING_READ``), the forward's optional inputs taken as their defaults or given values
 (``optional_inputs``), the model left as it was (a forward that sets module attributes cannot be traced:
-``_ModuleState``), and the model's tensors shared with the graph (``share_tensor_dicts``).
+``_ModuleState``), and the model's tensors shared with the graph (``share_tensor_dicts``).  A forward whose Python
+computes what the graph would keep but the forward computes anew per call is not traced: one that reads torch's
+global modes and settings or draws from a global random generator (``global_state``), or changes in place a tensor
+it makes (``_constants_changed_in_place``).
 """
 from __future__ import annotations
 
 import inspect
 import operator
 import re
-import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -20,6 +22,7 @@ import torch.fx
 import torch.nn as nn
 
 from .errors import TraceError
+from .global_state import ReadingGlobalState
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 
@@ -121,7 +124,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                     if name not in given or isinstance(default, bool) or name in constants}
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
-                _RecordingTraining(model, tracer) as training, _RecordingModeQueries() as queries:
+                _RecordingTraining(model, tracer) as training, ReadingGlobalState() as outside:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -144,10 +147,15 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     if changed:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
                          f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
-    if queries.read:
+    if outside.read:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks torch for a "
-                         f"global mode ({', '.join(f'torch.{name}()' for name in queries.read)}), whose answer a "
-                         f"traced graph would hold as it was during the trace, where the forward asks in every call")
+                         f"global mode or setting ({', '.join(outside.read)}), whose answer a traced graph would hold "
+                         f"as it was during the trace, where the forward asks in every call")
+    if outside.drawn:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward draws random numbers "
+                         f"outside the traced ops (from {', '.join(outside.drawn)}: e.g. torch.rand(1) or "
+                         f"torch.randn(64), with no traced value among its arguments, or random.random()), which a "
+                         f"traced graph would hold as the trace drew them, where the forward draws anew in every call")
     if _constants_changed_in_place(gm):
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward changes in place a "
                          f"tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced graph makes "
@@ -314,39 +322,6 @@ class _RecordingTraining:
                 del cls.training
             else:
                 cls.training = attribute
-        _patch_lock.release()
-
-
-_MODE_QUERIES = ("is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled", "is_autocast_cpu_enabled",
-                 "get_autocast_dtype", "get_autocast_gpu_dtype")
-
-
-class _RecordingModeQueries:
-    """For the duration of a trace in this thread: which of torch's global mode queries (``torch.is_grad_enabled()``,
-    ``torch.is_autocast_enabled()``...) the traced code calls, by name in ``read``.  fx would bake the answer it got
-    during the trace (grad on, no autocast) into the graph, where the forward asks again in every call: a
-    ``no_grad`` call would run the branch for grad mode.  Calls from torch's and fullfuse's own code do not count."""
-
-    def __init__(self):
-        self.read: List[str] = []
-
-    def __enter__(self) -> "_RecordingModeQueries":
-        _patch_lock.acquire()
-        mine = threading.get_ident()
-        self.saved = [(name, getattr(torch, name)) for name in _MODE_QUERIES if hasattr(torch, name)]
-        for name, real in self.saved:
-            def query(*args, _real=real, _name=name, **kwargs):
-                if threading.get_ident() == mine:
-                    caller = sys._getframe(1).f_globals.get("__name__", "")
-                    if not caller.startswith(("torch", "fullfuse")) and _name not in self.read:
-                        self.read.append(_name)
-                return _real(*args, **kwargs)
-            setattr(torch, name, query)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for name, real in self.saved:
-            setattr(torch, name, real)
         _patch_lock.release()
 
 

@@ -1,0 +1,259 @@
+"""Forwards whose Python computes a value that fx would keep as a constant of the traced graph, where the forward
+computes it anew in every call: a tensor it makes and changes in place, an answer of torch's global modes and
+settings, a draw from a global random generator.  Such a forward is not traced: the model runs its own forward
+around its children that trace (CPU: the torch path computes the outputs)."""
+import random
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullfuse
+from fullfuse.seed_models import SMALL_SHAPE, SeedA
+
+
+def _fused(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fullfuse.fused_model(model)
+
+
+class _MakesAndChanges(nn.Module):
+    """A forward that makes a tensor and changes it in place from the input (fx would keep the tensor as one
+    constant and change it again in every call)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.conv, self.how = nn.Conv2d(8, 4, 3), how
+
+    def forward(self, x):
+        t = torch.zeros(2)
+        if self.how == "setitem":
+            t[0] = x.mean()
+        elif self.how == "iadd":
+            t += x.mean()
+        elif self.how == "method":
+            t.add_(x.mean())
+        else:   # (through a view)
+            t[:1].mul_(x.mean())
+        return F.adaptive_avg_pool2d(F.gelu(self.conv(x)), 1).flatten(1) + t.sum()
+
+
+@pytest.mark.parametrize("how", ["setitem", "iadd", "method", "view"])
+def test_a_forward_changing_a_tensor_it_makes_runs_as_written(how):
+    """Such a forward is not traced (the model runs its own forward, with a warning saying why): every call gives the
+    model's answer, where the traced graph would carry the change over from call to call."""
+    torch.manual_seed(6)
+    model = _MakesAndChanges(how).eval()
+    with pytest.warns(UserWarning, match="changes in place a tensor it makes"):
+        fused = fullfuse.fused_model(model)
+    assert not fused.plans
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(fused(x), model(x))
+
+
+class _AsksTheMode(nn.Module):
+    """A forward that asks torch for a global mode and branches on the answer."""
+
+    def __init__(self, query: str):
+        super().__init__()
+        self.conv, self.query = nn.Conv2d(8, 4, 3), query
+
+    def forward(self, x):
+        y = F.adaptive_avg_pool2d(F.gelu(self.conv(x)), 1)
+        return y * 2 if getattr(torch, self.query)() else y
+
+
+class _PartAsks(nn.Module):
+    """A region in one child and the mode query in another: the model as a whole does not trace, its first child
+    does."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+        self.tail = _AsksTheMode("is_grad_enabled")
+        self.tail.conv = nn.Identity()
+
+    def forward(self, x):
+        return self.tail(self.body(x))
+
+
+@pytest.mark.parametrize("query", ["is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled"])
+def test_a_forward_asking_torch_for_a_mode_gives_the_models_answer_in_every_mode(query):
+    """fx would bake the trace's answer (grad on, no autocast) into the graph: such a forward is not traced (a warning
+    says why) and answers as the model in every mode; where a child asks, the other children still fuse."""
+    torch.manual_seed(7)
+    model = _AsksTheMode(query).eval()
+    with pytest.warns(UserWarning, match=f"asks torch for a global mode or setting \\(torch.{query}\\(\\)\\)"):
+        fused = fullfuse.fused_model(model)
+    assert not fused.plans
+    x = torch.randn(SMALL_SHAPE["A"])
+    for mode in (torch.enable_grad, torch.no_grad, torch.inference_mode, lambda: torch.autocast("cpu")):
+        with mode():
+            assert torch.equal(fused(x), model(x))
+    parted = _PartAsks().eval()
+    fused = _fused(parted)
+    assert len(fused.plans) == 1
+    for mode in (torch.enable_grad, torch.no_grad):
+        with mode():
+            torch.testing.assert_close(fused(x), parted(x))
+
+
+def _times_two_if(flag) -> float:
+    return 2.0 if flag else 1.0
+
+
+# (what the forward reads, how a call changes it and back, and the match of the refusal's reason)
+SETTINGS = {
+    "default dtype": (lambda: torch.get_default_dtype() == torch.float64,
+                      lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32),
+                      r"torch.get_default_dtype\(\)"),
+    "deterministic": (lambda: torch.are_deterministic_algorithms_enabled(),
+                      lambda on: torch.use_deterministic_algorithms(on), r"torch.are_deterministic_algorithms_enabled"),
+    "cudnn flag": (lambda: not torch.backends.cudnn.allow_tf32,
+                   lambda on: setattr(torch.backends.cudnn, "allow_tf32", not on), r"torch.backends.cudnn.allow_tf32"),
+    "cudnn module flag": (lambda: not torch.backends.cudnn.enabled,
+                          lambda on: setattr(torch.backends.cudnn, "enabled", not on), r"torch.backends.cudnn.enabled"),
+    "matmul flag": (lambda: torch.backends.cuda.matmul.allow_tf32,
+                    lambda on: setattr(torch.backends.cuda.matmul, "allow_tf32", on),
+                    r"torch.backends.cuda.matmul.allow_tf32"),
+    "matmul precision": (lambda: torch.get_float32_matmul_precision() == "high",
+                         lambda on: torch.set_float32_matmul_precision("high" if on else "highest"),
+                         r"torch.get_float32_matmul_precision"),
+    "threads": (lambda: torch.get_num_threads() == 1,
+                lambda on, n=torch.get_num_threads(): torch.set_num_threads(1 if on else n), r"torch.get_num_threads"),
+}
+
+
+class _ReadsASetting(nn.Module):
+    """A region, then a factor that a global setting chooses."""
+
+    def __init__(self, reads):
+        super().__init__()
+        self.body, self.reads = SeedA(), reads
+
+    def forward(self, x):
+        return self.body(x) * _times_two_if(self.reads())
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_a_forward_reading_a_global_setting_answers_as_the_model_when_it_changes(name):
+    """fx would keep the trace's answer (the setting as it was at fused_model): the model as a whole is not traced
+    (its region still fuses, in its child), and a call after the setting changed gives the model's answer."""
+    reads, change, says = SETTINGS[name]
+    torch.manual_seed(8)
+    model = _ReadsASetting(reads).eval()
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    with pytest.raises(fullfuse.TraceError, match=says):
+        fullfuse.trace.trace(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+        change(True)
+        try:
+            want = model(x)
+            assert torch.equal(fused(x), want) and not torch.equal(want, model.body(x))
+        finally:
+            change(False)
+        assert torch.equal(fused(x), model(x))
+
+
+class _Draws(nn.Module):
+    """A region plus a draw from a global generator that no traced value reaches (fx would run it once, at the
+    trace)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "torch.randn":
+            return y + torch.randn(64)
+        if self.how == "torch.rand branch":
+            return y * 2 if torch.rand(1).item() < 0.5 else y
+        if self.how == "random":
+            return y * random.random()
+        return y * float(sys.modules["numpy"].random.rand())
+
+
+@pytest.mark.parametrize("how", ["torch.randn", "torch.rand branch", "random", "numpy"])
+def test_a_forward_drawing_random_numbers_outside_its_ops_draws_anew_in_every_call(how):
+    """The trace's draw would be the same in every call of the traced graph: the model as a whole is not traced, and
+    every call draws as the model's does (the same generator state gives the same answer)."""
+    numpy = pytest.importorskip("numpy")
+    model = _Draws(how).eval()
+    with pytest.raises(fullfuse.TraceError, match="draws random numbers outside the traced ops"):
+        fullfuse.trace.trace(model)
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for seed in range(4):
+            answers = []
+            for call in (model, fused):
+                torch.manual_seed(seed), random.seed(seed), numpy.random.seed(seed)
+                answers.append(call(x))
+            assert torch.equal(*answers)
+
+
+class _DrawsInItsOps(nn.Module):
+    """Random ops that take a traced value (the graph records them: each call draws) and mode-free torch queries."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+
+    def forward(self, x):
+        y = self.body(x)
+        noise = torch.randn_like(y) + torch.rand(y.shape, device=y.device)
+        if not torch.jit.is_scripting() and not torch.jit.is_tracing():
+            y = y + 0.0
+        return F.dropout(y + noise, 0.5, training=self.training)
+
+
+def test_random_ops_the_graph_records_and_constant_queries_leave_the_model_traced():
+    """No false refusal: ops on traced values draw in every call of the graph, and torch.jit.is_scripting() /
+    is_tracing() (torchvision's forwards ask them) trace; the model is fused as a whole."""
+    model = _DrawsInItsOps()
+    fullfuse.trace.trace(model)
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for mode in ("train", "eval"):
+            getattr(model, mode)(), getattr(fused, mode)()
+            answers = []
+            for call in (model, fused):
+                torch.manual_seed(3)
+                answers.append(call(x))
+            assert torch.equal(*answers)
+
+
+def test_a_library_s_forward_counts_as_the_model_s():
+    """A module whose name starts with "torch" but is not torch's (torchvision, torchaudio) is a model's code: its
+    queries count."""
+    namespace = {"__name__": "torchvision.models.fake", "torch": torch}
+    exec("def reads(): return torch.is_grad_enabled()", namespace)
+    with pytest.raises(fullfuse.TraceError, match=r"torch.is_grad_enabled\(\)"):
+        fullfuse.trace.trace(_ReadsASetting(namespace["reads"]))
+
+
+def test_the_queries_and_flags_are_torch_s_own_again_after_a_trace():
+    """The trace's wrappers are gone after it, also where it failed; other threads' reads went through meanwhile."""
+    before = (torch.is_grad_enabled, torch.get_default_dtype, type(torch.backends.cudnn).__dict__["allow_tf32"],
+              type(torch.backends.cuda.matmul).__dict__["__getattr__"])
+    for model in (_ReadsASetting(lambda: torch.get_default_dtype() == torch.float64), SeedA()):
+        try:
+            fullfuse.trace.trace(model)
+        except fullfuse.TraceError:
+            pass
+        after = (torch.is_grad_enabled, torch.get_default_dtype, type(torch.backends.cudnn).__dict__["allow_tf32"],
+                 type(torch.backends.cuda.matmul).__dict__["__getattr__"])
+        assert after == before
