@@ -23,7 +23,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace
+from .trace import ATTRIBUTES_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace
 
 
 class FusedModel(nn.Module):
@@ -83,9 +83,12 @@ class FusedModel(nn.Module):
         # (``_replaced``), as under a torch.compile that cannot trace the graph's autocast blocks; a pickled or copied
         # fused model makes its own tree (__setstate__)
         self.__dict__["_original"] = None if graph_module is original else original
-        # (the modules the trace went into, kept here: a GraphModule's copy drops what fx does not know of its dict)
+        # (the modules the trace went into and the attributes it read, kept here: a GraphModule's copy drops what fx
+        # does not know of its dict)
         self.__dict__["_traced_through"] = None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ())
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through)
+        self.__dict__["_attributes_read"] = {} if self._as_module else graph_module.__dict__.get(ATTRIBUTES_READ, {})
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through,
+                                                                                   self._attributes_read)
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -191,7 +194,8 @@ class FusedModel(nn.Module):
         if not self._as_module:
             bind_to_model(graph, original)
         stale = self.__dict__.get("_stale")
-        self.__dict__["_tree"] = StaleTree(stale) if stale else ModuleTree(original, self.__dict__["_traced_through"])
+        self.__dict__["_tree"] = StaleTree(stale) if stale else ModuleTree(original, self.__dict__["_traced_through"],
+                                                                           self.__dict__.get("_attributes_read"))
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

@@ -18,13 +18,14 @@ replaced are its own change test's (``original_ops.Changes``).
 from __future__ import annotations
 
 from operator import itemgetter, methodcaller
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from .calls import compiling
-from .original_ops import settings_of
+from .original_ops import SETTING_TYPES
+from .watched_values import plain_objects, public_fields, snapshot
 
 _DELETED = object()
 
@@ -39,9 +40,12 @@ class ModuleTree:
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors")
-    def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None):
+
+    def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
+                 read: Optional[Dict[str, Sequence[str]]] = None):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
-        calls ``model`` itself, not a traced graph."""
+        calls ``model`` itself, not a traced graph.  read: {module path: the public attributes the trace read}
+        (``trace.ATTRIBUTES_READ``)."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -63,12 +67,24 @@ class ModuleTree:
         self.forwards = tuple(instance.get("forward") for instance in self.through_instances)
         self.through_paths = tuple(paths[id(m)] for m in through)
         self.bare = not any(self.hook_dicts) and not any(f is not None for f in self.forwards)
-        # the settings (original_ops.settings_of: plain public attributes, which fx reads as constants) of the root
-        # and the traced-through modules, where they have any: (path, instance dict, their names, an itemgetter of
-        # them, their values as fused: the value itself for one name, else a tuple)
+        # the settings of the root and the traced-through modules, which fx reads as constants: their public plain
+        # attributes (numbers, strings, tuples, lists) and any other public attribute the trace read (a dict, a config
+        # object, a function); then the public fields of the plain objects among them (a config object: the same
+        # object after ``config.k = 3``), each object once.  Each entry: (module path, where in it, the dict holding
+        # the values, their names, a getter of them as a tuple, their snapshots as fused: watched_values)
         modules = ([model] if traced_through is not None else []) + through
-        self.settings = tuple((paths[id(m)], vars(m), names, itemgetter(*names), was if len(names) > 1 else was[0])
-                              for m, (names, was) in zip(modules, settings_of(modules)) if names)
+        settings, objects, seen = [], [], set()
+        for module in modules:
+            path, instance = paths[id(module)], vars(module)
+            names = _setting_names(instance, (read or {}).get(path, ()))
+            if names:
+                settings.append(_entry(path, "", instance, names))
+            for name in names:
+                for where, obj in plain_objects(instance[name], name, seen=seen):
+                    fields = public_fields(obj)
+                    if fields:
+                        objects.append(_entry(path, f"{where}.", vars(obj), fields))
+        self.settings = tuple(settings + objects)
         # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph),
         # compared by identity: (path, instance dict, name, the tensor as fused)
         self.tensors = tuple((paths[id(m)], vars(m), name, value) for m in modules
@@ -86,10 +102,10 @@ class ModuleTree:
               or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards):
             return True
         try:
-            for _, instance, _, get, was in self.settings:
-                if get(instance) != was:
+            for _, _, values, _, get, was in self.settings:
+                if was != get(values):
                     return True
-        except KeyError:   # (a setting deleted)
+        except Exception:   # (a setting deleted: KeyError; a comparison that raises)
             return True
         for _, instance, name, value in self.tensors:
             if instance.get(name) is not value:
@@ -123,14 +139,33 @@ class ModuleTree:
             hooks = zip(self.hook_dicts[4 * i:4 * i + 4], self.hook_items[4 * i:4 * i + 4])
             if instance.get("forward") is not self.forwards[i] or any(tuple(d.items()) != was for d, was in hooks):
                 return f"the model's {_traced(path)} got other hooks or another forward"
-        for path, instance, names, _, was in self.settings:
-            for name, value in zip(names, was if len(names) > 1 else (was,)):
-                if instance.get(name, _DELETED) != value:
-                    return f"the model's {_traced(path)} changed its setting '{name}'"
+        for path, where, values, names, _, was in self.settings:
+            for name, value in zip(names, was):
+                now = values.get(name, _DELETED)
+                try:
+                    changed = value is not now and value != now   # (identity first, as the tuple test: NaN)
+                except Exception:   # (a comparison that raises: not the value it was)
+                    changed = True
+                if changed:
+                    return f"the model's {_traced(path)} changed its setting '{where}{name}'"
         for path, instance, name, value in self.tensors:
             if instance.get(name) is not value:
                 return f"the model's {_traced(path)} has another tensor as its attribute '{name}'"
         return None
+
+
+def _setting_names(instance: dict, read: Sequence[str]) -> Tuple[str, ...]:
+    """A module's public attributes that are settings: plain ones (numbers, strings, tuples, lists: fx reads them as
+    constants wherever the forward uses them) and those in ``read``; not ``training`` (the fused model follows it) or
+    a plain tensor (compared by identity: ``tensors``)."""
+    return tuple(sorted(name for name, value in instance.items()
+                        if not name.startswith("_") and name != "training" and not isinstance(value, torch.Tensor)
+                        and (isinstance(value, SETTING_TYPES) or name in read)))
+
+
+def _entry(path: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
+    get = itemgetter(*names) if len(names) > 1 else (lambda values, name=names[0]: (values[name],))
+    return path, where, values, names, get, tuple(snapshot(values[name]) for name in names)
 
 
 def _traced(path: str) -> str:

@@ -51,12 +51,12 @@ def settings_of(modules: Sequence[nn.Module]) -> Tuple[Tuple[Tuple[str, ...], tu
     out = []
     for m in modules:
         names = tuple(k for k, v in vars(m).items()
-                      if not k.startswith("_") and k != "training" and isinstance(v, _SETTING_TYPES))
+                      if not k.startswith("_") and k != "training" and isinstance(v, SETTING_TYPES))
         out.append((names, tuple(list(v) if isinstance(v, list) else v for v in (vars(m)[k] for k in names))))
     return tuple(out)
 
 
-_SETTING_TYPES = (int, float, str, tuple, list, type(None))
+SETTING_TYPES = (int, float, str, tuple, list, type(None))
 _DELETED = object()
 
 

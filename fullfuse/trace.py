@@ -130,6 +130,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
         gm.__dict__[TRAINING_READ] = training.read
         gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
+        gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in training.attributes.items()}
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -243,6 +244,9 @@ TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: it
 # a traced graph's: the modules (not the root) whose forward the trace went into, their calls' hooks and instance
 # forwards baked into the graph as they were (module_tree.ModuleTree watches them)
 TRACED_THROUGH = "_fullfuse_traced_through"
+# a traced graph's: {module path: the names of its public instance attributes the trace read}, for the root and the
+# modules traced through (their values baked into the graph as they were: module_tree.ModuleTree watches them)
+ATTRIBUTES_READ = "_fullfuse_attributes_read"
 
 
 class _TrainingFlag(int):
@@ -295,7 +299,9 @@ class _RecordingTraining:
     (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
     graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
     modules fx traces through get a ``_TrainingAttribute`` meanwhile; fx's leaves (torch.nn's modules) read their flag
-    when the graph runs."""
+    when the graph runs.  Likewise the public instance attributes of those modules that the trace reads
+    (``self.scale``, ``self.config``: fx keeps what the forward computes from them), as {path: names} in
+    ``attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree watches them)."""
 
     def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
         self.paths: Dict[int, str] = {}
@@ -307,21 +313,36 @@ class _RecordingTraining:
             if type(module) not in self.classes:
                 self.classes.append(type(module))
         self.read: Dict[str, bool] = {}
+        self.attributes: Dict[str, set] = {}
 
     def __enter__(self) -> "_RecordingTraining":
         _patch_lock.acquire()
         self.thread = threading.get_ident()
-        self.saved = [(cls, cls.__dict__.get("training", _MISSING)) for cls in self.classes]
+        self.saved = [(cls, cls.__dict__.get("training", _MISSING), cls.__dict__.get("__getattribute__", _MISSING))
+                      for cls in self.classes]
         for cls in self.classes:
             cls.training = _TrainingAttribute(self)
+            cls.__getattribute__ = self._reading(cls.__getattribute__)
         return self
 
+    def _reading(self, inherited):
+        """A ``__getattribute__`` noting the traced modules' public instance attributes this thread reads."""
+        thread, paths, attributes = self.thread, self.paths, self.attributes
+
+        def getattribute(module, name):
+            if name[0] != "_" and name != "training" and id(module) in paths and threading.get_ident() == thread:
+                if name in object.__getattribute__(module, "__dict__"):
+                    attributes.setdefault(paths[id(module)], set()).add(name)
+            return inherited(module, name)
+        return getattribute
+
     def __exit__(self, *exc) -> None:
-        for cls, attribute in self.saved:
-            if attribute is _MISSING:
-                del cls.training
-            else:
-                cls.training = attribute
+        for cls, training, getattribute in reversed(self.saved):
+            for name, attribute in (("training", training), ("__getattribute__", getattribute)):
+                if attribute is _MISSING:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, attribute)
         _patch_lock.release()
 
 

@@ -4,12 +4,14 @@ Parameter; ``load_state_dict`` of new values (through the fused model's names wh
 modules); the conv's stride or GELU's approximation set; a forward hook on the conv; batch-norm statistics updated; a
 train / eval round; ``.double()``; ``copy.deepcopy`` and a ``torch.save`` / ``torch.load`` round trip (the copies then
 change alike, through the original's names); a hook on a module the trace went into, the root's setting that the
-forward reads, a plain tensor attribute re-assigned.  Models: a conv-act-pool
+forward reads, a plain tensor attribute re-assigned, a dict's entry, a config object's field (and a field of an object
+in it) and a function the forward reads by attribute.  Models: a conv-act-pool
 region after a batch norm, a 1x1 conv or a ReLU, with a flatten / squeeze / linear head after it, a second conv branch
 added to its output, or the conv's output also read outside the region; then a gain, an offset and a custom scale
 module the trace goes into."""
 import copy
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,13 +22,18 @@ from same_answer import answer, assert_same_answer
 from saved_and_loaded import saved_and_loaded
 
 CHANGES = ("in place", "data", "load", "double", "deepcopy", "save and load", "stride", "approximation", "train",
-           "hook", "new parameter", "batch-norm statistics", "traced-through hook", "gain", "offset")
+           "hook", "new parameter", "batch-norm statistics", "traced-through hook", "gain", "offset", "dict entry",
+           "config field", "nested config field", "function")
 MODELS_PER_SEED = 25
 CHANGES_PER_MODEL = 6
 
 
 def _scale_by_two(module, args, out):   # (a module-level hook: the models pickle)
     return out * 2
+
+
+def _unchanged(x):   # (module-level, as the hook: the models pickle)
+    return x
 
 
 class _Model(nn.Module):
@@ -42,11 +49,14 @@ class _Model(nn.Module):
         self.fc = nn.Linear(16, 5)
         self.conv2 = nn.Conv2d(self.cin, 16, 3, padding=1)
         self.gain, self.offset, self.scale = 1.0, torch.zeros(1), _Scale()
+        self.shifts = {"shift": 0.0}
+        self.config, self.fn = SimpleNamespace(k=1.0, inner=SimpleNamespace(j=1.0)), _unchanged
 
     def forward(self, x):
         x = self.p(x)
         y = self.act(self.conv(x))
-        z = self.scale(self.pool(y)) * self.gain + self.offset
+        z = self.scale(self.pool(y)) * self.gain + self.offset + self.shifts["shift"]
+        z = self.fn(z * self.config.k * self.config.inner.j)
         if self.after == "flatten":
             return z.flatten(1)
         if self.after == "squeeze":
@@ -101,6 +111,14 @@ def _change(model, change: str, values: torch.Generator) -> None:
         model.gain = 1.0 if model.gain != 1.0 else 2.0
     elif change == "offset":
         model.offset = torch.randn(1, generator=values, dtype=model.offset.dtype)
+    elif change == "dict entry":
+        model.shifts["shift"] += 0.5
+    elif change == "config field":
+        model.config.k = 1.0 if model.config.k != 1.0 else 3.0
+    elif change == "nested config field":
+        model.config.inner.j = 1.0 if model.config.inner.j != 1.0 else 0.5
+    elif change == "function":
+        model.fn = torch.tanh if model.fn is _unchanged else _unchanged
 
 
 @pytest.mark.filterwarnings("ignore:fullfuse. no fusable conv pipeline")

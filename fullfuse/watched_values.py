@@ -1,0 +1,113 @@
+"""Values a traced graph depends on, kept as they were so that a later value can be told apart from them.
+
+fx keeps what a forward's Python computed from a module's attributes (``self.scale``, ``self.cfg["k"]``,
+``self.config.k``) as constants of the graph; ``module_tree.ModuleTree`` compares those attributes, as they are at
+each call, with their ``snapshot``: plain data (numbers, strings, and lists, tuples, dicts and sets of it) by value,
+nested containers copied so that a change inside one shows; anything else (a tensor, an array, a function, an object)
+by identity, through ``Same``, which never asks the object (a tensor's ``==`` compares elements, an array's gives an
+array).  An object with fields of its own (a config object, a namespace, a dataclass) is the same object with new
+fields after ``config.k = 3``: ``plain_objects`` finds such objects in a value, whose public fields are watched in
+turn.  Comparisons put the snapshot on the left (``snapshot != value``), so that ``Same`` answers for itself.
+"""
+from __future__ import annotations
+
+import copy
+import types
+from typing import Iterator, List, Tuple
+
+import torch
+from torch import nn
+
+SCALARS = (bool, int, float, complex, str, bytes, type(None))
+# elements of plain containers copied per watched value (each call compares them); a container past it is kept by
+# identity (a lookup table, id2label: a change inside it is not seen)
+LIMIT = 256
+_NOT_PLAIN_OBJECTS = (nn.Module, torch.Tensor, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                      types.ModuleType)
+
+
+class Same:
+    """Equal to one object alone (``other is value``), whatever that object's own ``==`` does."""
+
+    __slots__ = ("value",)
+    __hash__ = None
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other) -> bool:
+        return other is self.value
+
+    def __ne__(self, other) -> bool:
+        return other is not self.value
+
+    def __repr__(self) -> str:
+        return f"Same({type(self.value).__name__} at {id(self.value):#x})"
+
+
+def snapshot(value, budget: List[int] = None):
+    """``value`` as it is now, for ``snapshot(value) != later`` to tell whether ``later`` differs (see the module)."""
+    budget = [LIMIT] if budget is None else budget
+    if type(value) in SCALARS:
+        return value
+    if isinstance(value, (list, tuple, dict, set)):
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            return Same(value)
+        if isinstance(value, set):
+            return copy.copy(value)   # (elements are hashable: compared by hash and ==, as the set does)
+        if isinstance(value, dict):
+            items = {k: snapshot(v, budget) for k, v in value.items()}
+            return items if type(value) is dict else _same_kind(value, items)
+        items = [snapshot(v, budget) for v in value]
+        if isinstance(value, tuple):
+            return tuple(items)   # (a namedtuple or torch.Size compares equal to it, element by element)
+        return items if type(value) is list else _same_kind(value, items)
+    if isinstance(value, frozenset):
+        return value
+    return Same(value)
+
+
+def _same_kind(value, items):
+    """A copy of ``value`` (a dict or list of a subclass: OrderedDict, defaultdict...) holding ``items``, so that its
+    own comparison, which takes precedence over a plain dict's or list's, compares it; a plain one where it cannot be
+    made."""
+    try:
+        made = copy.copy(value)
+        made.clear()
+        made.update(items) if isinstance(items, dict) else made.extend(items)
+        return made
+    except Exception:   # (a subclass that copies or fills otherwise)
+        return items
+
+
+def is_plain_object(value) -> bool:
+    """Whether ``value`` is an object with fields of its own (a config, a namespace, a dataclass): not data, a module,
+    a tensor, a class, a function, a Python module, or an object of torch's or fullfuse's (an fx proxy, a handle)."""
+    if not isinstance(getattr(value, "__dict__", None), dict) or isinstance(value, _NOT_PLAIN_OBJECTS):
+        return False
+    home = type(value).__module__ or ""
+    return not (home in ("torch", "fullfuse") or home.startswith(("torch.", "fullfuse.")))
+
+
+def public_fields(obj) -> Tuple[str, ...]:
+    return tuple(sorted(name for name in vars(obj) if not name.startswith("_")))
+
+
+def plain_objects(value, where: str, seen: set, depth: int = 3, limit: int = 64) -> Iterator[Tuple[str, object]]:
+    """(where, object) for the plain objects in ``value`` (itself, in its containers' elements and in those objects'
+    public fields, ``depth`` levels down) not in ``seen`` (ids, which it adds to), while ``seen`` has fewer than
+    ``limit``; ``where`` names the place (``config.vision``, ``cfgs[0]``)."""
+    todo = [(where, value, depth)]
+    while todo and len(seen) < limit:
+        where, value, depth = todo.pop(0)
+        if type(value) in SCALARS or depth < 0:
+            continue
+        if isinstance(value, dict):
+            todo += [(f"{where}[{k!r}]", v, depth - 1) for k, v in list(value.items())[:limit]]
+        elif isinstance(value, (list, tuple)):
+            todo += [(f"{where}[{i}]", v, depth - 1) for i, v in enumerate(value[:limit])]
+        elif is_plain_object(value) and id(value) not in seen:
+            seen.add(id(value))
+            yield where, value
+            todo += [(f"{where}.{name}", vars(value)[name], depth - 1) for name in public_fields(value)]

@@ -1,0 +1,144 @@
+"""What a fused model watches of the values its traced graph holds as constants (``watched_values``, ``ModuleTree``):
+a value the forward reads by attribute — a dict's entry, a config object's field, a function, a list holding a tensor
+— changed after ``fused_model`` gives the model's answer; one the forward does not read, or one that compares unlike
+plain data (NaN, an array), leaves the fused graph running (CPU: the torch path computes the outputs)."""
+import copy
+import dataclasses
+import math
+import warnings
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullfuse
+from fullfuse.seed_models import SMALL_SHAPE, SeedA
+from fullfuse.watched_values import Same, plain_objects, snapshot
+
+REPLACED = "runs the model's own forward"
+
+
+@dataclasses.dataclass
+class _Config:
+    scale: float = 1.0
+    inner: SimpleNamespace = dataclasses.field(default_factory=lambda: SimpleNamespace(bias=0.0))
+
+
+def _unchanged(x):
+    return x
+
+
+class _Reads(nn.Module):
+    """Seed A's region, then what ``how`` names, read from the module's attributes."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+        self.table, self.ordered, self.config = {"k": [1.0]}, OrderedDict(k=1.0), _Config()
+        self.tensors, self.fn, self.names = [torch.ones(64)], _unchanged, {"scale"}
+        self.array = torch.arange(64.0).numpy() if how == "array" else None
+        self.unread = {}   # (written by a hook on a child each call, never read by the forward)
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "dict":
+            return y * self.table["k"][0]
+        if self.how == "ordered dict":
+            return y * self.ordered["k"]
+        if self.how == "dataclass":
+            return y * self.config.scale + self.config.inner.bias
+        if self.how == "tensor in a list":
+            return y * self.tensors[0]
+        if self.how == "function":
+            return self.fn(y)
+        if self.how == "set":
+            return y * (2.0 if "scale" in self.names else 1.0)
+        return y + torch.from_numpy(self.array)
+
+
+def _change(model: _Reads) -> None:
+    how = model.how
+    if how == "dict":
+        model.table["k"][0] = 3.0   # (inside a list inside the dict)
+    elif how == "ordered dict":
+        model.ordered["k"] = 3.0
+    elif how == "dataclass":
+        model.config.inner.bias = 0.5   # (an object in the config)
+    elif how == "tensor in a list":
+        model.tensors[0] = torch.full((64,), 2.0)
+    elif how == "function":
+        model.fn = torch.tanh
+    elif how == "set":
+        model.names.discard("scale")
+    else:
+        model.array = model.array + 1
+
+
+@pytest.mark.parametrize("how", ["dict", "ordered dict", "dataclass", "tensor in a list", "function", "set", "array"])
+def test_a_value_the_forward_reads_changed_after_fusing_gives_the_models_answer(how):
+    """Before the change the fused graph runs (no warning); after it the model's own forward, with a warning naming
+    what changed; a copy of the fused model made before the change watches its own copy alike."""
+    torch.manual_seed(4)
+    model = _Reads(how).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    copied = copy.deepcopy(fused)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # (the graph runs: nothing to warn of)
+            assert torch.equal(fused(x), model(x)) and torch.equal(copied(x), model(x))
+        before = model(x)
+        _change(model)
+        assert not torch.equal(model(x), before)
+        with pytest.warns(UserWarning, match=REPLACED):
+            assert torch.equal(fused(x), model(x))
+        _change(copied)
+        with pytest.warns(UserWarning, match=REPLACED):
+            assert torch.equal(copied(x), model(x))
+
+
+def test_what_the_forward_does_not_read_and_what_compares_oddly_leave_the_graph_running():
+    """A dict filled between calls that the forward never reads, a NaN setting (NaN != NaN) and an array (its == gives
+    an array) are no change: every call runs the fused graph."""
+    torch.manual_seed(5)
+    model = _Reads("array").eval()
+    model.nan = math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(3):
+            model.unread[step] = torch.randn(2)
+            assert torch.equal(fused(x), model(x))
+
+
+def test_snapshots_compare_plain_data_by_value_and_everything_else_by_identity():
+    t, obj = torch.ones(3), SimpleNamespace(a=1)
+    value = {"n": [1, [2.0, "s"]], "t": t, "o": obj, "nan": math.nan, "set": {1, 2}}
+    was = snapshot(value)
+    assert not was != value   # (the same value: equal, the tensor by identity, NaN by identity)
+    value["n"][1][0] = 3.0
+    assert was != value   # (a change two containers down)
+    value["n"][1][0] = 2.0
+    value["t"] = torch.ones(3)   # (an equal tensor, but another one)
+    assert was != value
+    assert Same(t) == t and Same(t) != torch.ones(3) and not Same(t) != t
+    big = list(range(10_000))   # (past the copy limit: kept by identity)
+    assert not snapshot(big) != big and snapshot(big) != list(big)
+    assert isinstance(snapshot(OrderedDict(a=[1])), OrderedDict)
+
+
+def test_plain_objects_are_found_in_fields_and_containers_once():
+    inner = SimpleNamespace(k=1)
+    config = _Config(inner=inner)
+    found = dict(plain_objects({"cfgs": [config, config]}, "x", seen=set()))
+    assert set(found) == {"x['cfgs'][0]", "x['cfgs'][0].inner"} and found["x['cfgs'][0].inner"] is inner
+    assert not list(plain_objects(F.relu, "fn", seen=set())) and not list(plain_objects(nn.ReLU(), "m", seen=set()))
