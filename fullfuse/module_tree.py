@@ -8,11 +8,11 @@ fused model runs the model's own forward (see ``FusedModel``).  Tensors need no 
 model's parameter and buffer dicts (``trace.share_tensor_dicts``).
 
 The same holds for the modules the trace went into (the root, a block, a Sequential, a custom activation:
-``trace.TRACED_THROUGH``), whose calls the graph does not make: their hooks and a forward set on the instance ran once,
-at the trace, and the graph holds their ops as they ran then, with the plain settings they read (``self.scale``) as
-constants and their plain tensor attributes as the objects they were.  A hook registered on one since (or one removed,
-a forward set or deleted, a setting changed, a tensor attribute re-assigned) would be invisible too; ``ModuleTree``
-watches their hook dicts and instance dicts as well.  The modules the graph calls run their own hooks; those a region
+``trace.TRACED_THROUGH``), whose calls the graph does not make: it holds their ops as the trace ran them (their
+forward hooks then run from the graph: ``module_hooks``), with the settings they read (``self.scale``,
+``self.config.k``) as constants and their plain tensor attributes as the objects they were.  A hook registered on one
+since (or one removed, a forward set or deleted, a setting changed, a tensor attribute re-assigned) would be invisible
+too; ``ModuleTree`` watches their hook dicts and instance dicts as well.  The modules the graph calls run their own hooks; those a region
 replaced are its own change test's (``original_ops.Changes``).
 """
 from __future__ import annotations

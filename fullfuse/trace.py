@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from .errors import TraceError
 from .global_state import ReadingGlobalState
+from .module_hooks import ForwardHooks, has_call_hooks
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 
@@ -49,15 +50,25 @@ class _Tracer(torch.fx.Tracer):
         kwargs.setdefault("autowrap_functions", MODE_BLOCK_CALLS)
         super().__init__(*args, **kwargs)
         self.traced_through = {}
+        self.hooked: List[nn.Module] = []   # traced-through modules with forward hooks, by _forward_hooks' first arg
 
     def call_module(self, m: nn.Module, forward, args, kwargs):
         try:
             through = not self.is_leaf_module(m, self.path_of_module(m))
         except NameError:   # (a module outside the root: fx's own call below says so)
             through = False
-        if through:
-            self.traced_through[id(m)] = m
-        return super().call_module(m, forward, args, kwargs)
+        if not through:
+            return super().call_module(m, forward, args, kwargs)
+        self.traced_through[id(m)] = m
+        if not m._forward_hooks:
+            return super().call_module(m, forward, args, kwargs)
+        # its ops without its hooks, then a node that runs them in every call (module_hooks; with_hooks_run)
+        result = super().call_module(m, m.forward, args, kwargs)
+        hooked = self.create_proxy("call_function", _forward_hooks, (len(self.hooked), args, kwargs, result), {})
+        self.hooked.append(m)
+        if type(result) in (tuple, list):   # (so that the caller can unpack it, as it could the call's result)
+            return type(result)(hooked[i] for i in range(len(result)))
+        return hooked
 
     def create_arg(self, a: Any):
         if type(a) is _TrainingFlag:   # (a training flag passed to an op: a constant, which the graph depends on)
@@ -65,9 +76,9 @@ class _Tracer(torch.fx.Tracer):
         return super().create_arg(a)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        # (a TorchScript submodule: one call of it, which fx cannot trace into)
+        # (a TorchScript submodule: one call of it, which fx cannot trace into; a module whose hooks only its call runs)
         return (getattr(type(m), "_fullfuse_leaf", False) or isinstance(m, torch.jit.ScriptModule)
-                or super().is_leaf_module(m, module_qualified_name))
+                or has_call_hooks(m) or super().is_leaf_module(m, module_qualified_name))
 
     def create_node(self, *args, **kwargs) -> Node:
         node = super().create_node(*args, **kwargs)
@@ -128,6 +139,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+        with_hooks_run(gm, tracer.hooked)
         gm.__dict__[TRAINING_READ] = training.read
         gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
         gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in training.attributes.items()}
@@ -163,6 +175,25 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                          f"once, at the trace, and would change again in every call")
     bind_to_model(gm, model)
     return gm
+
+
+def _forward_hooks(index: int, args: tuple, kwargs: dict, result):
+    """Where the trace of a module with forward hooks leaves its result: ``with_hooks_run`` makes each such node a
+    call of a ``module_hooks.ForwardHooks`` of the module (``_Tracer.hooked[index]``)."""
+    raise RuntimeError("fullfuse: a traced graph's hook node was not bound to its module")
+
+
+def with_hooks_run(gm: torch.fx.GraphModule, hooked: List[nn.Module]) -> None:
+    """The ``_forward_hooks`` nodes of ``gm`` as calls of a ``ForwardHooks`` of their module each
+    (``fullfuse_forward_hooks_<i>``): the graph runs the hooks of the modules it holds the ops of in every call."""
+    nodes = [node for node in gm.graph.nodes if node.op == "call_function" and node.target is _forward_hooks]
+    for node in nodes:
+        index, *args = node.args
+        name = f"fullfuse_forward_hooks_{index}"
+        gm.add_submodule(name, ForwardHooks(hooked[index]))
+        node.op, node.target, node.args = "call_module", name, tuple(args)
+    if nodes:
+        gm.recompile()
 
 
 def bind_to_model(gm: torch.fx.GraphModule, model: nn.Module) -> None:
@@ -241,8 +272,8 @@ def plain_tensor_attributes(gm: torch.fx.GraphModule, model: nn.Module) -> None:
 
 
 TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: its training flag} its forward read
-# a traced graph's: the modules (not the root) whose forward the trace went into, their calls' hooks and instance
-# forwards baked into the graph as they were (module_tree.ModuleTree watches them)
+# a traced graph's: the modules (not the root) whose forward the trace went into, their ops in the graph as they were
+# with the hooks and instance forward they had (module_tree.ModuleTree watches them)
 TRACED_THROUGH = "_fullfuse_traced_through"
 # a traced graph's: {module path: the names of its public instance attributes the trace read}, for the root and the
 # modules traced through (their values baked into the graph as they were: module_tree.ModuleTree watches them)
