@@ -11,6 +11,7 @@ it makes (``_constants_changed_in_place``).
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import operator
 import re
@@ -23,9 +24,10 @@ import torch.nn as nn
 
 from .errors import TraceError
 from .global_state import ReadingGlobalState
-from .module_hooks import ForwardHooks, has_call_hooks
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
+from .module_hooks import ForwardHooks, has_call_hooks
+from .watched_values import snapshot
 
 Node = torch.fx.Node
 _MISSING = object()
@@ -159,7 +161,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     changed = [name for name in state.restore() if not _FX_CONSTANT.fullmatch(name)]
     if changed:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
-                         f"attributes ({', '.join(changed[:3])}), which a traced graph would not set")
+                         f"attributes or changes them in place ({', '.join(changed[:3])}), which a traced graph would "
+                         f"not do")
     if outside.read:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks torch for a "
                          f"global mode or setting ({', '.join(outside.read)}), whose answer a traced graph would hold "
@@ -378,8 +381,9 @@ class _RecordingTraining:
 
 
 class _ModuleState:
-    """What a forward can set on ``model``'s modules — their attributes, parameters, buffers and children — as it was
-    before a trace, to put back after it: a forward that sets them (``self.features = y``, ``self.steps += 1``) would
+    """What a forward can set on ``model``'s modules — their attributes, parameters, buffers and children, and the
+    contents of their list, dict and set attributes — as it was before a trace, to put back after it: a forward that
+    sets them (``self.features = y``, ``self.steps += 1``, ``self.history.append(y)``, ``self.cache[k] = y``) would
     leave fx's traced values on the user's model, and the traced graph would never set them."""
 
     def __init__(self, model: nn.Module):
@@ -387,6 +391,11 @@ class _ModuleState:
         self.saved = [(path, module, dict(module.__dict__), dict(module._parameters), dict(module._buffers),
                        dict(module._modules)) for path, module in model.named_modules()
                       if not isinstance(module, torch.jit.ScriptModule)]
+        # the containers among the attributes (not nn.Module's own dicts): (path, name, the container, its snapshot,
+        # a copy of its items to put back)
+        self.contents = [(path, name, value, snapshot(value), copy.copy(value))
+                         for path, module, attributes, *_ in self.saved for name, value in attributes.items()
+                         if isinstance(value, (list, dict, set)) and name not in _MODULE_OWN]
 
     def restore(self) -> List[str]:
         """Put every module back as it was; returns the names that had changed ("path.attribute")."""
@@ -400,7 +409,22 @@ class _ModuleState:
                     changed.extend(f"{path}.{k}" if path else k for k in names)
                     now.clear()
                     now.update(then)
+        for path, name, value, was, items in self.contents:
+            try:
+                differs = was != value
+            except Exception:   # (a comparison that raises: not as it was)
+                differs = True
+            if differs:
+                changed.append(f"{path}.{name}" if path else name)
+                if isinstance(value, list):
+                    value[:] = items
+                else:
+                    value.clear()
+                    value.update(items)
         return changed
+
+
+_MODULE_OWN = frozenset(vars(nn.Module()))   # (nn.Module's own instance attributes: its dicts of hooks and tensors)
 
 
 def share_tensor_dicts(copy: nn.Module, model: nn.Module) -> None:

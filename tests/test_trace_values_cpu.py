@@ -257,3 +257,42 @@ def test_the_queries_and_flags_are_torch_s_own_again_after_a_trace():
         after = (torch.is_grad_enabled, torch.get_default_dtype, type(torch.backends.cudnn).__dict__["allow_tf32"],
                  type(torch.backends.cuda.matmul).__dict__["__getattr__"])
         assert after == before
+
+
+class _Keeps(nn.Module):
+    """A region, then the forward keeps something in a container of its own (in place: no attribute set)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how, self.history, self._cache, self.seen = SeedA(), how, [], {}, set()
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "append":
+            self.history.append(y.mean())
+        elif self.how == "cache":
+            self._cache["last"] = y
+        else:
+            self.seen.add(len(self.seen))
+        return y * 2
+
+
+@pytest.mark.parametrize("how", ["append", "cache", "set"])
+def test_a_forward_changing_its_containers_in_place_runs_as_written(how):
+    """fx would run the change once, at the trace (leaving a proxy in the model), and the graph never: the model as a
+    whole is not traced, its containers are as they were after fused_model, and every call changes them as the
+    model's does."""
+    torch.manual_seed(9)
+    model = _Keeps(how).eval()
+    with pytest.raises(fullfuse.TraceError, match="changes them in place"):
+        fullfuse.trace.trace(model)
+    assert not model.history and not model._cache and not model.seen
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+    kept = {"append": model.history, "cache": model._cache, "set": model.seen}[how]
+    assert len(kept) == (1 if how == "cache" else 2)   # (the fused call's change and the model's)
+    values = kept.values() if how == "cache" else kept if how == "append" else ()
+    assert all(isinstance(v, torch.Tensor) for v in values)   # (no proxy of the trace left behind)
