@@ -15,6 +15,7 @@ from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
+from .module_hooks import ForwardHooks
 from .module_tree import CHILDREN, ModuleTree, StaleTree
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
@@ -225,6 +226,11 @@ class FusedModel(nn.Module):
             if ops is not gm:
                 _warn_scripted_ops()
             return ops
+        if any(isinstance(module, ForwardHooks) for module in gm.children()):
+            # (the hooks of a module the graph holds the ops of: TorchScript runs a module's hooks with its call, so
+            # it gets the model itself, as a user scripting the model would)
+            _warn_scripted_ops()
+            return self.__dict__["_original"]
         # (shares gm's modules; without mode_blocks' calls, which TorchScript cannot compile)
         ops = torch.fx.GraphModule(gm, without_mode_blocks(gm.graph), class_name=type(gm).__name__)
         for name, region in gm.named_children():

@@ -5,6 +5,7 @@ path computes the outputs)."""
 import copy
 import pickle
 import warnings
+from typing import Tuple
 
 import pytest
 import torch
@@ -133,3 +134,22 @@ def test_what_a_hook_writes_on_the_model_is_no_change_of_it():
             x = torch.randn(SMALL_SHAPE["A"])
             got = fused(x)
             assert torch.equal(got, model(x)) and torch.equal(model.kept["out"], got)
+
+
+def _doubled(module: nn.Module, inputs: Tuple[torch.Tensor], output: torch.Tensor) -> torch.Tensor:
+    return output * 2   # (typed: TorchScript compiles it as the block's forward hook)
+
+
+def test_torch_jit_script_gets_the_model_with_its_hooks():
+    """TorchScript runs a module's hooks with its call, which the graph does not make: scripting the fused model
+    scripts the model itself (with the warning that scripting gives the model's own ops)."""
+    torch.manual_seed(4)
+    model = nn.Sequential(SeedA(), nn.Sequential(nn.Linear(64, 5))).eval()   # (TorchScript compiles its forward)
+    model[1].register_forward_hook(_doubled)
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    with pytest.warns(UserWarning, match="TorchScript"):
+        scripted = torch.jit.script(fused)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(scripted(x), model(x)) and torch.equal(fused(x), model(x))
