@@ -37,7 +37,7 @@ QUERIES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 
 
-def _own(frame) -> bool:
+def own_code(frame) -> bool:
     """Whether ``frame`` runs torch's or fullfuse's own code (not a model's: torchvision's is a model's)."""
     name = frame.f_globals.get("__name__", "") if frame is not None else ""
     return name in ("torch", "fullfuse") or name.startswith(("torch.", "fullfuse."))
@@ -81,7 +81,7 @@ class ReadingGlobalState:
         self._undo = []
 
     def _note(self, label: str, frame) -> None:
-        if threading.get_ident() == self._thread and label not in self.read and not _own(frame):
+        if threading.get_ident() == self._thread and label not in self.read and not own_code(frame):
             self.read.append(label)
 
     def _wrap_functions(self) -> None:

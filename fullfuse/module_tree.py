@@ -155,12 +155,12 @@ class ModuleTree:
 
 
 def _setting_names(instance: dict, read: Sequence[str]) -> Tuple[str, ...]:
-    """A module's public attributes that are settings: plain ones (numbers, strings, tuples, lists: fx reads them as
-    constants wherever the forward uses them) and those in ``read``; not ``training`` (the fused model follows it) or
-    a plain tensor (compared by identity: ``tensors``)."""
+    """A module's attributes that are settings: its public plain ones (numbers, strings, tuples, lists: fx reads them
+    as constants wherever the forward uses them) and those in ``read`` (private ones too); not ``training`` (the fused
+    model follows it) or a plain tensor (compared by identity: ``tensors``)."""
     return tuple(sorted(name for name, value in instance.items()
-                        if not name.startswith("_") and name != "training" and not isinstance(value, torch.Tensor)
-                        and (isinstance(value, SETTING_TYPES) or name in read)))
+                        if name != "training" and not isinstance(value, torch.Tensor)
+                        and ((not name.startswith("_") and isinstance(value, SETTING_TYPES)) or name in read)))
 
 
 def _entry(path: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:

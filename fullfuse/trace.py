@@ -15,6 +15,7 @@ import copy
 import inspect
 import operator
 import re
+import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -23,7 +24,7 @@ import torch.fx
 import torch.nn as nn
 
 from .errors import TraceError
-from .global_state import ReadingGlobalState
+from .global_state import ReadingGlobalState, own_code
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
@@ -278,7 +279,7 @@ TRAINING_READ = "_fullfuse_training_read"   # a traced graph's: {module path: it
 # a traced graph's: the modules (not the root) whose forward the trace went into, their ops in the graph as they were
 # with the hooks and instance forward they had (module_tree.ModuleTree watches them)
 TRACED_THROUGH = "_fullfuse_traced_through"
-# a traced graph's: {module path: the names of its public instance attributes the trace read}, for the root and the
+# a traced graph's: {module path: the names of the instance attributes the trace read}, for the root and the
 # modules traced through (their values baked into the graph as they were: module_tree.ModuleTree watches them)
 ATTRIBUTES_READ = "_fullfuse_attributes_read"
 
@@ -333,9 +334,10 @@ class _RecordingTraining:
     (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
     graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
     modules fx traces through get a ``_TrainingAttribute`` meanwhile; fx's leaves (torch.nn's modules) read their flag
-    when the graph runs.  Likewise the public instance attributes of those modules that the trace reads
-    (``self.scale``, ``self.config``: fx keeps what the forward computes from them), as {path: names} in
-    ``attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree watches them)."""
+    when the graph runs.  Likewise the instance attributes of those modules that the trace reads (``self.scale``,
+    ``self.config``, ``self._scale`` behind a property: fx keeps what the forward computes from them), as {path:
+    names} in ``attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree
+    watches them)."""
 
     def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
         self.paths: Dict[int, str] = {}
@@ -360,11 +362,13 @@ class _RecordingTraining:
         return self
 
     def _reading(self, inherited):
-        """A ``__getattribute__`` noting the traced modules' public instance attributes this thread reads."""
+        """A ``__getattribute__`` noting the traced modules' instance attributes this thread reads: public ones, and
+        private ones the model's own code reads (``self._scale`` behind a property), not nn.Module's own dicts."""
         thread, paths, attributes = self.thread, self.paths, self.attributes
 
         def getattribute(module, name):
-            if name[0] != "_" and name != "training" and id(module) in paths and threading.get_ident() == thread:
+            if name != "training" and id(module) in paths and threading.get_ident() == thread and (
+                    name[0] != "_" or name not in _MODULE_OWN and name[:2] != "__" and not own_code(sys._getframe(1))):
                 if name in object.__getattribute__(module, "__dict__"):
                     attributes.setdefault(paths[id(module)], set()).add(name)
             return inherited(module, name)

@@ -142,3 +142,35 @@ def test_plain_objects_are_found_in_fields_and_containers_once():
     found = dict(plain_objects({"cfgs": [config, config]}, "x", seen=set()))
     assert set(found) == {"x['cfgs'][0]", "x['cfgs'][0].inner"} and found["x['cfgs'][0].inner"] is inner
     assert not list(plain_objects(F.relu, "fn", seen=set())) and not list(plain_objects(nn.ReLU(), "m", seen=set()))
+
+
+class _Property(nn.Module):
+    """A region, then a factor behind a property (its value in a private attribute)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self._factor = SeedA(), 1.0
+
+    @property
+    def factor(self) -> float:
+        return self._factor
+
+    @factor.setter
+    def factor(self, value: float) -> None:
+        self._factor = value
+
+    def forward(self, x):
+        return self.body(x) * self.factor
+
+
+def test_a_private_attribute_the_forward_reads_is_watched():
+    """``model.factor = 2.0`` through a property changes ``_factor``, which the forward read: the model's answer."""
+    torch.manual_seed(6)
+    model = _Property().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+        model.factor = 2.0
+        with pytest.warns(UserWarning, match="changed its setting '_factor'"):
+            assert torch.equal(fused(x), model(x))
