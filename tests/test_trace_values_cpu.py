@@ -296,3 +296,32 @@ def test_a_forward_changing_its_containers_in_place_runs_as_written(how):
     assert len(kept) == (1 if how == "cache" else 2)   # (the fused call's change and the model's)
     values = kept.values() if how == "cache" else kept if how == "append" else ()
     assert all(isinstance(v, torch.Tensor) for v in values)   # (no proxy of the trace left behind)
+
+
+class _FakeCudaGenerator:
+    """A CUDA generator's state as torch gives it: (seed, offset), 8 bytes each."""
+
+    def __init__(self, offset: int = 0):
+        self.offset = offset
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor([7, self.offset], dtype=torch.int64).view(torch.uint8)
+
+
+@pytest.mark.parametrize("case", ["drawn", "not drawn", "context made and drawn", "context made", "capturing"])
+def test_cuda_generators_are_compared_where_torch_lets_them_be_read(monkeypatch, case):
+    """The CUDA generators of contexts that exist are compared before and after (not while this thread's stream is
+    captured, where torch refuses to read them); a context made during the trace counts as drawn from where its
+    offset moved on."""
+    from fullfuse import global_state
+    generators = (_FakeCudaGenerator(),)
+    initialized = [not case.startswith("context made")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized[0])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: case == "capturing")
+    monkeypatch.setattr(torch.cuda, "default_generators", generators, raising=False)
+    with global_state.ReadingGlobalState() as state:
+        initialized[0] = True
+        if case in ("drawn", "context made and drawn", "capturing"):
+            generators[0].offset += 4
+    assert state.drawn == (["torch.cuda.default_generators[0]"] if case in ("drawn", "context made and drawn") else [])
