@@ -24,7 +24,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import ATTRIBUTES_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace
+from .trace import ATTRIBUTES_READ, GLOBALS_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace
 
 
 class FusedModel(nn.Module):
@@ -88,8 +88,9 @@ class FusedModel(nn.Module):
         # does not know of its dict)
         self.__dict__["_traced_through"] = None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ())
         self.__dict__["_attributes_read"] = {} if self._as_module else graph_module.__dict__.get(ATTRIBUTES_READ, {})
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through,
-                                                                                   self._attributes_read)
+        self.__dict__["_globals_read"] = {} if self._as_module else graph_module.__dict__.get(GLOBALS_READ, {})
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
+            original, self._traced_through, self._attributes_read, self._globals_read)
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -195,8 +196,9 @@ class FusedModel(nn.Module):
         if not self._as_module:
             bind_to_model(graph, original)
         stale = self.__dict__.get("_stale")
-        self.__dict__["_tree"] = StaleTree(stale) if stale else ModuleTree(original, self.__dict__["_traced_through"],
-                                                                           self.__dict__.get("_attributes_read"))
+        d = self.__dict__
+        d["_tree"] = StaleTree(stale) if stale else ModuleTree(original, d["_traced_through"],
+                                                               d.get("_attributes_read"), d.get("_globals_read"))
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

@@ -10,13 +10,15 @@ model's parameter and buffer dicts (``trace.share_tensor_dicts``).
 The same holds for the modules the trace went into (the root, a block, a Sequential, a custom activation:
 ``trace.TRACED_THROUGH``), whose calls the graph does not make: it holds their ops as the trace ran them (their
 forward hooks then run from the graph: ``module_hooks``), with the settings they read (``self.scale``,
-``self.config.k``) as constants and their plain tensor attributes as the objects they were.  A hook registered on one
-since (or one removed, a forward set or deleted, a setting changed, a tensor attribute re-assigned) would be invisible
-too; ``ModuleTree`` watches their hook dicts and instance dicts as well.  The modules the graph calls run their own hooks; those a region
-replaced are its own change test's (``original_ops.Changes``).
+``self.config.k``) as constants and their plain tensor attributes as the objects they were; so are the globals of the
+model's code that the trace read (``traced_globals``).  A hook registered on one since (or one removed, a forward set
+or deleted, a setting or global changed, a tensor attribute re-assigned) would be invisible too; ``ModuleTree``
+watches their hook dicts, instance dicts and those globals as well.  The modules the graph calls run their own hooks;
+those a region replaced are its own change test's (``original_ops.Changes``).
 """
 from __future__ import annotations
 
+import sys
 from operator import itemgetter, methodcaller
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -42,10 +44,12 @@ class ModuleTree:
                  "forwards", "through_paths", "settings", "tensors")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
-                 read: Optional[Dict[str, Sequence[str]]] = None):
+                 read: Optional[Dict[str, Sequence[str]]] = None,
+                 globals_read: Optional[Dict[str, Sequence[str]]] = None):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
-        calls ``model`` itself, not a traced graph.  read: {module path: the public attributes the trace read}
-        (``trace.ATTRIBUTES_READ``)."""
+        calls ``model`` itself, not a traced graph.  read: {module path: the attributes the trace read}
+        (``trace.ATTRIBUTES_READ``); globals_read: {Python module: the globals the trace's code names}
+        (``trace.GLOBALS_READ``)."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -68,22 +72,24 @@ class ModuleTree:
         self.through_paths = tuple(paths[id(m)] for m in through)
         self.bare = not any(self.hook_dicts) and not any(f is not None for f in self.forwards)
         # the settings of the root and the traced-through modules, which fx reads as constants: their public plain
-        # attributes (numbers, strings, tuples, lists) and any other public attribute the trace read (a dict, a config
-        # object, a function); then the public fields of the plain objects among them (a config object: the same
-        # object after ``config.k = 3``), each object once.  Each entry: (module path, where in it, the dict holding
-        # the values, their names, a getter of them as a tuple, their snapshots as fused: watched_values)
+        # attributes (numbers, strings, tuples, lists) and any other attribute the trace read (a dict, a config
+        # object, a function); the globals the trace's code named; then the public fields of the plain objects among
+        # them all (a config object: the same object after ``config.k = 3``), each object once.  Each entry: _entry's
         modules = ([model] if traced_through is not None else []) + through
         settings, objects, seen = [], [], set()
-        for module in modules:
-            path, instance = paths[id(module)], vars(module)
-            names = _setting_names(instance, (read or {}).get(path, ()))
+        places = [(f"the model's {_traced(paths[id(m)])} changed its setting '{{}}'", vars(m),
+                   _setting_names(vars(m), (read or {}).get(paths[id(m)], ()))) for m in modules]
+        places += [(f"the global '{{}}' of module {name!r} (the traced code reads it) changed", vars(sys.modules[name]),
+                    tuple(n for n in names if n in vars(sys.modules[name])))
+                   for name, names in (globals_read or {}).items() if name in sys.modules]
+        for sentence, values, names in places:
             if names:
-                settings.append(_entry(path, "", instance, names))
+                settings.append(_entry(sentence, "", values, names))
             for name in names:
-                for where, obj in plain_objects(instance[name], name, seen=seen):
+                for where, obj in plain_objects(values[name], name, seen=seen):
                     fields = public_fields(obj)
                     if fields:
-                        objects.append(_entry(path, f"{where}.", vars(obj), fields))
+                        objects.append(_entry(sentence, f"{where}.", vars(obj), fields))
         self.settings = tuple(settings + objects)
         # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph),
         # compared by identity: (path, instance dict, name, the tensor as fused)
@@ -139,7 +145,7 @@ class ModuleTree:
             hooks = zip(self.hook_dicts[4 * i:4 * i + 4], self.hook_items[4 * i:4 * i + 4])
             if instance.get("forward") is not self.forwards[i] or any(tuple(d.items()) != was for d, was in hooks):
                 return f"the model's {_traced(path)} got other hooks or another forward"
-        for path, where, values, names, _, was in self.settings:
+        for sentence, where, values, names, _, was in self.settings:
             for name, value in zip(names, was):
                 now = values.get(name, _DELETED)
                 try:
@@ -147,7 +153,7 @@ class ModuleTree:
                 except Exception:   # (a comparison that raises: not the value it was)
                     changed = True
                 if changed:
-                    return f"the model's {_traced(path)} changed its setting '{where}{name}'"
+                    return sentence.format(where + name)
         for path, instance, name, value in self.tensors:
             if instance.get(name) is not value:
                 return f"the model's {_traced(path)} has another tensor as its attribute '{name}'"
@@ -163,9 +169,11 @@ def _setting_names(instance: dict, read: Sequence[str]) -> Tuple[str, ...]:
                         and ((not name.startswith("_") and isinstance(value, SETTING_TYPES)) or name in read)))
 
 
-def _entry(path: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
+def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
+    """(the sentence saying that one of them changed, with a {} for its name; where in the place they are, the dict
+    holding them, their names, a getter of them as a tuple, their snapshots)"""
     get = itemgetter(*names) if len(names) > 1 else (lambda values, name=names[0]: (values[name],))
-    return path, where, values, names, get, tuple(snapshot(values[name]) for name in names)
+    return sentence, where, values, names, get, tuple(snapshot(values[name]) for name in names)
 
 
 def _traced(path: str) -> str:

@@ -28,6 +28,7 @@ from .global_state import ReadingGlobalState, own_code
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
+from .traced_globals import ReadingGlobals
 from .watched_values import snapshot
 
 Node = torch.fx.Node
@@ -138,7 +139,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                     if name not in given or isinstance(default, bool) or name in constants}
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
-                _RecordingTraining(model, tracer) as training, ReadingGlobalState() as outside:
+                _RecordingTraining(model, tracer) as training, ReadingGlobalState() as outside, \
+                ReadingGlobals() as module_globals:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -146,6 +148,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[TRAINING_READ] = training.read
         gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
         gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in training.attributes.items()}
+        gm.__dict__[GLOBALS_READ] = module_globals.read
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -164,6 +167,10 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
                          f"attributes or changes them in place ({', '.join(changed[:3])}), which a traced graph would "
                          f"not do")
+    if module_globals.set:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets global "
+                         f"variables or changes them in place ({', '.join(module_globals.set[:3])}), which a traced "
+                         f"graph would not do")
     if outside.read:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks torch for a "
                          f"global mode or setting ({', '.join(outside.read)}), whose answer a traced graph would hold "
@@ -282,6 +289,8 @@ TRACED_THROUGH = "_fullfuse_traced_through"
 # a traced graph's: {module path: the names of the instance attributes the trace read}, for the root and the
 # modules traced through (their values baked into the graph as they were: module_tree.ModuleTree watches them)
 ATTRIBUTES_READ = "_fullfuse_attributes_read"
+# a traced graph's: {module name: the names of its globals the model's code run by the trace names} (traced_globals)
+GLOBALS_READ = "_fullfuse_globals_read"
 
 
 class _TrainingFlag(int):

@@ -1,0 +1,95 @@
+"""The module-level variables (globals) of the model's own code that a trace can read.
+
+fx keeps what the forward computes from a global (``if USE_BIAS:``, ``y * SCALE``, ``CFG.k``) as a constant of the
+graph. ``ReadingGlobals`` notes, in the trace's thread, the globals that each function of the model's code run by the
+trace reads or sets (by its instructions), with their values as that function was first entered; the fused model watches
+them as it watches the modules' settings (``module_tree``), and a forward that sets one (``global STEPS; STEPS += 1``)
+or changes one in place is not traced (the values are put back). Python's trace hook tells which functions run; where
+another tracer holds it (a debugger, coverage), nothing is noted and the globals are not watched. Torch's, fullfuse's
+and the standard library's modules are not the model's.
+"""
+from __future__ import annotations
+
+import copy
+import dis
+import sys
+from typing import Dict, List, Tuple
+
+from .global_state import own_code
+from .watched_values import snapshot
+
+_MISSING = object()
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
+
+
+class ReadingGlobals:
+    """``with ReadingGlobals() as noted: <trace>``: then ``noted.read`` is {module name: names of its globals the
+    traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in place."""
+
+    def __enter__(self) -> "ReadingGlobals":
+        # module -> name -> (value, its snapshot, a copy of a container's items to put back)
+        self._first: Dict[str, Dict[str, Tuple[object, object, object]]] = {}
+        self._codes = set()
+        self.read: Dict[str, Tuple[str, ...]] = {}
+        self.set: List[str] = []
+        self._active = sys.gettrace() is None
+        if self._active:
+            sys.settrace(self._entered)
+        return self
+
+    def _entered(self, frame, event, arg):
+        """The trace hook: each function entered once per code object; returns None (no line events)."""
+        code = frame.f_code
+        if code in self._codes:
+            return None
+        self._codes.add(code)
+        module = frame.f_globals.get("__name__")
+        if (not isinstance(module, str) or own_code(frame) or module.partition(".")[0] in _STDLIB
+                or vars(sys.modules.get(module, sys)) is not frame.f_globals):
+            return None
+        first, values = self._first.setdefault(module, {}), frame.f_globals
+        for name in _global_names(code):
+            if name not in first and not name.startswith("__"):
+                value = values.get(name, _MISSING)
+                items = copy.copy(value) if isinstance(value, (list, dict, set)) else None
+                first[name] = (value, None if value is _MISSING else snapshot(value), items)
+        return None
+
+    def __exit__(self, *exc) -> None:
+        if not self._active:
+            return
+        sys.settrace(None)
+        for module, first in self._first.items():
+            values = vars(sys.modules[module])
+            for name, (value, was, items) in first.items():
+                now = values.get(name, _MISSING)
+                if getattr(value, "__wrapped__", _MISSING) is now:   # (fx's wrapper of a function during the trace:
+                    continue                                          # torch.fx.wrap, which fx put back)
+                try:
+                    changed = now is not value or (was is not None and was != now)
+                except Exception:   # (a comparison that raises: not as it was)
+                    changed = True
+                if not changed:
+                    continue
+                self.set.append(f"{module}.{name}")
+                if value is _MISSING:
+                    values.pop(name, None)
+                    continue
+                values[name] = value
+                if isinstance(items, list):
+                    value[:] = items
+                elif items is not None:
+                    value.clear()
+                    value.update(items)
+            names = tuple(sorted(name for name, (value, *_) in first.items() if value is not _MISSING))
+            if names:
+                self.read[module] = names
+
+
+_GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"))
+
+
+def _global_names(code) -> Tuple[str, ...]:
+    """The globals ``code`` reads or sets (its instructions', not ``co_names``, which holds attribute names too: a
+    notebook's global ``model`` is not what ``self.model`` reads)."""
+    return tuple(dict.fromkeys(ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS))

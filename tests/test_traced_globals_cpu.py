@@ -1,0 +1,158 @@
+"""Globals of the model's code that the traced forward reads (fx keeps what it computes from them as constants of the
+graph): changed after ``fused_model``, the fused model gives the model's answer; a forward that sets one or changes one
+in place is not traced, the global put back as it was; a function wrapped with ``torch.fx.wrap`` is fx's to patch
+and put back (CPU: the torch path computes the outputs)."""
+import sys
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.fx
+from torch import nn
+
+import fullfuse
+from fullfuse.seed_models import SMALL_SHAPE, SeedA
+
+SCALE = 2.0
+CONFIG = SimpleNamespace(shift=0.0)
+TABLE = {"k": 1.0}
+STEPS = 0
+HISTORY = []
+HERE = sys.modules[__name__]
+# (the globals are noted through Python's trace hook, which coverage or a debugger may hold)
+_NOTED = pytest.mark.skipif(sys.gettrace() is not None, reason="another tracer holds Python's trace hook")
+
+
+def _times_table(y):
+    return y * TABLE["k"]
+
+
+def _kept_as_a_call(y):
+    return y + 1
+
+
+torch.fx.wrap("_kept_as_a_call")
+
+
+class _ReadsGlobals(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+
+    def forward(self, x):
+        return _kept_as_a_call(_times_table(self.body(x) * SCALE + CONFIG.shift))
+
+
+CHANGES = {"number": ("SCALE", 3.0), "config field": ("CONFIG.shift", 1.0), "dict entry": ("TABLE['k']", 5.0),
+           "function": ("_times_table", lambda y: y * 7)}
+
+
+def _set(where: str, value) -> None:
+    if where == "CONFIG.shift":
+        CONFIG.shift = value
+    elif where == "TABLE['k']":
+        TABLE["k"] = value
+    else:
+        setattr(HERE, where, value)
+
+
+def _get(where: str):
+    return CONFIG.shift if where == "CONFIG.shift" else TABLE["k"] if where == "TABLE['k']" else getattr(HERE, where)
+
+
+@_NOTED
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_global_the_forward_reads_changed_after_fusing_gives_the_models_answer(change):
+    torch.manual_seed(11)
+    model = _ReadsGlobals().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    assert HERE._kept_as_a_call is _kept_as_a_call   # (fx's wrapper was put back by fx, and left so)
+    where, value = CHANGES[change]
+    before = _get(where)
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert torch.equal(fused(x), model(x))
+            _set(where, value)
+            with pytest.warns(UserWarning, match="of module .* changed"):
+                assert torch.equal(fused(x), model(x))
+    finally:
+        _set(where, before)
+
+
+class _SetsAGlobal(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+
+    def forward(self, x):
+        global STEPS
+        y = self.body(x)
+        if self.how == "set":
+            STEPS += 1
+        else:
+            HISTORY.append(y)
+        return y
+
+
+@_NOTED
+@pytest.mark.parametrize("how", ["set", "append"])
+def test_a_forward_setting_a_global_runs_as_written(how):
+    """The trace would set it once (``HISTORY`` would hold a proxy), the graph never: the model is not traced as a
+    whole, the global is as it was after fused_model, and each call sets it as the model's does."""
+    global STEPS
+    STEPS, HISTORY[:] = 0, []
+    model = _SetsAGlobal(how).eval()
+    with pytest.raises(fullfuse.TraceError, match="sets global variables"):
+        fullfuse.trace.trace(model)
+    assert STEPS == 0 and HISTORY == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    with torch.no_grad():
+        fused(torch.randn(SMALL_SHAPE["A"]))
+    assert (STEPS, len(HISTORY)) == ((1, 0) if how == "set" else (0, 1))
+    assert all(isinstance(y, torch.Tensor) for y in HISTORY)
+
+
+def test_globals_are_not_noted_where_another_tracer_holds_python_s_hook():
+    """Under a debugger or coverage (sys.settrace taken), the trace notes no global and leaves the tracer in place."""
+    def tracer(frame, event, arg):
+        return None
+    sys.settrace(tracer)
+    try:
+        gm = fullfuse.trace.trace(_ReadsGlobals())
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+    assert gm.__dict__[fullfuse.trace.GLOBALS_READ] == {}
+
+
+body = None   # (a global named as the model's attribute: ``self.body`` does not read it)
+
+
+@_NOTED
+def test_a_global_named_as_an_attribute_the_forward_reads_is_not_watched():
+    """A notebook's globals share names with attributes (``model``, ``body``): only what the code reads as a global
+    counts, so setting such a global changes nothing."""
+    global body
+    model = _ReadsGlobals().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert "body" not in fused.__dict__["_globals_read"].get(__name__, ())
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        body = SeedA()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(fused(x), model(x))
+    finally:
+        body = None
