@@ -5,7 +5,7 @@ modules); the conv's stride or GELU's approximation set; a forward hook on the c
 train / eval round; ``.double()``; ``copy.deepcopy`` and a ``torch.save`` / ``torch.load`` round trip (the copies then
 change alike, through the original's names); a hook on a module the trace went into, the root's setting that the
 forward reads, a plain tensor attribute re-assigned, a dict's entry, a config object's field (and a field of an object
-in it) and a function the forward reads by attribute.  Models: a conv-act-pool
+in it), a function the forward reads by attribute and a global it reads.  Models: a conv-act-pool
 region after a batch norm, a 1x1 conv or a ReLU, with a flatten / squeeze / linear head after it, a second conv branch
 added to its output, or the conv's output also read outside the region; then a gain, an offset and a custom scale
 module the trace goes into."""
@@ -23,7 +23,7 @@ from saved_and_loaded import saved_and_loaded
 
 CHANGES = ("in place", "data", "load", "double", "deepcopy", "save and load", "stride", "approximation", "train",
            "hook", "new parameter", "batch-norm statistics", "traced-through hook", "gain", "offset", "dict entry",
-           "config field", "nested config field", "function")
+           "config field", "nested config field", "function", "global")
 MODELS_PER_SEED = 25
 CHANGES_PER_MODEL = 6
 
@@ -34,6 +34,9 @@ def _scale_by_two(module, args, out):   # (a module-level hook: the models pickl
 
 def _unchanged(x):   # (module-level, as the hook: the models pickle)
     return x
+
+
+GAIN = 1.0   # (a global the forward reads: "global" sets it, for the model and its copies alike)
 
 
 class _Model(nn.Module):
@@ -56,7 +59,7 @@ class _Model(nn.Module):
         x = self.p(x)
         y = self.act(self.conv(x))
         z = self.scale(self.pool(y)) * self.gain + self.offset + self.shifts["shift"]
-        z = self.fn(z * self.config.k * self.config.inner.j)
+        z = self.fn(z * self.config.k * self.config.inner.j * GAIN)
         if self.after == "flatten":
             return z.flatten(1)
         if self.after == "squeeze":
@@ -125,6 +128,8 @@ def _change(model, change: str, values: torch.Generator) -> None:
 @pytest.mark.filterwarnings("ignore:fullfuse. the model's")
 @pytest.mark.parametrize("seed", range(6))
 def test_changes_after_fusing(seed):
+    global GAIN
+    GAIN = 1.0
     rng = random.Random(seed)
     torch.manual_seed(seed)
     for case in range(MODELS_PER_SEED):
@@ -142,6 +147,8 @@ def test_changes_after_fusing(seed):
             elif change in ("deepcopy", "save and load"):
                 copied = copy.deepcopy if change == "deepcopy" else saved_and_loaded
                 fused, model, shared = copied(fused), copied(model), False
+            elif change == "global":
+                GAIN = 1.0 if GAIN != 1.0 else 0.5
             else:
                 values = rng.randrange(1 << 30)
                 _change(model, change, torch.Generator().manual_seed(values))
