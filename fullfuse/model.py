@@ -24,7 +24,8 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import ATTRIBUTES_READ, GLOBALS_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace
+from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, GLOBALS_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model,
+                    optional_inputs, trace)
 
 
 class FusedModel(nn.Module):
@@ -87,10 +88,11 @@ class FusedModel(nn.Module):
         # (the modules the trace went into and the attributes it read, kept here: a GraphModule's copy drops what fx
         # does not know of its dict)
         self.__dict__["_traced_through"] = None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ())
-        self.__dict__["_attributes_read"] = {} if self._as_module else graph_module.__dict__.get(ATTRIBUTES_READ, {})
-        self.__dict__["_globals_read"] = {} if self._as_module else graph_module.__dict__.get(GLOBALS_READ, {})
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
-            original, self._traced_through, self._attributes_read, self._globals_read)
+        traced = {} if self._as_module else graph_module.__dict__
+        self.__dict__["_reads"] = (traced.get(ATTRIBUTES_READ, {}), traced.get(CLASS_ATTRIBUTES_READ, {}),
+                                   traced.get(GLOBALS_READ, {}))
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through,
+                                                                                   *self._reads)
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -152,6 +154,7 @@ class FusedModel(nn.Module):
             return super().__call__(*args, **kwargs)
         tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
         if tree is not None and (tuple(map(CHILDREN, tree.instances)) != tree.copies
+                                 or tree.class_get(tree.class_holder) != tree.class_values
                                  or (tree.watched and tree.traced_parts_changed())):
             return self.forward(*args, **kwargs)   # (which says what changed)
         if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
@@ -198,7 +201,7 @@ class FusedModel(nn.Module):
         stale = self.__dict__.get("_stale")
         d = self.__dict__
         d["_tree"] = StaleTree(stale) if stale else ModuleTree(original, d["_traced_through"],
-                                                               d.get("_attributes_read"), d.get("_globals_read"))
+                                                               *d.get("_reads", ()))
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

@@ -19,7 +19,8 @@ those a region replaced are its own change test's (``original_ops.Changes``).
 from __future__ import annotations
 
 import sys
-from operator import itemgetter, methodcaller
+from operator import attrgetter, itemgetter, methodcaller
+from types import SimpleNamespace
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -41,15 +42,17 @@ class ModuleTree:
     anything is ``watched``, ``traced_parts_changed`` (both inline in ``FusedModel``)."""
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
-                 "forwards", "through_paths", "settings", "tensors")
+                 "forwards", "through_paths", "settings", "tensors", "classes", "class_names", "class_values",
+                 "class_holder", "class_get")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
+                 class_read: Optional[Dict[str, Sequence[str]]] = None,
                  globals_read: Optional[Dict[str, Sequence[str]]] = None):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
-        calls ``model`` itself, not a traced graph.  read: {module path: the attributes the trace read}
-        (``trace.ATTRIBUTES_READ``); globals_read: {Python module: the globals the trace's code names}
-        (``trace.GLOBALS_READ``)."""
+        calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
+        on the module / its class} (``trace.ATTRIBUTES_READ``, ``CLASS_ATTRIBUTES_READ``); globals_read: {Python
+        module: the globals the trace's code read} (``trace.GLOBALS_READ``)."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -96,6 +99,17 @@ class ModuleTree:
         self.tensors = tuple((paths[id(m)], vars(m), name, value) for m in modules
                              for name, value in vars(m).items() if isinstance(value, torch.Tensor))
         self.watched = bool(through or self.settings or self.tensors)
+        # what the trace read on the classes of the root and the traced-through modules (their ``forward``, methods,
+        # class-level settings), compared by identity (a patched class forward is a new function): host time per
+        # call, one C-level ``class_get(class_holder) != class_values`` (inline in FusedModel; an attrgetter of the
+        # dotted names ``c<i>.<name>`` on a holder of the classes, two names at least, so that it gives a tuple)
+        self.classes, self.class_names, values = _class_attributes(modules, paths, class_read or {})
+        self.class_holder = SimpleNamespace(**{f"c{i}": cls for i, cls in enumerate(dict.fromkeys(self.classes))})
+        index = {cls: i for i, cls in enumerate(dict.fromkeys(self.classes))}
+        dotted = [f"c{index[cls]}.{name}" for cls, name in zip(self.classes, self.class_names)]
+        if len(dotted) == 1:
+            dotted, values = dotted * 2, values * 2
+        self.class_get, self.class_values = (attrgetter(*dotted), values) if dotted else (_NO_CLASSES, ())
 
     def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
@@ -121,11 +135,12 @@ class ModuleTree:
     def unchanged(self) -> bool:
         if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
             return (tuple(instance["_modules"] for instance in self.instances) == self.copies
-                    and (not self.watched or self._traced_change() is None))
+                    and self._class_change() is None and (not self.watched or self._traced_change() is None))
         if self.watched and self.traced_parts_changed():
             return False
-        # (dicts compare their values by identity first: modules compare so)
-        return tuple(map(CHILDREN, self.instances)) == self.copies
+        # (dicts compare their values by identity first: modules compare so; so do tuples)
+        return (tuple(map(CHILDREN, self.instances)) == self.copies
+                and self.class_get(self.class_holder) == self.class_values)
 
     def changed(self) -> Optional[str]:
         """What changed since the model was fused, as a sentence about the model's module (None: nothing)."""
@@ -137,7 +152,13 @@ class ModuleTree:
                 if modules.get(name) is not was.get(name):
                     where = f"{path}.{name}" if path else name
                     return f"the model's module '{where}' was re-assigned, added or deleted"
-        return self._traced_change()
+        return self._class_change() or self._traced_change()
+
+    def _class_change(self) -> Optional[str]:
+        for cls, name, value in zip(self.classes, self.class_names, self.class_values):
+            if getattr(cls, name, _DELETED) is not value:
+                return f"the model's class {cls.__qualname__} has another '{name}' (a patch of the class)"
+        return None
 
     def _traced_change(self) -> Optional[str]:
         """``traced_parts_changed``'s tests one by one, by name: the first difference as a sentence (None: none)."""
@@ -169,6 +190,19 @@ def _setting_names(instance: dict, read: Sequence[str]) -> Tuple[str, ...]:
                         and ((not name.startswith("_") and isinstance(value, SETTING_TYPES)) or name in read)))
 
 
+def _class_attributes(modules: Sequence[nn.Module], paths: Dict[int, str],
+                      class_read: Dict[str, Sequence[str]]) -> Tuple[tuple, tuple, tuple]:
+    """(classes, names, values): each name the trace read on the class of one of ``modules`` (each class once), with
+    its value as fused, looked up through the bases as the instances look it up; names whose every lookup makes a new
+    object (a classmethod's bound method) are left out."""
+    names_of: Dict[type, set] = {}
+    for module in modules:
+        names_of.setdefault(type(module), set()).update(class_read.get(paths[id(module)], ()))
+    pairs = [(cls, name) for cls, names in names_of.items() for name in sorted(names)
+             if hasattr(cls, name) and getattr(cls, name) is getattr(cls, name)]
+    return tuple(c for c, _ in pairs), tuple(n for _, n in pairs), tuple(getattr(c, n) for c, n in pairs)
+
+
 def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
     """(the sentence saying that one of them changed, with a {} for its name; where in the place they are, the dict
     holding them, their names, a getter of them as a tuple, their snapshots)"""
@@ -185,7 +219,9 @@ class StaleTree:
     holds the model as it was fused, the copy's model as it was copied, so the copy runs its model's own forward."""
 
     __slots__ = ("what",)
-    instances = copies = ()
+    instances = copies = class_values = ()
+    class_holder = None
+    class_get = staticmethod(lambda holder: ())
     watched = True
 
     def __init__(self, what: str):
@@ -202,4 +238,5 @@ class StaleTree:
 
 
 CHILDREN = itemgetter("_modules")
+_NO_CLASSES = (lambda holder: ())
 HAS_FORWARD = methodcaller("__contains__", "forward")   # (an instance dict: a forward set on the module)

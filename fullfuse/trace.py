@@ -148,6 +148,9 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[TRAINING_READ] = training.read
         gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
         gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in training.attributes.items()}
+        training.class_attributes.setdefault("", set()).add("forward")   # (fx traced the root's class forward)
+        gm.__dict__[CLASS_ATTRIBUTES_READ] = {path: tuple(sorted(names))
+                                              for path, names in training.class_attributes.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
@@ -289,6 +292,8 @@ TRACED_THROUGH = "_fullfuse_traced_through"
 # a traced graph's: {module path: the names of the instance attributes the trace read}, for the root and the
 # modules traced through (their values baked into the graph as they were: module_tree.ModuleTree watches them)
 ATTRIBUTES_READ = "_fullfuse_attributes_read"
+# a traced graph's: {module path: the names the trace read on its class} (a method, ``forward``, a class-level setting)
+CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
 # a traced graph's: {module name: the names of its globals the model's code run by the trace names} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
 
@@ -345,7 +350,8 @@ class _RecordingTraining:
     modules fx traces through get a ``_TrainingAttribute`` meanwhile; fx's leaves (torch.nn's modules) read their flag
     when the graph runs.  Likewise the instance attributes of those modules that the trace reads (``self.scale``,
     ``self.config``, ``self._scale`` behind a property: fx keeps what the forward computes from them), as {path:
-    names} in ``attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree
+    names} in ``attributes``, and the names it reads on their classes (``forward``, a method, a class-level setting)
+    in ``class_attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree
     watches them)."""
 
     def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
@@ -359,6 +365,7 @@ class _RecordingTraining:
                 self.classes.append(type(module))
         self.read: Dict[str, bool] = {}
         self.attributes: Dict[str, set] = {}
+        self.class_attributes: Dict[str, set] = {}
 
     def __enter__(self) -> "_RecordingTraining":
         _patch_lock.acquire()
@@ -373,13 +380,15 @@ class _RecordingTraining:
     def _reading(self, inherited):
         """A ``__getattribute__`` noting the traced modules' instance attributes this thread reads: public ones, and
         private ones the model's own code reads (``self._scale`` behind a property), not nn.Module's own dicts."""
-        thread, paths, attributes = self.thread, self.paths, self.attributes
+        thread, paths, attributes, class_attributes = self.thread, self.paths, self.attributes, self.class_attributes
 
         def getattribute(module, name):
             if name != "training" and id(module) in paths and threading.get_ident() == thread and (
                     name[0] != "_" or name not in _MODULE_OWN and name[:2] != "__" and not own_code(sys._getframe(1))):
                 if name in object.__getattribute__(module, "__dict__"):
                     attributes.setdefault(paths[id(module)], set()).add(name)
+                elif hasattr(type(module), name):   # (a method, a class-level setting)
+                    class_attributes.setdefault(paths[id(module)], set()).add(name)
             return inherited(module, name)
         return getattribute
 

@@ -174,3 +174,51 @@ def test_a_private_attribute_the_forward_reads_is_watched():
         model.factor = 2.0
         with pytest.warns(UserWarning, match="changed its setting '_factor'"):
             assert torch.equal(fused(x), model(x))
+
+
+class _Gained(nn.Module):
+    """A custom module the trace goes into, reading a class-level setting and a method."""
+
+    GAIN = 1.0
+
+    def forward(self, x):
+        return self.shift(x * self.GAIN)
+
+    def shift(self, x):
+        return x + 1
+
+
+class _WithGained(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.gained = SeedA(), _Gained()
+
+    def forward(self, x):
+        return self.gained(self.body(x))
+
+
+@pytest.mark.parametrize("patch", ["forward", "method", "class setting", "root forward"])
+def test_a_class_patched_after_fusing_gives_the_models_answer(patch):
+    """The graph holds what the classes' forward and methods did at the trace: a class patched since (a forward or
+    method set on it, a class-level setting) runs the model's own forward, with a warning, until it is as it was."""
+    torch.manual_seed(7)
+    model = _WithGained().eval()
+    fused = fullfuse.fused_model(model)
+    cls, name = {"forward": (_Gained, "forward"), "method": (_Gained, "shift"), "class setting": (_Gained, "GAIN"),
+                 "root forward": (_WithGained, "forward")}[patch]
+    was = cls.__dict__[name]
+    new = {"forward": lambda self, x: x * 3, "method": lambda self, x: x - 1, "class setting": 2.0,
+           "root forward": lambda self, x: self.body(x) * 5}[patch]
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            assert torch.equal(fused(x), model(x))
+            setattr(cls, name, new)
+            with pytest.warns(UserWarning, match=f"class {cls.__qualname__} has another '{name}'"):
+                got = fused(x)
+            assert torch.equal(got, model(x))
+    finally:
+        setattr(cls, name, was)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(fused(x), model(x))
