@@ -76,7 +76,7 @@ class ModuleTree:
         self.bare = not any(self.hook_dicts) and not any(f is not None for f in self.forwards)
         # the settings of the root and the traced-through modules, which fx reads as constants: their public plain
         # attributes (numbers, strings, tuples, lists) and any other attribute the trace read (a dict, a config
-        # object, a function); the globals the trace's code named; then the public fields of the plain objects among
+        # object, a function); the globals the trace's code read; then the public fields of the plain objects among
         # them all (a config object: the same object after ``config.k = 3``), each object once.  Each entry: _entry's
         modules = ([model] if traced_through is not None else []) + through
         settings, objects, seen = [], [], set()
@@ -205,9 +205,12 @@ def _class_attributes(modules: Sequence[nn.Module], paths: Dict[int, str],
 
 def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
     """(the sentence saying that one of them changed, with a {} for its name; where in the place they are, the dict
-    holding them, their names, a getter of them as a tuple, their snapshots)"""
-    get = itemgetter(*names) if len(names) > 1 else (lambda values, name=names[0]: (values[name],))
-    return sentence, where, values, names, get, tuple(snapshot(values[name]) for name in names)
+    holding them, their names, an itemgetter of them giving a tuple — one name twice —, their snapshots in that
+    order)"""
+    was = tuple(snapshot(values[name]) for name in names)
+    if len(names) == 1:
+        return sentence, where, values, names, itemgetter(names[0], names[0]), was * 2
+    return sentence, where, values, names, itemgetter(*names), was
 
 
 def _traced(path: str) -> str:

@@ -4,9 +4,12 @@
 the model's answer: each node's grad mode and autocast contexts (``mode_blocks``), the training flags the forward
 reads (fx bakes them in: ``TRAINING_READ``), the forward's optional inputs taken as their defaults or given values
 (``optional_inputs``), the model left as it was (a forward that sets module attributes cannot be traced:
-``_ModuleState``), and the model's tensors shared with the graph (``share_tensor_dicts``).  A forward whose Python
-computes what the graph would keep but the forward computes anew per call is not traced: one that reads torch's
-global modes and settings or draws from a global random generator (``global_state``), or changes in place a tensor
+``_ModuleState``), the model's tensors shared with the graph (``share_tensor_dicts``), the forward hooks of the modules
+it goes into run by the graph (``module_hooks``), and what the graph holds as constants noted for the fused model to
+watch: the attributes the trace read on the modules and their classes (``ATTRIBUTES_READ``,
+``CLASS_ATTRIBUTES_READ``) and the globals of the model's code (``traced_globals``).  A forward whose Python computes
+what the graph would keep but the forward computes anew per call is not traced: one that reads torch's global modes
+and settings or draws from a global random generator (``global_state``), sets a global, or changes in place a tensor
 it makes (``_constants_changed_in_place``).
 """
 from __future__ import annotations
@@ -139,18 +142,18 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                     if name not in given or isinstance(default, bool) or name in constants}
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
-                _RecordingTraining(model, tracer) as training, ReadingGlobalState() as outside, \
+                _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
                 ReadingGlobals() as module_globals:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
         with_hooks_run(gm, tracer.hooked)
-        gm.__dict__[TRAINING_READ] = training.read
+        gm.__dict__[TRAINING_READ] = reads.read
         gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
-        gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in training.attributes.items()}
-        training.class_attributes.setdefault("", set()).add("forward")   # (fx traced the root's class forward)
+        gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in reads.attributes.items()}
+        reads.class_attributes.setdefault("", set()).add("forward")   # (fx traced the root's class forward)
         gm.__dict__[CLASS_ATTRIBUTES_READ] = {path: tuple(sorted(names))
-                                              for path, names in training.class_attributes.items()}
+                                              for path, names in reads.class_attributes.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
@@ -294,7 +297,7 @@ TRACED_THROUGH = "_fullfuse_traced_through"
 ATTRIBUTES_READ = "_fullfuse_attributes_read"
 # a traced graph's: {module path: the names the trace read on its class} (a method, ``forward``, a class-level setting)
 CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
-# a traced graph's: {module name: the names of its globals the model's code run by the trace names} (traced_globals)
+# a traced graph's: {module name: the names of its globals the model's code read during the trace} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
 
 
@@ -324,7 +327,7 @@ class _TrainingAttribute:
     ``_TrainingFlag``; every other read, and every write, is the instance dict's bool, as without it (other threads
     may run the same modules meanwhile)."""
 
-    def __init__(self, recording: "_RecordingTraining"):
+    def __init__(self, recording: "_RecordingModuleReads"):
         self.recording = recording
 
     def __get__(self, module, owner=None):
@@ -343,7 +346,7 @@ class _TrainingAttribute:
         module.__dict__["training"] = flag
 
 
-class _RecordingTraining:
+class _RecordingModuleReads:
     """For the duration of a trace in this thread: the modules whose ``training`` flag the traced code reads
     (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
     graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
@@ -367,7 +370,7 @@ class _RecordingTraining:
         self.attributes: Dict[str, set] = {}
         self.class_attributes: Dict[str, set] = {}
 
-    def __enter__(self) -> "_RecordingTraining":
+    def __enter__(self) -> "_RecordingModuleReads":
         _patch_lock.acquire()
         self.thread = threading.get_ident()
         self.saved = [(cls, cls.__dict__.get("training", _MISSING), cls.__dict__.get("__getattribute__", _MISSING))
