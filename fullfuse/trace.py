@@ -14,6 +14,7 @@ it makes (``_constants_changed_in_place``).
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import inspect
 import operator
@@ -143,7 +144,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
-                ReadingGlobals() as module_globals:
+                ReadingGlobals() as module_globals, _RecordingTensorTests() as tensor_tests:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -177,6 +178,10 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets global "
                          f"variables or changes them in place ({', '.join(module_globals.set[:3])}), which a traced "
                          f"graph would not do")
+    if tensor_tests.asked:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks whether a "
+                         f"traced value is a tensor ({tensor_tests.asked[0]}), which torch.fx answers no for its "
+                         f"proxy of the value, so the graph would hold the branch for a non-tensor")
     if outside.read:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks torch for a "
                          f"global mode or setting ({', '.join(outside.read)}), whose answer a traced graph would hold "
@@ -403,6 +408,47 @@ class _RecordingModuleReads:
                 else:
                     setattr(cls, name, attribute)
         _patch_lock.release()
+
+
+class _RecordingTensorTests:
+    """For the duration of a trace in this thread: whether the model's code asked if a traced value is a tensor
+    (``isinstance(y, torch.Tensor)``, ``torch.is_tensor(y)``), which fx answers for its proxy — no — where the value
+    the graph computes is a tensor: the graph would hold the branch for a non-tensor.  ``isinstance`` and
+    ``torch.is_tensor`` are wrapped meanwhile (other threads' calls, torch's and fullfuse's own pass through)."""
+
+    def __init__(self):
+        self.asked: List[str] = []
+
+    def __enter__(self) -> "_RecordingTensorTests":
+        _patch_lock.acquire()
+        thread, asked, real = threading.get_ident(), self.asked, builtins.isinstance
+        self.saved = real, torch.is_tensor
+
+        def isinstance_(obj, cls):
+            if real(obj, torch.fx.Proxy) and threading.get_ident() == thread and _names_a_tensor(cls) and \
+                    not own_code(sys._getframe(1)):
+                asked.append("isinstance(..., torch.Tensor)")
+            return real(obj, cls)
+
+        def is_tensor(obj):
+            if real(obj, torch.fx.Proxy) and threading.get_ident() == thread and not own_code(sys._getframe(1)):
+                asked.append("torch.is_tensor(...)")
+            return real(obj, torch.Tensor)
+        builtins.isinstance, torch.is_tensor = isinstance_, is_tensor
+        return self
+
+    def __exit__(self, *exc) -> None:
+        builtins.isinstance, torch.is_tensor = self.saved
+        _patch_lock.release()
+
+
+def _names_a_tensor(cls) -> bool:
+    """Whether an isinstance class spec (a class, a tuple of them, a union) includes torch.Tensor or a subclass."""
+    if type(cls) is tuple:
+        return any(map(_names_a_tensor, cls))
+    if not hasattr(cls, "__mro__"):   # (a union, ``int | torch.Tensor``)
+        return any(map(_names_a_tensor, getattr(cls, "__args__", ())))
+    return torch.Tensor in cls.__mro__
 
 
 class _ModuleState:

@@ -2,6 +2,7 @@
 computes it anew in every call: a tensor it makes and changes in place, an answer of torch's global modes and
 settings, a draw from a global random generator.  Such a forward is not traced: the model runs its own forward
 around its children that trace (CPU: the torch path computes the outputs)."""
+import builtins
 import random
 import sys
 import warnings
@@ -325,3 +326,39 @@ def test_cuda_generators_are_compared_where_torch_lets_them_be_read(monkeypatch,
         if case in ("drawn", "context made and drawn", "capturing"):
             generators[0].offset += 4
     assert state.drawn == (["torch.cuda.default_generators[0]"] if case in ("drawn", "context made and drawn") else [])
+
+
+class _AsksForATensor(nn.Module):
+    """A region, then a branch on whether its result is a tensor (fx's proxy of it is not)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "isinstance":
+            return y * 2 if isinstance(y, torch.Tensor) else y
+        if self.how == "tuple of classes":
+            return y * 2 if isinstance(y, (int, torch.Tensor)) else y
+        if self.how == "is_tensor":
+            return y * 2 if torch.is_tensor(y) else y
+        return torch.stack(y) if isinstance(y, (list, tuple)) else y * 2   # (not a tensor test: traced)
+
+
+@pytest.mark.parametrize("how", ["isinstance", "tuple of classes", "is_tensor", "list or tuple"])
+def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_model(how):
+    """fx answers such a test no for its proxy, where the value is a tensor: such a forward is not traced (its child
+    still fuses); a test for other classes (a list or tuple: no, as for a tensor) traces."""
+    torch.manual_seed(12)
+    model = _AsksForATensor(how).eval()
+    fused = _fused(model)
+    want = ["fullfuse_region_0"] if how == "list or tuple" else ["body.fullfuse_region_0"]
+    assert [plan.name for plan in fused.plans] == want
+    if how != "list or tuple":
+        with pytest.raises(fullfuse.TraceError, match="asks whether a traced value is a tensor"):
+            fullfuse.trace.trace(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+    assert builtins.isinstance.__module__ == "builtins" and torch.is_tensor.__module__ == "torch"   # (put back)
