@@ -269,13 +269,15 @@ class FusedModel(nn.Module):
         d = self.__dict__
         if any(d["_root_hooks"]):   # (the original root's hooks: __init__)
             return d["_hooked"](*args, **kwargs)
-        if d["_plain"]:
+        if d["_plain"] and not (GLOBAL_FORWARD or GLOBAL_FORWARD_PRE):
             return d["_modules"]["graph_module"].forward(*args, **kwargs)   # no second Module.__call__ (host time)
         return self._graph_forward(*args, **kwargs)
 
     def _graph_forward(self, *args, **kwargs):
         if self._as_module:
             return self._modules["graph_module"](*args, **kwargs)
+        if GLOBAL_FORWARD or GLOBAL_FORWARD_PRE:
+            return self._model_forward(args, kwargs)
         graph = self._modules["graph_module"]
         training = self.__dict__["_training_of"]
         flags = tuple(module.training for module in training) if training else ()
@@ -322,6 +324,21 @@ class FusedModel(nn.Module):
         was, original.training = original.training, self.training   # (the root's flag is this model's: train())
         try:
             return original(*args, **kwargs)
+        finally:
+            original.training = was
+
+    def _model_forward(self, args, kwargs):
+        """A call while a global module hook is registered (``register_module_forward_hook``: a module tracker, a
+        profiler): in the model every module call fires it, where the graph holds the ops of the modules the trace
+        went into, not their calls, so the model's own forward runs (this fused model stands for its root, whose call
+        fired the hooks already)."""
+        for plan in self.plans:
+            plan.calls.last = ("torch", "a global module hook is registered: the model's own forward runs, so that "
+                                        "every module call fires it")
+        original = self.__dict__["_original"]
+        was, original.training = original.training, self.training   # (the root's flag is this model's: train())
+        try:
+            return type(original).forward(original, *args, **kwargs)
         finally:
             original.training = was
 

@@ -153,3 +153,28 @@ def test_torch_jit_script_gets_the_model_with_its_hooks():
     x = torch.randn(SMALL_SHAPE["A"])
     with torch.no_grad():
         assert torch.equal(scripted(x), model(x)) and torch.equal(fused(x), model(x))
+
+
+def test_a_global_module_hook_sees_every_module_call_of_the_model():
+    """A global module hook (a module tracker, a profiler) fires for every module call in the model, the blocks the
+    trace went into too: under one the fused model runs the model's own forward, and the hook sees the model's calls in
+    the model's order (the fused model standing for the root); without one, the fused graph again."""
+    torch.manual_seed(5)
+    model = _Model().eval()
+    fused = _fused(model)
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(module))
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            want = model(x)
+            by_model, seen[:] = list(seen), []
+            got = fused(x)
+    finally:
+        handle.remove()
+    assert torch.equal(got, want)
+    assert seen[:-1] == by_model[:-1] and by_model[-1] is model and seen[-1] is fused
+    assert "own forward" in fused.plans[0].last_reason
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+    assert "own forward" not in fused.plans[0].last_reason
