@@ -79,9 +79,15 @@ class ModuleTree:
         # object, a function); the globals the trace's code read; then the public fields of the plain objects among
         # them all (a config object: the same object after ``config.k = 3``), each object once.  Each entry: _entry's
         modules = ([model] if traced_through is not None else []) + through
+        # (the modules the graph calls, whose attributes the forward read too: ``self.drop.p``; only those)
+        called = [_submodule(model, path) for path in (read or {}) if path not in self.through_paths and path]
+        called = [m for m in called if m is not None]
         settings, objects, seen = [], [], set()
         places = [(f"the model's {_traced(paths[id(m)])} changed its setting '{{}}'", vars(m),
                    _setting_names(vars(m), (read or {}).get(paths[id(m)], ()))) for m in modules]
+        places += [(f"the model's module '{paths[id(m)]}' changed its setting '{{}}'", vars(m),
+                    tuple(n for n in read[paths[id(m)]] if n in vars(m) and not isinstance(vars(m)[n], torch.Tensor)))
+                   for m in called if id(m) in paths]
         places += [(f"the global '{{}}' of module {name!r} (the traced code reads it) changed", vars(sys.modules[name]),
                     tuple(n for n in names if n in vars(sys.modules[name])))
                    for name, names in (globals_read or {}).items() if name in sys.modules]
@@ -103,7 +109,7 @@ class ModuleTree:
         # class-level settings), compared by identity (a patched class forward is a new function): host time per
         # call, one C-level ``class_get(class_holder) != class_values`` (inline in FusedModel; an attrgetter of the
         # dotted names ``c<i>.<name>`` on a holder of the classes, two names at least, so that it gives a tuple)
-        self.classes, self.class_names, values = _class_attributes(modules, paths, class_read or {})
+        self.classes, self.class_names, values = _class_attributes(modules + called, paths, class_read or {})
         self.class_holder = SimpleNamespace(**{f"c{i}": cls for i, cls in enumerate(dict.fromkeys(self.classes))})
         index = {cls: i for i, cls in enumerate(dict.fromkeys(self.classes))}
         dotted = [f"c{index[cls]}.{name}" for cls, name in zip(self.classes, self.class_names)]
@@ -211,6 +217,13 @@ def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...]) -> t
     if len(names) == 1:
         return sentence, where, values, names, itemgetter(names[0], names[0]), was * 2
     return sentence, where, values, names, itemgetter(*names), was
+
+
+def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:   # (no longer there: the module tree's own test says so)
+        return None
 
 
 def _traced(path: str) -> str:

@@ -355,8 +355,9 @@ class _RecordingModuleReads:
     """For the duration of a trace in this thread: the modules whose ``training`` flag the traced code reads
     (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
     graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
-    modules fx traces through get a ``_TrainingAttribute`` meanwhile; fx's leaves (torch.nn's modules) read their flag
-    when the graph runs.  Likewise the instance attributes of those modules that the trace reads (``self.scale``,
+    model's modules get a ``_TrainingAttribute`` meanwhile (fx's leaves, torch.nn's modules, read their own flag when
+    the graph runs; the forward may read it too).  Likewise the instance attributes of those modules that the trace
+    reads (``self.scale``,
     ``self.config``, ``self._scale`` behind a property: fx keeps what the forward computes from them), as {path:
     names} in ``attributes``, and the names it reads on their classes (``forward``, a method, a class-level setting)
     in ``class_attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree
@@ -365,8 +366,11 @@ class _RecordingModuleReads:
     def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
         self.paths: Dict[int, str] = {}
         self.classes = []
+        # (fx's leaves too: the forward may read their flag or a setting, ``self.bn.training``, ``self.drop.p``; not
+        # fullfuse's own modules or TorchScript's, whose classes are not the model's)
         for path, module in model.named_modules():
-            if id(module) in self.paths or (path and tracer.is_leaf_module(module, path)):
+            if (id(module) in self.paths or getattr(type(module), "_fullfuse_leaf", False)
+                    or isinstance(module, torch.jit.ScriptModule)):
                 continue
             self.paths[id(module)] = path
             if type(module) not in self.classes:

@@ -222,3 +222,34 @@ def test_a_class_patched_after_fusing_gives_the_models_answer(patch):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(fused(x), model(x))
+
+
+class _ReadsALeaf(nn.Module):
+    """The forward reads a setting and the training flag of modules the graph calls (fx's leaves)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.drop, self.norm = SeedA(), nn.Dropout(0.25), nn.BatchNorm1d(64)
+
+    def forward(self, x):
+        y = self.body(x) * (1 - self.drop.p)
+        return y * 2 if self.norm.training else y
+
+
+@pytest.mark.parametrize("change", ["setting", "training flag"])
+def test_what_the_forward_reads_of_a_called_module_is_watched(change):
+    """``self.drop.p`` and ``self.norm.training`` were constants of the graph: a module the graph calls changed since
+    (its setting, its flag alone) gives the model's answer."""
+    torch.manual_seed(8)
+    model = _ReadsALeaf().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+        if change == "setting":
+            model.drop.p = 0.5
+        else:
+            model.norm.train()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert torch.equal(fused(x), model(x))
