@@ -59,8 +59,13 @@ class _Tracer(torch.fx.Tracer):
         super().__init__(*args, **kwargs)
         self.traced_through = {}
         self.hooked: List[nn.Module] = []   # traced-through modules with forward hooks, by _forward_hooks' first arg
+        self.thread = threading.get_ident()
 
     def call_module(self, m: nn.Module, forward, args, kwargs):
+        # (fx patches nn.Module.__call__ for every thread while it traces: another thread's module calls, a model
+        # served meanwhile, are theirs, not the trace's)
+        if threading.get_ident() != self.thread:
+            return forward(*args, **kwargs)
         try:
             through = not self.is_leaf_module(m, self.path_of_module(m))
         except NameError:   # (a module outside the root: fx's own call below says so)
@@ -77,6 +82,13 @@ class _Tracer(torch.fx.Tracer):
         if type(result) in (tuple, list):   # (so that the caller can unpack it, as it could the call's result)
             return type(result)(hooked[i] for i in range(len(result)))
         return hooked
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: Dict[str, Any]):
+        # (fx patches nn.Module.__getattr__ for every thread too: another thread reading a parameter of the traced
+        # model, which it may be serving, gets the parameter, not the trace's proxy of it)
+        if threading.get_ident() != self.thread:
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def create_arg(self, a: Any):
         if type(a) is _TrainingFlag:   # (a training flag passed to an op: a constant, which the graph depends on)

@@ -1,6 +1,9 @@
 """One fused model called from many threads at once on the CPU, from its first call on: each thread's calls (its own
 input shapes, unbatched ones among them, in no_grad and inference_mode) answer as the original model does, while the
-threads prepare their call signatures, build the regions' change tests and look at the graph concurrently."""
+threads prepare their call signatures, build the regions' change tests and look at the graph concurrently; models
+fused in one thread while others serve (fx's trace patches every thread's module calls and attribute reads)."""
+import threading
+
 import pytest
 import torch
 
@@ -62,3 +65,83 @@ def test_threads_two_models_of_one_spec(family):
 
     failures = in_threads(_every_round(call), THREADS)
     assert not failures, failures[:2]
+
+
+class _Scaled(torch.nn.Module):
+    """Seed A's region, then a factor and a dict entry the forward reads (traced: their values fixed in the graph)."""
+
+    def __init__(self, k: float):
+        super().__init__()
+        self.body, self.k, self.table = SeedA(), k, {"s": 1.0}
+
+    def forward(self, x):
+        return self.body(x) * self.k * self.table["s"]
+
+
+def test_fusing_in_one_thread_while_others_serve():
+    """fx patches nn.Module.__call__ for every thread while it traces: threads serving a fused model and a plain model
+    meanwhile run their own calls (not the trace's), and each model fused meanwhile answers as the original."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 8, 10, 10)
+    served, plain = fullfuse.fused_model(_Scaled(1.0).eval()), _Scaled(2.0).eval()
+    with torch.no_grad():
+        want_served, want_plain = served(x), plain(x)
+
+    done = threading.Event()
+
+    def serve(index: int) -> None:
+        with torch.no_grad():
+            while not done.is_set():   # (as long as models are being fused)
+                assert torch.equal(served(x) if index % 2 else plain(x), want_served if index % 2 else want_plain)
+
+    def fuse(threads) -> None:
+        try:
+            for k in range(ROUNDS):
+                model = _Scaled(float(k)).eval()
+                fused = fullfuse.fused_model(model)
+                with torch.no_grad():
+                    assert torch.equal(fused(x), model(x)) and [p.name for p in fused.plans] == ["fullfuse_region_0"]
+        finally:
+            done.set()
+
+    failures = in_threads(serve, 4, main_work=fuse)
+    assert not failures, failures[0]
+
+
+class _Headed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = SeedA(), torch.nn.Linear(64, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_fusing_a_model_again_while_it_is_served():
+    """Threads serving a fused model (its head reads its weight by attribute) while the same model is fused again: fx
+    answers every thread's parameter reads while it traces, and the serving threads get the parameters, not the
+    trace's proxies of them."""
+    torch.manual_seed(2)
+    model, x = _Headed().eval(), torch.randn(2, 8, 10, 10)
+    served = fullfuse.fused_model(model)
+    with torch.no_grad():
+        want = model(x)
+
+    done = threading.Event()
+
+    def serve(index: int) -> None:
+        with torch.no_grad():
+            while not done.is_set():
+                assert torch.equal(served(x), want)
+
+    def fuse(threads) -> None:
+        try:
+            for _ in range(ROUNDS):
+                again = fullfuse.fused_model(model)
+                with torch.no_grad():
+                    assert torch.equal(again(x), want)
+        finally:
+            done.set()
+
+    failures = in_threads(serve, 4, main_work=fuse)
+    assert not failures, failures[0]
