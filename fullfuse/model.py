@@ -320,12 +320,7 @@ class FusedModel(nn.Module):
                           stacklevel=3)
         for plan in self.plans:
             plan.calls.last = ("torch", f"{what} after fused_model: the model's own forward runs")
-        original = self.__dict__["_original"]
-        was, original.training = original.training, self.training   # (the root's flag is this model's: train())
-        try:
-            return original(*args, **kwargs)
-        finally:
-            original.training = was
+        return self._run_model(args, kwargs, call=True)
 
     def _model_forward(self, args, kwargs):
         """A call while a global module hook is registered (``register_module_forward_hook``: a module tracker, a
@@ -335,10 +330,15 @@ class FusedModel(nn.Module):
         for plan in self.plans:
             plan.calls.last = ("torch", "a global module hook is registered: the model's own forward runs, so that "
                                         "every module call fires it")
+        return self._run_model(args, kwargs, call=False)
+
+    def _run_model(self, args, kwargs, call: bool):
+        """The model's own call (``call``: its hooks too) or forward, with this fused model's training flag (the
+        root's flag is this model's: train())."""
         original = self.__dict__["_original"]
-        was, original.training = original.training, self.training   # (the root's flag is this model's: train())
+        was, original.training = original.training, self.training
         try:
-            return type(original).forward(original, *args, **kwargs)
+            return original(*args, **kwargs) if call else type(original).forward(original, *args, **kwargs)
         finally:
             original.training = was
 

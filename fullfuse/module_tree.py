@@ -28,7 +28,7 @@ from torch import nn
 
 from .calls import compiling
 from .original_ops import SETTING_TYPES
-from .watched_values import plain_objects, public_fields, snapshot
+from .watched_values import differs, plain_objects, public_fields, snapshot
 
 _DELETED = object()
 
@@ -110,8 +110,8 @@ class ModuleTree:
         # call, one C-level ``class_get(class_holder) != class_values`` (inline in FusedModel; an attrgetter of the
         # dotted names ``c<i>.<name>`` on a holder of the classes, two names at least, so that it gives a tuple)
         self.classes, self.class_names, values = _class_attributes(modules + called, paths, class_read or {})
-        self.class_holder = SimpleNamespace(**{f"c{i}": cls for i, cls in enumerate(dict.fromkeys(self.classes))})
         index = {cls: i for i, cls in enumerate(dict.fromkeys(self.classes))}
+        self.class_holder = SimpleNamespace(**{f"c{i}": cls for cls, i in index.items()})
         dotted = [f"c{index[cls]}.{name}" for cls, name in zip(self.classes, self.class_names)]
         if len(dotted) == 1:
             dotted, values = dotted * 2, values * 2
@@ -174,12 +174,7 @@ class ModuleTree:
                 return f"the model's {_traced(path)} got other hooks or another forward"
         for sentence, where, values, names, _, was in self.settings:
             for name, value in zip(names, was):
-                now = values.get(name, _DELETED)
-                try:
-                    changed = value is not now and value != now   # (identity first, as the tuple test: NaN)
-                except Exception:   # (a comparison that raises: not the value it was)
-                    changed = True
-                if changed:
+                if differs(value, values.get(name, _DELETED)):   # (identity first, as the tuple test: NaN)
                     return sentence.format(where + name)
         for path, instance, name, value in self.tensors:
             if instance.get(name) is not value:

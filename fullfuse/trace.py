@@ -33,7 +33,7 @@ from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recordi
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
 from .traced_globals import ReadingGlobals
-from .watched_values import snapshot
+from .watched_values import differs, put_back, snapshot
 
 Node = torch.fx.Node
 _MISSING = object()
@@ -182,33 +182,37 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     # (fx itself puts each tensor the forward makes as a constant, ``torch.tensor(0.5)``, on the root as
     # _tensor_constant<i>, from where the GraphModule copied it)
     changed = [name for name in state.restore() if not _FX_CONSTANT.fullmatch(name)]
-    if changed:
-        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets module "
-                         f"attributes or changes them in place ({', '.join(changed[:3])}), which a traced graph would "
-                         f"not do")
-    if module_globals.set:
-        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward sets global "
-                         f"variables or changes them in place ({', '.join(module_globals.set[:3])}), which a traced "
-                         f"graph would not do")
-    if tensor_tests.asked:
-        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks whether a "
-                         f"traced value is a tensor ({tensor_tests.asked[0]}), which torch.fx answers no for its "
-                         f"proxy of the value, so the graph would hold the branch for a non-tensor")
-    if outside.read:
-        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward asks torch for a "
-                         f"global mode or setting ({', '.join(outside.read)}), whose answer a traced graph would hold "
-                         f"as it was during the trace, where the forward asks in every call")
-    if outside.drawn:
-        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward draws random numbers "
-                         f"outside the traced ops (from {', '.join(outside.drawn)}: e.g. torch.rand(1) or "
-                         f"torch.randn(64), with no traced value among its arguments, or random.random()), which a "
-                         f"traced graph would hold as the trace drew them, where the forward draws anew in every call")
-    if _constants_changed_in_place(gm):
-        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward changes in place a "
-                         f"tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced graph makes "
-                         f"once, at the trace, and would change again in every call")
+    why = _refusal(gm, changed, module_globals.set, tensor_tests.asked, outside)
+    if why:
+        raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward {why}")
     bind_to_model(gm, model)
     return gm
+
+
+def _refusal(gm: torch.fx.GraphModule, changed: List[str], globals_set: List[str], tensor_tests: List[str],
+             outside) -> Optional[str]:
+    """Why the graph ``gm`` a trace made cannot stand for the forward (the first reason, completing "its forward
+    ..."), from what the trace's recorders saw and the graph itself; None where nothing is wrong."""
+    if changed:
+        return (f"sets module attributes or changes them in place ({', '.join(changed[:3])}), which a traced graph "
+                f"would not do")
+    if globals_set:
+        return (f"sets global variables or changes them in place ({', '.join(globals_set[:3])}), which a traced "
+                f"graph would not do")
+    if tensor_tests:
+        return (f"asks whether a traced value is a tensor ({tensor_tests[0]}), which torch.fx answers no for its "
+                f"proxy of the value, so the graph would hold the branch for a non-tensor")
+    if outside.read:
+        return (f"asks torch for a global mode or setting ({', '.join(outside.read)}), whose answer a traced graph "
+                f"would hold as it was during the trace, where the forward asks in every call")
+    if outside.drawn:
+        return (f"draws random numbers outside the traced ops (from {', '.join(outside.drawn)}: e.g. torch.rand(1) "
+                f"or torch.randn(64), with no traced value among its arguments, or random.random()), which a traced "
+                f"graph would hold as the trace drew them, where the forward draws anew in every call")
+    if _constants_changed_in_place(gm):
+        return ("changes in place a tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced "
+                "graph makes once, at the trace, and would change again in every call")
+    return None
 
 
 def _forward_hooks(index: int, args: tuple, kwargs: dict, result):
@@ -497,17 +501,9 @@ class _ModuleState:
                     now.clear()
                     now.update(then)
         for path, name, value, was, items in self.contents:
-            try:
-                differs = was != value
-            except Exception:   # (a comparison that raises: not as it was)
-                differs = True
-            if differs:
+            if differs(was, value):
                 changed.append(f"{path}.{name}" if path else name)
-                if isinstance(value, list):
-                    value[:] = items
-                else:
-                    value.clear()
-                    value.update(items)
+                put_back(value, items)
         return changed
 
 

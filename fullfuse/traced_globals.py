@@ -16,7 +16,7 @@ import sys
 from typing import Dict, List, Tuple
 
 from .global_state import own_code
-from .watched_values import snapshot
+from .watched_values import differs, put_back, snapshot
 
 _MISSING = object()
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
@@ -65,22 +65,15 @@ class ReadingGlobals:
                 now = values.get(name, _MISSING)
                 if getattr(value, "__wrapped__", _MISSING) is now:   # (fx's wrapper of a function during the trace:
                     continue                                          # torch.fx.wrap, which fx put back)
-                try:
-                    changed = now is not value or (was is not None and was != now)
-                except Exception:   # (a comparison that raises: not as it was)
-                    changed = True
-                if not changed:
+                if now is value and (was is None or not differs(was, now)):
                     continue
                 self.set.append(f"{module}.{name}")
                 if value is _MISSING:
                     values.pop(name, None)
                     continue
                 values[name] = value
-                if isinstance(items, list):
-                    value[:] = items
-                elif items is not None:
-                    value.clear()
-                    value.update(items)
+                if items is not None:
+                    put_back(value, items)
             names = tuple(sorted(name for name, (value, *_) in first.items() if value is not _MISSING))
             if names:
                 self.read[module] = names

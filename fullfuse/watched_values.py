@@ -68,6 +68,24 @@ def snapshot(value, budget: List[int] = None):
     return Same(value)
 
 
+def differs(was, now) -> bool:
+    """Whether ``now`` is not what ``was`` (a ``snapshot``) kept: identity first (NaN is itself), a comparison that
+    raises counting as a difference."""
+    try:
+        return was is not now and was != now
+    except Exception:
+        return True
+
+
+def put_back(container, items) -> None:
+    """Give a list, dict or set the ``items`` it held (a copy of it taken before), in place."""
+    if isinstance(container, list):
+        container[:] = items
+    else:
+        container.clear()
+        container.update(items)
+
+
 def _same_kind(value, items):
     """A copy of ``value`` (a dict or list of a subclass: OrderedDict, defaultdict...) holding ``items``, so that its
     own comparison, which takes precedence over a plain dict's or list's, compares it; a plain one where it cannot be
