@@ -7,8 +7,8 @@ that asks torch for a mode or setting (``torch.is_grad_enabled()``, ``torch.get_
 global random generator outside the graph's ops (``torch.randn(64)`` with no traced value among its arguments,
 ``random.random()``) would add the trace's draw to every call.  ``ReadingGlobalState`` records both for one trace in
 one thread, where the caller refuses the trace (``fused_model`` then fuses the model's children that trace).  Reads
-and draws by torch's and fullfuse's own code do not count; a forward's global variables and other objects' fields are
-not seen (the README says so).
+and draws by torch's and fullfuse's own code do not count.  The model's own globals are ``traced_globals``', the
+attributes it reads ``module_tree``'s.
 """
 from __future__ import annotations
 
