@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from operator import attrgetter, itemgetter, methodcaller
-from types import SimpleNamespace
+from types import BuiltinFunctionType, FunctionType, MethodType, SimpleNamespace
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -42,17 +42,20 @@ class ModuleTree:
     anything is ``watched``, ``traced_parts_changed`` (both inline in ``FusedModel``)."""
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
-                 "forwards", "through_paths", "settings", "tensors", "classes", "class_names", "class_values",
-                 "class_holder", "class_get")
+                 "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values",
+                 "class_holder", "class_get", "shadows", "shadow_keys",
+                 "shadow_names")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
                  class_read: Optional[Dict[str, Sequence[str]]] = None,
-                 globals_read: Optional[Dict[str, Sequence[str]]] = None):
+                 globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = ()):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
         on the module / its class} (``trace.ATTRIBUTES_READ``, ``CLASS_ATTRIBUTES_READ``); globals_read: {Python
-        module: the globals the trace's code read} (``trace.GLOBALS_READ``)."""
+        module: the globals the trace's code read} (``trace.GLOBALS_READ``); private_read: the private names the
+        trace's code reads as attributes (``trace.PRIVATE_NAMES_READ``: ``config._k``), watched on config objects
+        too."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -81,13 +84,13 @@ class ModuleTree:
         modules = ([model] if traced_through is not None else []) + through
         # (the modules the graph calls, whose attributes the forward read too: ``self.drop.p``; only those)
         called = [_submodule(model, path) for path in (read or {}) if path not in self.through_paths and path]
-        called = [m for m in called if m is not None]
+        called = [m for m in called if m is not None and id(m) in paths]
         settings, objects, seen = [], [], set()
         places = [(f"the model's {_traced(paths[id(m)])} changed its setting '{{}}'", vars(m),
                    _setting_names(vars(m), (read or {}).get(paths[id(m)], ()))) for m in modules]
         places += [(f"the model's module '{paths[id(m)]}' changed its setting '{{}}'", vars(m),
                     tuple(n for n in read[paths[id(m)]] if n in vars(m) and not isinstance(vars(m)[n], torch.Tensor)))
-                   for m in called if id(m) in paths]
+                   for m in called]
         places += [(f"the global '{{}}' of module {name!r} (the traced code reads it) changed", vars(sys.modules[name]),
                     tuple(n for n in names if n in vars(sys.modules[name])))
                    for name, names in (globals_read or {}).items() if name in sys.modules]
@@ -95,27 +98,54 @@ class ModuleTree:
             if names:
                 settings.append(_entry(sentence, "", values, names))
             for name in names:
-                for where, obj in plain_objects(values[name], name, seen=seen):
-                    fields = public_fields(obj)
+                for where, obj in plain_objects(values[name], name, seen=seen, also=private_read):
+                    fields = public_fields(obj, also=private_read)
                     if fields:
                         objects.append(_entry(sentence, f"{where}.", vars(obj), fields))
-        self.settings = tuple(settings + objects)
         # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph),
         # compared by identity: (path, instance dict, name, the tensor as fused)
         self.tensors = tuple((paths[id(m)], vars(m), name, value) for m in modules
                              for name, value in vars(m).items() if isinstance(value, torch.Tensor))
-        self.watched = bool(through or self.settings or self.tensors)
         # what the trace read on the classes of the root and the traced-through modules (their ``forward``, methods,
-        # class-level settings), compared by identity (a patched class forward is a new function): host time per
-        # call, one C-level ``class_get(class_holder) != class_values`` (inline in FusedModel; an attrgetter of the
-        # dotted names ``c<i>.<name>`` on a holder of the classes, two names at least, so that it gives a tuple)
-        self.classes, self.class_names, values = _class_attributes(modules + called, paths, class_read or {})
-        index = {cls: i for i, cls in enumerate(dict.fromkeys(self.classes))}
-        self.class_holder = SimpleNamespace(**{f"c{i}": cls for cls, i in index.items()})
-        dotted = [f"c{index[cls]}.{name}" for cls, name in zip(self.classes, self.class_names)]
+        # class-level settings): host time per call, one C-level ``class_values != class_get(class_holder)`` (inline in
+        # FusedModel; an attrgetter of the dotted names ``h<i>.<name>`` on a holder of the root and the classes, two
+        # names at least, so that it gives a tuple).  The root's are looked up on the root itself, so that one set on
+        # it (``model.forward = f``, ``model.GAIN = 3.0``) shows; the others' on their classes, and a name set on one
+        # of those modules is ``shadows``' (below).  Kept as ``_kept`` keeps them: a class-level list or dict changed
+        # in place shows too.
+        root = [model] if traced_through is not None else []
+        lookups = _class_attributes(root, through + called, paths, class_read or {})
+        holders = {id(holder): (i, holder) for i, holder in enumerate(dict.fromkeys(h for h, _, _ in lookups))}
+        self.class_holder = SimpleNamespace(**{f"h{i}": holder for i, holder in holders.values()})
+        # (holder, name, what the class held as fused): the by-name test (``_class_change``) looks on the classes alone
+        self.class_lookups = tuple((holder, name, getattr(holder if isinstance(holder, type) else type(holder), name))
+                                   for holder, name, _ in lookups)
+        dotted = [f"h{holders[id(holder)][0]}.{name}" for holder, name, _ in lookups]
+        values = tuple(_kept(value) for _, _, value in lookups)
         if len(dotted) == 1:
             dotted, values = dotted * 2, values * 2
         self.class_get, self.class_values = (attrgetter(*dotted), values) if dotted else (_NO_CLASSES, ())
+        # the names read on the classes of the traced-through and called modules, which one set on such a module
+        # would hide: (instance dict, the names, path) each; ``traced_parts_changed`` tests them
+        read_on = {}
+        for holder, name, _ in lookups:
+            if isinstance(holder, type):
+                for m in through + called:
+                    if type(m) is holder:
+                        read_on.setdefault(id(m), (vars(m), set(), paths[id(m)]))[1].add(name)
+        self.shadows = tuple((instance, tuple(sorted(names)), path) for instance, names, path in read_on.values())
+        self.shadow_keys = tuple(instance.keys() for instance, _, _ in self.shadows)   # (live views)
+        self.shadow_names = tuple(frozenset(names) for _, names, _ in self.shadows)
+        # class-level config objects: their fields, as the modules' (above)
+        for (holder, name, value) in lookups:
+            for where, obj in plain_objects(value, name, seen=seen, also=private_read):
+                fields = public_fields(obj, also=private_read)
+                if fields:
+                    kind = f"class {holder.__qualname__}" if isinstance(holder, type) else "root module"
+                    objects.append(_entry(f"the model's {kind} changed its setting '{{}}'", f"{where}.", vars(obj),
+                                          fields))
+        self.settings = tuple(settings + objects)
+        self.watched = bool(through or self.settings or self.tensors or self.shadows)
 
     def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
@@ -136,7 +166,7 @@ class ModuleTree:
         for _, instance, name, value in self.tensors:
             if instance.get(name) is not value:
                 return True
-        return False
+        return not all(map(KEYS_DISJOINT, self.shadow_keys, self.shadow_names))
 
     def unchanged(self) -> bool:
         if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
@@ -146,7 +176,7 @@ class ModuleTree:
             return False
         # (dicts compare their values by identity first: modules compare so; so do tuples)
         return (tuple(map(CHILDREN, self.instances)) == self.copies
-                and self.class_get(self.class_holder) == self.class_values)
+                and self.class_values == self.class_get(self.class_holder))
 
     def changed(self) -> Optional[str]:
         """What changed since the model was fused, as a sentence about the model's module (None: nothing)."""
@@ -161,9 +191,16 @@ class ModuleTree:
         return self._class_change() or self._traced_change()
 
     def _class_change(self) -> Optional[str]:
-        for cls, name, value in zip(self.classes, self.class_names, self.class_values):
-            if getattr(cls, name, _DELETED) is not value:
-                return f"the model's class {cls.__qualname__} has another '{name}' (a patch of the class)"
+        """``class_values != class_get(class_holder)`` by name, as torch.compile can trace it (no bound method made):
+        the first difference as a sentence (None: none)."""
+        for (holder, name, raw), value in zip(self.class_lookups, self.class_values):
+            cls = holder if isinstance(holder, type) else type(holder)
+            if cls is not holder and name in vars(holder):
+                return f"the model has its own '{name}' (set on it), where the trace read its class's"
+            now = getattr(cls, name, _DELETED)
+            if now is not raw or (isinstance(value, (list, tuple, dict, set)) and differs(value, now)):
+                return (f"the model's class {cls.__qualname__} has another '{name}' (a patch of the class, or a change "
+                        "inside a value it holds)")
         return None
 
     def _traced_change(self) -> Optional[str]:
@@ -179,6 +216,11 @@ class ModuleTree:
         for path, instance, name, value in self.tensors:
             if instance.get(name) is not value:
                 return f"the model's {_traced(path)} has another tensor as its attribute '{name}'"
+        for instance, names, path in self.shadows:
+            for name in names:
+                if name in instance:
+                    return (f"the model's module '{path}' has its own '{name}' (set on it), where the trace read its "
+                            "class's")
         return None
 
 
@@ -191,17 +233,49 @@ def _setting_names(instance: dict, read: Sequence[str]) -> Tuple[str, ...]:
                         and ((not name.startswith("_") and isinstance(value, SETTING_TYPES)) or name in read)))
 
 
-def _class_attributes(modules: Sequence[nn.Module], paths: Dict[int, str],
-                      class_read: Dict[str, Sequence[str]]) -> Tuple[tuple, tuple, tuple]:
-    """(classes, names, values): each name the trace read on the class of one of ``modules`` (each class once), with
-    its value as fused, looked up through the bases as the instances look it up; names whose every lookup makes a new
-    object (a classmethod's bound method) are left out."""
-    names_of: Dict[type, set] = {}
-    for module in modules:
-        names_of.setdefault(type(module), set()).update(class_read.get(paths[id(module)], ()))
-    pairs = [(cls, name) for cls, names in names_of.items() for name in sorted(names)
-             if hasattr(cls, name) and getattr(cls, name) is getattr(cls, name)]
-    return tuple(c for c, _ in pairs), tuple(n for _, n in pairs), tuple(getattr(c, n) for c, n in pairs)
+def _class_attributes(root: Sequence[nn.Module], modules: Sequence[nn.Module], paths: Dict[int, str],
+                      class_read: Dict[str, Sequence[str]]) -> Tuple[Tuple[object, str, object], ...]:
+    """(holder, name, value as fused) for each name the trace read on the class of the ``root`` (none or the model)
+    or of one of ``modules`` (each class once): looked up on the root itself, where it finds the same object each time
+    (a function or a data value; a bound method, which compares by its function and instance), else on the class,
+    through the bases as the instances look it up; names whose every lookup makes a new object (a property's value, a
+    classmethod's bound method on a class) are left out."""
+    lookups, done = [], set()
+    for module in list(root) + list(modules):
+        on_root = any(module is r for r in root)
+        if not on_root:
+            if type(module) in done:
+                continue
+            done.add(type(module))
+        for name in sorted(class_read.get(paths[id(module)], ())):
+            for holder in ((module, type(module)) if on_root else (type(module),)):
+                if holder is module and _data_descriptor(type(module), name):
+                    continue   # (its value, which the trace read; the descriptor itself is the class's)
+                try:
+                    first, again = getattr(holder, name), getattr(holder, name)
+                except Exception:   # (gone, or a descriptor that raises)
+                    continue
+                if first is again or (type(first) is MethodType and first == again):
+                    lookups.append((holder, name, first))
+                    break
+    return tuple(lookups)
+
+
+def _data_descriptor(cls: type, name: str) -> bool:
+    for base in cls.__mro__:
+        if name in vars(base):
+            kind = type(vars(base)[name])
+            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+    return False
+
+
+def _kept(value):
+    """A class attribute's value to compare later ones with (on the left): functions, bound methods, classes and
+    scalars as they are (their ``==`` is C-level: identity, or a bound method's function and instance); anything else
+    as ``snapshot`` keeps it (a list or dict by value, an object by identity)."""
+    if type(value) in (FunctionType, MethodType, BuiltinFunctionType) or isinstance(value, type):
+        return value
+    return snapshot(value)
 
 
 def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
@@ -230,7 +304,7 @@ class StaleTree:
     holds the model as it was fused, the copy's model as it was copied, so the copy runs its model's own forward."""
 
     __slots__ = ("what",)
-    instances = copies = class_values = ()
+    instances = copies = class_values = shadows = shadow_keys = shadow_names = ()
     class_holder = None
     class_get = staticmethod(lambda holder: ())
     watched = True
@@ -250,4 +324,5 @@ class StaleTree:
 
 CHILDREN = itemgetter("_modules")
 _NO_CLASSES = (lambda holder: ())
+KEYS_DISJOINT = type({}.keys()).isdisjoint   # (an instance dict's keys and the names read on its class)
 HAS_FORWARD = methodcaller("__contains__", "forward")   # (an instance dict: a forward set on the module)

@@ -168,6 +168,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[CLASS_ATTRIBUTES_READ] = {path: tuple(sorted(names))
                                               for path, names in reads.class_attributes.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
+        gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -320,6 +321,7 @@ ATTRIBUTES_READ = "_fullfuse_attributes_read"
 CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
 # a traced graph's: {module name: the names of its globals the model's code read during the trace} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
+PRIVATE_NAMES_READ = "_fullfuse_private_names_read"   # (the private names the model's code read as attributes)
 
 
 class _TrainingFlag(int):

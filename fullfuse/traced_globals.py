@@ -5,15 +5,17 @@ graph. ``ReadingGlobals`` notes, in the trace's thread, the globals that each fu
 trace reads or sets (by its instructions), with their values as that function was first entered; the fused model watches
 them as it watches the modules' settings (``module_tree``), and a forward that sets one (``global STEPS; STEPS += 1``)
 or changes one in place is not traced (the values are put back). Python's trace hook tells which functions run; where
-another tracer holds it (a debugger, coverage), nothing is noted and the globals are not watched. Torch's, fullfuse's
-and the standard library's modules are not the model's.
+another tracer holds it (a debugger, coverage), nothing is noted and the globals are not watched.  The same
+instructions tell the private names that code reads as attributes (``self.config._k``, ``getattr(cfg, "_k")``, a
+property's ``self._k``): a config object's private fields among them are watched too (its public ones always are).
+Torch's, fullfuse's and the standard library's modules are not the model's.
 """
 from __future__ import annotations
 
 import copy
 import dis
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 from .global_state import own_code
 from .watched_values import differs, put_back, snapshot
@@ -24,7 +26,8 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
 
 class ReadingGlobals:
     """``with ReadingGlobals() as noted: <trace>``: then ``noted.read`` is {module name: names of its globals the
-    traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in place."""
+    traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in place, and
+    ``noted.private`` the private names (not dunders) they read as attributes or name as strings."""
 
     def __enter__(self) -> "ReadingGlobals":
         # module -> name -> (value, its snapshot, a copy of a container's items to put back)
@@ -32,6 +35,7 @@ class ReadingGlobals:
         self._codes = set()
         self.read: Dict[str, Tuple[str, ...]] = {}
         self.set: List[str] = []
+        self.private: Set[str] = set()
         self._active = sys.gettrace() is None
         if self._active:
             sys.settrace(self._entered)
@@ -48,6 +52,7 @@ class ReadingGlobals:
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return None
         first, values = self._first.setdefault(module, {}), frame.f_globals
+        self.private |= _private_attributes(code)
         for name in _global_names(code):
             if name not in first and not name.startswith("__"):
                 value = values.get(name, _MISSING)
@@ -80,9 +85,16 @@ class ReadingGlobals:
 
 
 _GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"))
+_ATTRIBUTE_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "LOAD_CONST"))
 
 
 def _global_names(code) -> Tuple[str, ...]:
     """The globals ``code`` reads or sets (its instructions', not ``co_names``, which holds attribute names too: a
     notebook's global ``model`` is not what ``self.model`` reads)."""
     return tuple(dict.fromkeys(ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS))
+
+
+def _private_attributes(code) -> Set[str]:
+    """The private names ``code`` reads as attributes or holds as string constants (``getattr(obj, "_k")``)."""
+    return {ins.argval for ins in dis.get_instructions(code) if ins.opname in _ATTRIBUTE_OPS
+            and type(ins.argval) is str and ins.argval[:1] == "_" and ins.argval[:2] != "__"}

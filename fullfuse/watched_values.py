@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import types
-from typing import Iterator, List, Tuple
+from typing import Collection, Iterator, List, Tuple
 
 import torch
 from torch import nn
@@ -108,13 +108,16 @@ def is_plain_object(value) -> bool:
     return not (home in ("torch", "fullfuse") or home.startswith(("torch.", "fullfuse.")))
 
 
-def public_fields(obj) -> Tuple[str, ...]:
-    return tuple(sorted(name for name in vars(obj) if not name.startswith("_")))
+def public_fields(obj, also: Collection[str] = ()) -> Tuple[str, ...]:
+    """An object's public fields, and its private ones named in ``also`` (those the model's code reads:
+    ``traced_globals.ReadingGlobals.private``)."""
+    return tuple(sorted(name for name in vars(obj) if not name.startswith("_") or name in also))
 
 
-def plain_objects(value, where: str, seen: set, depth: int = 3, limit: int = 64) -> Iterator[Tuple[str, object]]:
+def plain_objects(value, where: str, seen: set, depth: int = 3, limit: int = 64,
+                  also: Collection[str] = ()) -> Iterator[Tuple[str, object]]:
     """(where, object) for the plain objects in ``value`` (itself, in its containers' elements and in those objects'
-    public fields, ``depth`` levels down) not in ``seen`` (ids, which it adds to), while ``seen`` has fewer than
+    ``public_fields``, ``depth`` levels down) not in ``seen`` (ids, which it adds to), while ``seen`` has fewer than
     ``limit``; ``where`` names the place (``config.vision``, ``cfgs[0]``)."""
     todo = [(where, value, depth)]
     while todo and len(seen) < limit:
@@ -128,4 +131,4 @@ def plain_objects(value, where: str, seen: set, depth: int = 3, limit: int = 64)
         elif is_plain_object(value) and id(value) not in seen:
             seen.add(id(value))
             yield where, value
-            todo += [(f"{where}.{name}", vars(value)[name], depth - 1) for name in public_fields(value)]
+            todo += [(f"{where}.{name}", vars(value)[name], depth - 1) for name in public_fields(value, also)]

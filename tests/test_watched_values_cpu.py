@@ -177,12 +177,15 @@ def test_a_private_attribute_the_forward_reads_is_watched():
 
 
 class _Gained(nn.Module):
-    """A custom module the trace goes into, reading a class-level setting and a method."""
+    """A custom module the trace goes into, reading class-level settings (a number, a list, a config object) and a
+    method."""
 
     GAIN = 1.0
+    OFFSETS = [0.0]
+    SETTINGS = SimpleNamespace(bias=0.0)
 
     def forward(self, x):
-        return self.shift(x * self.GAIN)
+        return self.shift(x * self.GAIN + self.OFFSETS[0] + self.SETTINGS.bias)
 
     def shift(self, x):
         return x + 1
@@ -194,7 +197,10 @@ class _WithGained(nn.Module):
         self.body, self.gained = SeedA(), _Gained()
 
     def forward(self, x):
-        return self.gained(self.body(x))
+        return self.post(self.gained(self.body(x)))
+
+    def post(self, y):
+        return y
 
 
 @pytest.mark.parametrize("patch", ["forward", "method", "class setting", "root forward"])
@@ -222,6 +228,98 @@ def test_a_class_patched_after_fusing_gives_the_models_answer(patch):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(fused(x), model(x))
+
+
+def _put_back_gained():
+    _Gained.OFFSETS[:] = [0.0]
+    _Gained.SETTINGS.bias = 0.0
+
+
+@pytest.mark.parametrize("change", ["module's setting", "module's method", "root's forward", "root's method",
+                                    "class list in place", "class config field"])
+def test_a_name_read_on_a_class_set_on_the_module_or_changed_inside_gives_the_models_answer(change):
+    """What the trace read on a class can change without a patch of the class: a setting or method set on the module
+    itself hides the class's (``model.gained.GAIN = 2.0``, ``model.forward = f``), a class-level list or config object
+    changes inside.  Each runs the model's own forward, with a warning naming it, until undone."""
+    torch.manual_seed(9)
+    model = _WithGained().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    target, name, value, message = {
+        "module's setting": (model.gained, "GAIN", 2.0, "module 'gained' has its own 'GAIN'"),
+        "module's method": (model.gained, "shift", lambda y: y - 1, "module 'gained' has its own 'shift'"),
+        "root's forward": (model, "forward", lambda y: model.body(y) * 5, "model has its own 'forward'"),
+        "root's method": (model, "post", lambda y: y * 3, "model has its own 'post'"),
+        "class list in place": (None, None, None, "class _Gained has another 'OFFSETS'"),
+        "class config field": (None, None, None, "class _Gained changed its setting 'SETTINGS.bias'")}[change]
+    try:
+        with torch.no_grad():
+            assert torch.equal(fused(x), model(x))
+            if target is not None:
+                setattr(target, name, value)
+            elif change == "class list in place":
+                _Gained.OFFSETS[0] = 0.5
+            else:
+                _Gained.SETTINGS.bias = 0.5
+            want = model(x)
+            assert not torch.equal(want, fused.graph_module(x))   # (the change changes the answer)
+            with pytest.warns(UserWarning, match=message):
+                assert torch.equal(fused(x), want)
+    finally:
+        _put_back_gained()
+        if target is not None:
+            delattr(target, name)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(fused(x), model(x))
+
+
+class _PrivateFields(nn.Module):
+    """A region, then factors from config objects' private fields: behind a property, read directly, through getattr;
+    and a private cache of a config that the forward never reads."""
+
+    class Config:
+        def __init__(self):
+            self._k, self._memo = 1.0, {}
+
+        @property
+        def k(self) -> float:
+            return self._k
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+        self.config, self.ns = self.Config(), SimpleNamespace(_p=1.0, _q=1.0)
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "property":
+            return y * self.config.k
+        if self.how == "direct":
+            return y * self.ns._p
+        return y * getattr(self.ns, "_q")
+
+
+@pytest.mark.parametrize("how", ["property", "direct", "getattr"])
+def test_a_config_objects_private_field_the_code_reads_is_watched(how):
+    """A private field of a config object that the model's code reads (``self._k`` in its property, ``ns._p``,
+    ``getattr(ns, "_q")``) changed gives the model's answer; a private cache the code never reads, filled between
+    calls, leaves the graph running."""
+    torch.manual_seed(10)
+    model = _PrivateFields(how).eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for step in range(2):
+                model.config._memo[step] = step
+                assert torch.equal(fused(x), model(x))
+        target, name = {"property": (model.config, "_k"), "direct": (model.ns, "_p"),
+                        "getattr": (model.ns, "_q")}[how]
+        setattr(target, name, 3.0)
+        with pytest.warns(UserWarning, match=f"changed its setting '[a-z]+.{name}'"):
+            assert torch.equal(fused(x), model(x))
 
 
 class _ReadsALeaf(nn.Module):
