@@ -21,7 +21,7 @@ import operator
 import re
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.fx
@@ -156,7 +156,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
-                ReadingGlobals() as module_globals, _RecordingTensorTests() as tensor_tests:
+                _RecordingTensorTests() as tensor_tests, ReadingGlobals(lent=tensor_tests.lent) as module_globals:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -434,12 +434,15 @@ class _RecordingModuleReads:
 
 class _RecordingTensorTests:
     """For the duration of a trace in this thread: whether the model's code asked if a traced value is a tensor
-    (``isinstance(y, torch.Tensor)``, ``torch.is_tensor(y)``), which fx answers for its proxy — no — where the value
-    the graph computes is a tensor: the graph would hold the branch for a non-tensor.  ``isinstance`` and
-    ``torch.is_tensor`` are wrapped meanwhile (other threads' calls, torch's and fullfuse's own pass through)."""
+    (``isinstance(y, torch.Tensor)``, ``torch.is_tensor(y)``, ``type(y) is torch.Tensor``), which fx answers for its
+    proxy — no — where the value the graph computes is a tensor: the graph would hold the branch for a non-tensor.
+    ``isinstance`` and ``torch.is_tensor`` are wrapped meanwhile (other threads' calls, torch's and fullfuse's own
+    pass through); ``type`` is lent to the model's modules alone (``lent``, for ``ReadingGlobals``): an object that is
+    ``type`` in every use but a call of it on a traced value, which it notes."""
 
     def __init__(self):
         self.asked: List[str] = []
+        self.lent: Dict[str, object] = {}
 
     def __enter__(self) -> "_RecordingTensorTests":
         _patch_lock.acquire()
@@ -456,12 +459,41 @@ class _RecordingTensorTests:
             if real(obj, torch.fx.Proxy) and threading.get_ident() == thread and not own_code(sys._getframe(1)):
                 asked.append("torch.is_tensor(...)")
             return real(obj, torch.Tensor)
+
+        def type_of(obj):
+            if real(obj, torch.fx.Proxy) and threading.get_ident() == thread:
+                asked.append("type(...)")
+        self.lent["type"] = _lent_type(type_of)
         builtins.isinstance, torch.is_tensor = isinstance_, is_tensor
         return self
 
     def __exit__(self, *exc) -> None:
         builtins.isinstance, torch.is_tensor = self.saved
         _patch_lock.release()
+
+
+def _lent_type(called_with: Callable[[object], None]) -> type:
+    """A stand-in for the builtin ``type`` in the model's modules during a trace: ``type(obj)`` (which first tells
+    ``called_with(obj)``) and ``type(name, bases, namespace)`` make what ``type`` makes; ``isinstance(x, type)``,
+    ``issubclass(c, type)`` and its attributes (``type.__new__``, ``type.__name__``) answer as ``type``'s."""
+
+    class LentType(type):
+        def __call__(cls, *args, **kwargs):
+            if len(args) == 1 and not kwargs:
+                called_with(args[0])
+            return type(*args, **kwargs)
+
+        def __instancecheck__(cls, obj) -> bool:
+            return isinstance(obj, type)
+
+        def __subclasscheck__(cls, sub) -> bool:
+            return issubclass(sub, type)
+
+        def __getattr__(cls, name):
+            return getattr(type, name)
+
+    return LentType("type", (), {"__new__": staticmethod(type.__new__), "__init__": type.__init__,
+                                 "__qualname__": "type", "__module__": "builtins"})
 
 
 def _names_a_tensor(cls) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import dis
 import sys
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from .global_state import own_code
 from .watched_values import differs, put_back, snapshot
@@ -25,9 +25,13 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
 
 
 class ReadingGlobals:
-    """``with ReadingGlobals() as noted: <trace>``: then ``noted.read`` is {module name: names of its globals the
+    """``with ReadingGlobals(lent) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins in the model's
+    modules meanwhile (those without a global of that name; taken back after, never noted as read).  Then ``noted.read`` is {module name: names of its globals the
     traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in place, and
     ``noted.private`` the private names (not dunders) they read as attributes or name as strings."""
+
+    def __init__(self, lent: Optional[Dict[str, object]] = None):
+        self._lent, self._lent_to = lent or {}, []
 
     def __enter__(self) -> "ReadingGlobals":
         # module -> name -> (value, its snapshot, a copy of a container's items to put back)
@@ -52,9 +56,14 @@ class ReadingGlobals:
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return None
         first, values = self._first.setdefault(module, {}), frame.f_globals
+        for name, obj in self._lent.items():
+            if name not in values:
+                values[name] = obj
+                self._lent_to.append((values, name, obj))
         self.private |= _private_attributes(code)
         for name in _global_names(code):
-            if name not in first and not name.startswith("__"):
+            if name not in first and not name.startswith("__") and (name not in self._lent
+                                                                          or values.get(name) is not self._lent[name]):
                 value = values.get(name, _MISSING)
                 items = copy.copy(value) if isinstance(value, (list, dict, set)) else None
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
@@ -64,6 +73,9 @@ class ReadingGlobals:
         if not self._active:
             return
         sys.settrace(None)
+        for values, name, obj in self._lent_to:
+            if values.get(name) is obj:
+                del values[name]
         for module, first in self._first.items():
             values = vars(sys.modules[module])
             for name, (value, was, items) in first.items():

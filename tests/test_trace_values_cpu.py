@@ -343,19 +343,30 @@ class _AsksForATensor(nn.Module):
             return y * 2 if isinstance(y, (int, torch.Tensor)) else y
         if self.how == "is_tensor":
             return y * 2 if torch.is_tensor(y) else y
+        if self.how == "type is":
+            return y * 2 if type(y) is torch.Tensor else y
+        if self.how == "type's name":
+            return y * 2 if type(y).__name__ == "Tensor" else y
+        if self.how == "type of others":   # (type of a module, isinstance of a class, a class made: traced)
+            made = type("Made", (), {"k": 2.0})
+            k = made.k if isinstance(made, type) and issubclass(type(made), type) else 1.0
+            return y * k if type(self).__name__ == "_AsksForATensor" and type.__name__ == "type" else y
         return torch.stack(y) if isinstance(y, (list, tuple)) else y * 2   # (not a tensor test: traced)
 
 
-@pytest.mark.parametrize("how", ["isinstance", "tuple of classes", "is_tensor", "list or tuple"])
+@pytest.mark.parametrize("how", ["isinstance", "tuple of classes", "is_tensor", "type is", "type's name",
+                                 "list or tuple", "type of others"])
 def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_model(how):
-    """fx answers such a test no for its proxy, where the value is a tensor: such a forward is not traced (its child
-    still fuses); a test for other classes (a list or tuple: no, as for a tensor) traces."""
+    """fx answers such a test no for its proxy, where the value is a tensor (``type(y)`` is fx's Proxy class): such a
+    forward is not traced (its child still fuses); a test for other classes (a list or tuple: no, as for a tensor) and
+    ``type`` of other objects trace, ``type`` being itself meanwhile."""
     torch.manual_seed(12)
     model = _AsksForATensor(how).eval()
     fused = _fused(model)
-    want = ["fullfuse_region_0"] if how == "list or tuple" else ["body.fullfuse_region_0"]
-    assert [plan.name for plan in fused.plans] == want
-    if how != "list or tuple":
+    traced = how in ("list or tuple", "type of others")
+    assert [plan.name for plan in fused.plans] == (["fullfuse_region_0"] if traced else ["body.fullfuse_region_0"])
+    assert "type" not in globals()   # (lent to the model's module for the trace only)
+    if not traced:
         with pytest.raises(fullfuse.TraceError, match="asks whether a traced value is a tensor"):
             fullfuse.trace.trace(model)
     x = torch.randn(SMALL_SHAPE["A"])
