@@ -373,3 +373,33 @@ def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_mode
     with torch.no_grad():
         assert torch.equal(fused(x), model(x))
     assert builtins.isinstance.__module__ == "builtins" and torch.is_tensor.__module__ == "torch"   # (put back)
+
+
+class _Prints(nn.Module):
+    """A region, then a print of its result's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+
+    def forward(self, x):
+        y = self.body(x)
+        print("pooled", y.shape)
+        return y
+
+
+def test_a_forward_that_prints_prints_in_every_call(capsys):
+    """fx would print once, at the trace, with its proxies (``pooled Proxy(...)``), and the graph never again: such a
+    forward is not traced (its child still fuses) and prints the real values in every call; the trace prints
+    nothing."""
+    torch.manual_seed(13)
+    model = _Prints().eval()
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    assert capsys.readouterr().out == ""
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(fused(x), model(x))
+    shape = torch.Size((SMALL_SHAPE["A"][0], 64))   # (SeedA squeezes its pooled result)
+    assert capsys.readouterr().out == f"pooled {shape}\n" * 4
