@@ -32,6 +32,7 @@ from .global_state import ReadingGlobalState, own_code
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
+from .trace_outputs import RecordingOutputs
 from .traced_globals import ReadingGlobals
 from .watched_values import differs, put_back, snapshot
 
@@ -153,12 +154,11 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         concrete = {name: constants[name] if name in constants else (not default if name in given else default)
                     for name, (_, default) in optional_inputs(model).items()
                     if name not in given or isinstance(default, bool) or name in constants}
-        prints: List[int] = []   # (a print of the model's code during the trace: _printing)
         # (the modes a forward sets itself: grad_mode, mode_blocks)
         with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
-                _RecordingTensorTests() as tensor_tests, \
-                ReadingGlobals(lent={**tensor_tests.lent, "print": _printing(prints)}) as module_globals:
+                _RecordingTensorTests() as tensor_tests, RecordingOutputs() as outputs, \
+                ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent}) as module_globals:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -185,7 +185,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     # (fx itself puts each tensor the forward makes as a constant, ``torch.tensor(0.5)``, on the root as
     # _tensor_constant<i>, from where the GraphModule copied it)
     changed = [name for name in state.restore() if not _FX_CONSTANT.fullmatch(name)]
-    why = _refusal(gm, changed, module_globals.set, tensor_tests.asked, outside, prints)
+    why = _refusal(gm, changed, module_globals.set, tensor_tests.asked, outside, outputs.written)
     if why:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward {why}")
     bind_to_model(gm, model)
@@ -193,7 +193,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
 
 
 def _refusal(gm: torch.fx.GraphModule, changed: List[str], globals_set: List[str], tensor_tests: List[str],
-             outside, prints: List[int]) -> Optional[str]:
+             outside, written: List[str]) -> Optional[str]:
     """Why the graph ``gm`` a trace made cannot stand for the forward (the first reason, completing "its forward
     ..."), from what the trace's recorders saw and the graph itself; None where nothing is wrong."""
     if changed:
@@ -212,9 +212,9 @@ def _refusal(gm: torch.fx.GraphModule, changed: List[str], globals_set: List[str
         return (f"draws random numbers outside the traced ops (from {', '.join(outside.drawn)}: e.g. torch.rand(1) "
                 f"or torch.randn(64), with no traced value among its arguments, or random.random()), which a traced "
                 f"graph would hold as the trace drew them, where the forward draws anew in every call")
-    if prints:
-        return ("prints (print(...)), which a traced graph would not do: only the trace would print, once, with "
-                "torch.fx's proxies for the values")
+    if written:
+        return (f"writes out ({written[0]}), which a traced graph would not do: only the trace would write, once, "
+                f"with torch.fx's proxies for the values")
     if _constants_changed_in_place(gm):
         return ("changes in place a tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced "
                 "graph makes once, at the trace, and would change again in every call")
@@ -475,20 +475,6 @@ class _RecordingTensorTests:
     def __exit__(self, *exc) -> None:
         builtins.isinstance, torch.is_tensor = self.saved
         _patch_lock.release()
-
-
-def _printing(calls: List[int]) -> Callable:
-    """A stand-in for the builtin ``print`` in the model's modules during a trace: a call from the trace's thread is
-    noted in ``calls`` and prints nothing (fx's proxies for the values; such a trace is refused, the forward then
-    printing as written); other threads' calls print."""
-    thread = threading.get_ident()
-
-    def print_(*args, **kwargs):
-        if threading.get_ident() == thread:
-            calls.append(1)
-            return None
-        return print(*args, **kwargs)
-    return print_
 
 
 def _lent_type(called_with: Callable[[object], None]) -> type:

@@ -3,6 +3,7 @@ computes it anew in every call: a tensor it makes and changes in place, an answe
 settings, a draw from a global random generator.  Such a forward is not traced: the model runs its own forward
 around its children that trace (CPU: the torch path computes the outputs)."""
 import builtins
+import logging
 import random
 import sys
 import warnings
@@ -375,31 +376,44 @@ def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_mode
     assert builtins.isinstance.__module__ == "builtins" and torch.is_tensor.__module__ == "torch"   # (put back)
 
 
-class _Prints(nn.Module):
-    """A region, then a print of its result's shape."""
+_LOGGER = logging.getLogger("fullfuse_test_model")
 
-    def __init__(self):
+
+class _Writes(nn.Module):
+    """A region, then its result's shape printed or logged (at info; or at debug, which the logger drops)."""
+
+    def __init__(self, how: str):
         super().__init__()
-        self.body = SeedA()
+        self.body, self.how = SeedA(), how
 
     def forward(self, x):
         y = self.body(x)
-        print("pooled", y.shape)
+        if self.how == "print":
+            print("pooled", y.shape)
+        elif self.how == "log":
+            _LOGGER.info("pooled %s", y.shape)
+        else:
+            _LOGGER.debug("pooled %s", y.shape)
         return y
 
 
-def test_a_forward_that_prints_prints_in_every_call(capsys):
-    """fx would print once, at the trace, with its proxies (``pooled Proxy(...)``), and the graph never again: such a
-    forward is not traced (its child still fuses) and prints the real values in every call; the trace prints
-    nothing."""
+@pytest.mark.parametrize("how", ["print", "log", "log below the level"])
+def test_a_forward_that_prints_or_logs_writes_in_every_call(how, capsys, caplog):
+    """fx would write once, at the trace, with its proxies (``pooled Proxy(...)``), and the graph never again: such a
+    forward is not traced (its child still fuses) and writes the real values in every call; the trace writes
+    nothing.  A log call the logger's level drops writes nothing, at the trace or after: the forward traces."""
+    caplog.set_level(logging.INFO, logger=_LOGGER.name)
     torch.manual_seed(13)
-    model = _Prints().eval()
+    model = _Writes(how).eval()
     fused = _fused(model)
-    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
-    assert capsys.readouterr().out == ""
+    traced = how == "log below the level"
+    assert [plan.name for plan in fused.plans] == (["fullfuse_region_0"] if traced else ["body.fullfuse_region_0"])
+    assert capsys.readouterr().out == "" and not caplog.records
     x = torch.randn(SMALL_SHAPE["A"])
     with torch.no_grad():
         for _ in range(2):
             assert torch.equal(fused(x), model(x))
-    shape = torch.Size((SMALL_SHAPE["A"][0], 64))   # (SeedA squeezes its pooled result)
-    assert capsys.readouterr().out == f"pooled {shape}\n" * 4
+    line = f"pooled {torch.Size((SMALL_SHAPE['A'][0], 64))}"   # (SeedA squeezes its pooled result)
+    printed, logged = capsys.readouterr().out, [record.getMessage() for record in caplog.records]
+    assert (printed, logged) == {"print": (f"{line}\n" * 4, []), "log": ("", [line] * 4),
+                                 "log below the level": ("", [])}[how]

@@ -1,0 +1,59 @@
+"""What a forward writes out (a print, a log record) while torch.fx traces it.
+
+fx runs the forward's Python once, at the trace, with proxies for the values: a ``print(y.shape)`` or
+``logger.info(...)`` there writes ``Proxy(...)`` once, and the traced graph never writes again.  ``RecordingOutputs``
+notes such writes of the model's code in the trace's thread (and drops them: the trace is then refused, and the
+forward runs as written, writing each call's values); other threads' writes, and torch's and fullfuse's own log
+records, pass through.  ``print`` is lent to the model's modules (``traced_globals.ReadingGlobals``), not patched in
+builtins; logging's records are taken at ``Logger._log`` (called only for a level the logger is enabled for).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Dict, List
+
+from .global_state import own_code
+from .mode_blocks import patch_lock
+
+
+class RecordingOutputs:
+    """``with RecordingOutputs() as outputs, ReadingGlobals(lent=outputs.lent): <trace>``: then ``outputs.written``
+    names what the model's code wrote (``print(...)``, ``a log record of logger 'name'``)."""
+
+    def __init__(self):
+        self.written: List[str] = []
+        self.lent: Dict[str, object] = {}
+
+    def __enter__(self) -> "RecordingOutputs":
+        patch_lock.acquire()
+        thread, written = threading.get_ident(), self.written
+        self._log = logging.Logger._log
+
+        def print_(*args, **kwargs):
+            if threading.get_ident() == thread:
+                written.append("print(...)")
+                return None
+            return print(*args, **kwargs)
+
+        def log(logger, *args, **kwargs):
+            if threading.get_ident() == thread and not own_code(_caller_of_logging(sys._getframe(1))):
+                written.append(f"a log record of logger {logger.name!r}")
+                return None
+            return self._log(logger, *args, **kwargs)
+        self.lent["print"] = print_
+        logging.Logger._log = log
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.Logger._log = self._log
+        patch_lock.release()
+
+
+def _caller_of_logging(frame):
+    """The first frame outside the logging package (its ``info``, ``log``, a ``LoggerAdapter``'s)."""
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "logging":
+        frame = frame.f_back
+    return frame
+
