@@ -4,8 +4,9 @@ fx keeps what the forward computes from a global (``if USE_BIAS:``, ``y * SCALE`
 graph. ``ReadingGlobals`` notes, in the trace's thread, the globals that each function of the model's code run by the
 trace reads or sets (by its instructions), with their values as that function was first entered; the fused model watches
 them as it watches the modules' settings (``module_tree``), and a forward that sets one (``global STEPS; STEPS += 1``)
-or changes one in place is not traced (the values are put back). Python's trace hook tells which functions run; where
-another tracer holds it (a debugger, coverage), nothing is noted and the globals are not watched.  The same
+or changes one in place is not traced (the values are put back).  ``sys.monitoring`` tells which functions run (from
+Python 3.12, beside a debugger or coverage), before 3.12 the trace hook, where no other tracer holds it (else nothing is
+noted and the globals are not watched).  The same
 instructions tell the private names that code reads as attributes (``self.config._k``, ``getattr(cfg, "_k")``, a
 property's ``self._k``): a config object's private fields among them are watched too (its public ones always are).
 Torch's, fullfuse's and the standard library's modules are not the model's.
@@ -15,7 +16,8 @@ from __future__ import annotations
 import copy
 import dis
 import sys
-from typing import Dict, List, Optional, Set, Tuple
+import threading
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from .global_state import own_code
 from .watched_values import differs, put_back, snapshot
@@ -26,8 +28,8 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
 
 class ReadingGlobals:
     """``with ReadingGlobals(lent) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins in the model's
-    modules meanwhile (those without a global of that name; taken back after, never noted as read).  Then ``noted.read`` is {module name: names of its globals the
-    traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in place, and
+    modules meanwhile (those without a global of that name; taken back after, never noted as read).  Then
+    ``noted.read`` is {module name: names of its globals the traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in place, and
     ``noted.private`` the private names (not dunders) they read as attributes or name as strings."""
 
     def __init__(self, lent: Optional[Dict[str, object]] = None):
@@ -40,21 +42,20 @@ class ReadingGlobals:
         self.read: Dict[str, Tuple[str, ...]] = {}
         self.set: List[str] = []
         self.private: Set[str] = set()
-        self._active = sys.gettrace() is None
-        if self._active:
-            sys.settrace(self._entered)
+        self._stop = _watch_calls(self._entered)
+        self._active = self._stop is not None
         return self
 
-    def _entered(self, frame, event, arg):
-        """The trace hook: each function entered once per code object; returns None (no line events)."""
+    def _entered(self, frame) -> None:
+        """A function of this thread entered (each code object once)."""
         code = frame.f_code
         if code in self._codes:
-            return None
+            return
         self._codes.add(code)
         module = frame.f_globals.get("__name__")
         if (not isinstance(module, str) or own_code(frame) or module.partition(".")[0] in _STDLIB
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
-            return None
+            return
         first, values = self._first.setdefault(module, {}), frame.f_globals
         for name, obj in self._lent.items():
             if name not in values:
@@ -67,12 +68,11 @@ class ReadingGlobals:
                 value = values.get(name, _MISSING)
                 items = copy.copy(value) if isinstance(value, (list, dict, set)) else None
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
-        return None
 
     def __exit__(self, *exc) -> None:
         if not self._active:
             return
-        sys.settrace(None)
+        self._stop()
         for values, name, obj in self._lent_to:
             if values.get(name) is obj:
                 del values[name]
@@ -96,6 +96,39 @@ class ReadingGlobals:
                 self.read[module] = names
 
 
+def _watch_calls(entered: Callable[[object], None]) -> Optional[Callable[[], None]]:
+    """Call ``entered(frame)`` as each Python function starts in this thread, until the returned stop function is
+    called; None where no hook is free.  Python 3.12's ``sys.monitoring`` (a tool id of its own, beside a debugger's
+    or coverage's), else the trace hook, where no other tracer holds it."""
+    thread = threading.get_ident()
+    monitoring = getattr(sys, "monitoring", None)
+    tool = next((i for i in _TOOL_IDS if monitoring is not None and monitoring.get_tool(i) is None), None)
+    if tool is not None:
+        start = monitoring.events.PY_START
+
+        def started(code, offset):
+            if threading.get_ident() == thread:
+                entered(sys._getframe(1))
+
+        def stop():
+            monitoring.set_events(tool, 0)
+            monitoring.register_callback(tool, start, None)
+            monitoring.free_tool_id(tool)
+        monitoring.use_tool_id(tool, "fullfuse")
+        monitoring.register_callback(tool, start, started)
+        monitoring.set_events(tool, start)
+        return stop
+    if sys.gettrace() is not None:
+        return None
+
+    def traced(frame, event, arg):
+        entered(frame)   # (a call event: no line events for the function)
+
+    sys.settrace(traced)
+    return lambda: sys.settrace(None)
+
+
+_TOOL_IDS = (3, 4)   # (sys.monitoring's ids no tool is given: 0 debugger, 1 coverage, 2 profiler, 5 optimizer)
 _GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"))
 _ATTRIBUTE_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "LOAD_CONST"))
 

@@ -21,7 +21,8 @@ STEPS = 0
 HISTORY = []
 HERE = sys.modules[__name__]
 # (the globals are noted through Python's trace hook, which coverage or a debugger may hold)
-_NOTED = pytest.mark.skipif(sys.gettrace() is not None, reason="another tracer holds Python's trace hook")
+_NOTED = pytest.mark.skipif(sys.gettrace() is not None and not hasattr(sys, "monitoring"),
+                            reason="another tracer holds Python's trace hook, and no sys.monitoring (Python < 3.12)")
 
 
 def _times_table(y):
@@ -122,17 +123,33 @@ def test_a_forward_setting_a_global_runs_as_written(how):
     assert all(isinstance(y, torch.Tensor) for y in HISTORY)
 
 
-def test_globals_are_not_noted_where_another_tracer_holds_python_s_hook():
-    """Under a debugger or coverage (sys.settrace taken), the trace notes no global and leaves the tracer in place."""
+@pytest.mark.parametrize("monitoring", ["free", "taken"])
+def test_another_tracer_keeps_its_hook_and_globals_are_noted_beside_it_from_python_3_12(monitoring):
+    """Under a debugger or coverage (sys.settrace taken) the tracer stays in place, and the trace notes the globals
+    through sys.monitoring (from Python 3.12, with a tool id of its own); where no such id is free, or before 3.12, it
+    notes none (the trace hook is the other tracer's)."""
     def tracer(frame, event, arg):
         return None
+    taken = []
+    if monitoring == "taken":
+        if not hasattr(sys, "monitoring"):
+            pytest.skip("sys.monitoring is Python 3.12's")
+        taken = [i for i in range(6) if sys.monitoring.get_tool(i) is None]
+        for i in taken:
+            sys.monitoring.use_tool_id(i, "another tool")
     sys.settrace(tracer)
     try:
         gm = fullfuse.trace.trace(_ReadsGlobals())
         assert sys.gettrace() is tracer
     finally:
         sys.settrace(None)
-    assert gm.__dict__[fullfuse.trace.GLOBALS_READ] == {}
+        for i in taken:
+            sys.monitoring.free_tool_id(i)
+    noted = gm.__dict__[fullfuse.trace.GLOBALS_READ]
+    if hasattr(sys, "monitoring") and monitoring == "free":
+        assert "SCALE" in noted.get(__name__, ())
+    else:
+        assert noted == {}
 
 
 body = None   # (a global named as the model's attribute: ``self.body`` does not read it)
