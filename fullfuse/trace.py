@@ -497,8 +497,14 @@ def _lent_type(called_with: Callable[[object], None]) -> type:
         def __getattr__(cls, name):
             return getattr(type, name)
 
-    return LentType("type", (), {"__new__": staticmethod(type.__new__), "__init__": type.__init__,
-                                 "__qualname__": "type", "__module__": "builtins"})
+    # (``type.__call__(cls, ...)``, ``type.__new__(mcs, ...)`` in a metaclass: type's own, looked up on the stand-in's
+    # dict, which no instance uses)
+    explicit = {name: staticmethod(getattr(type, name)) for name in _TYPE_EXPLICIT}
+    return LentType("type", (), {**explicit, "__qualname__": "type", "__module__": "builtins"})
+
+
+_TYPE_EXPLICIT = ("__call__", "__new__", "__init__", "__prepare__", "mro", "__subclasses__", "__getattribute__",
+                  "__setattr__", "__delattr__", "__instancecheck__", "__subclasscheck__", "__dir__", "__sizeof__")
 
 
 def _names_a_tensor(cls) -> bool:
