@@ -329,6 +329,15 @@ def test_cuda_generators_are_compared_where_torch_lets_them_be_read(monkeypatch,
     assert state.drawn == (["torch.cuda.default_generators[0]"] if case in ("drawn", "context made and drawn") else [])
 
 
+class _Once(type):
+    """A metaclass making one instance per class, through ``type.__call__``."""
+
+    def __call__(cls, *args, **kwargs):
+        if "instance" not in vars(cls):
+            cls.instance = type.__call__(cls, *args, **kwargs)
+        return cls.instance
+
+
 class _AsksForATensor(nn.Module):
     """A region, then a branch on whether its result is a tensor (fx's proxy of it is not)."""
 
@@ -348,9 +357,9 @@ class _AsksForATensor(nn.Module):
             return y * 2 if type(y) is torch.Tensor else y
         if self.how == "type's name":
             return y * 2 if type(y).__name__ == "Tensor" else y
-        if self.how == "type of others":   # (type of a module, isinstance of a class, a class made: traced)
-            made = type("Made", (), {"k": 2.0})
-            k = made.k if isinstance(made, type) and issubclass(type(made), type) else 1.0
+        if self.how == "type of others":   # (type of a module, isinstance of a class, classes made: traced)
+            made, once = type("Made", (), {"k": 2.0}), _Once("Once", (), {"k": 1.0})
+            k = made.k * once().k if isinstance(made, type) and issubclass(type(made), type) else 1.0
             return y * k if type(self).__name__ == "_AsksForATensor" and type.__name__ == "type" else y
         return torch.stack(y) if isinstance(y, (list, tuple)) else y * 2   # (not a tensor test: traced)
 
