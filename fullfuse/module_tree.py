@@ -43,8 +43,7 @@ class ModuleTree:
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values",
-                 "class_holder", "class_get", "shadows", "shadow_keys",
-                 "shadow_names")
+                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
@@ -137,7 +136,7 @@ class ModuleTree:
         self.shadow_keys = tuple(instance.keys() for instance, _, _ in self.shadows)   # (live views)
         self.shadow_names = tuple(frozenset(names) for _, names, _ in self.shadows)
         # class-level config objects: their fields, as the modules' (above)
-        for (holder, name, value) in lookups:
+        for holder, name, value in lookups:
             for where, obj in plain_objects(value, name, seen=seen, also=private_read):
                 fields = public_fields(obj, also=private_read)
                 if fields:
