@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dis
+import gc
 import sys
 import threading
 from typing import Callable, Dict, List, Optional, Set, Tuple
@@ -42,6 +43,10 @@ class ReadingGlobals:
         self.read: Dict[str, Tuple[str, ...]] = {}
         self.set: List[str] = []
         self.private: Set[str] = set()
+        # (no automatic collection meanwhile: gc.callbacks — hypothesis's, a profiler's — run in whichever thread
+        # allocates, and what they set would be taken for the forward's)
+        self._collecting = gc.isenabled()
+        gc.disable()
         self._stop = _watch_calls(self._entered)
         self._active = self._stop is not None
         return self
@@ -70,9 +75,16 @@ class ReadingGlobals:
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
 
     def __exit__(self, *exc) -> None:
-        if not self._active:
-            return
-        self._stop()
+        try:
+            if self._active:
+                self._stop()
+                self._compare()
+        finally:
+            if self._collecting:   # (after the comparison: a callback would change what it compares)
+                gc.enable()
+
+    def _compare(self) -> None:
+        """Take the lent names back; note the globals the trace read, and those it set (putting them back)."""
         for values, name, obj in self._lent_to:
             if values.get(name) is obj:
                 del values[name]

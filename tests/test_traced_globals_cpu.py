@@ -2,6 +2,7 @@
 graph): changed after ``fused_model``, the fused model gives the model's answer; a forward that sets one or changes one
 in place is not traced, the global put back as it was; a function wrapped with ``torch.fx.wrap`` is fx's to patch
 and put back (CPU: the torch path computes the outputs)."""
+import gc
 import sys
 import warnings
 from types import SimpleNamespace
@@ -173,3 +174,27 @@ def test_a_global_named_as_an_attribute_the_forward_reads_is_not_watched():
             assert torch.equal(fused(x), model(x))
     finally:
         body = None
+
+
+GC_RUNS = 0   # (set by a gc callback, as hypothesis's sets its timing globals)
+
+
+def _count_collections(phase, info):
+    global GC_RUNS
+    GC_RUNS += 1
+
+
+@_NOTED
+def test_a_gc_callback_during_the_trace_is_not_the_forwards():
+    """gc.callbacks run in whichever thread allocates: one that sets a global of its module (hypothesis's does) during
+    the trace was taken for the forward setting it, and the trace refused.  No automatic collection runs meanwhile."""
+    threshold = gc.get_threshold()
+    gc.callbacks.append(_count_collections)
+    gc.set_threshold(1)   # (a collection at nearly every allocation)
+    try:
+        gm = fullfuse.trace.trace(_ReadsGlobals())
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(_count_collections)
+    assert "SCALE" in gm.__dict__[fullfuse.trace.GLOBALS_READ].get(__name__, ())
+    assert gc.isenabled()
