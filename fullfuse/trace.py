@@ -15,7 +15,9 @@ it makes (``_constants_changed_in_place``).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import copy
+import gc
 import inspect
 import operator
 import re
@@ -155,7 +157,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                     for name, (_, default) in optional_inputs(model).items()
                     if name not in given or isinstance(default, bool) or name in constants}
         # (the modes a forward sets itself: grad_mode, mode_blocks)
-        with torch.inference_mode(False), torch.enable_grad(), recording_autocast() as tracer.autocast, \
+        with _collection_paused(), torch.inference_mode(False), torch.enable_grad(), \
+                recording_autocast() as tracer.autocast, \
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
                 _RecordingTensorTests() as tensor_tests, RecordingOutputs() as outputs, \
                 ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent}) as module_globals:
@@ -475,6 +478,19 @@ class _RecordingTensorTests:
     def __exit__(self, *exc) -> None:
         builtins.isinstance, torch.is_tensor = self.saved
         _patch_lock.release()
+
+
+@contextlib.contextmanager
+def _collection_paused():
+    """No automatic garbage collection while the recorders watch the trace's thread: gc.callbacks (hypothesis's, a
+    profiler's) run in whichever thread allocates, and what they set, draw or log would be taken for the forward's."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _lent_type(called_with: Callable[[object], None]) -> type:

@@ -9,13 +9,13 @@ Python 3.12, beside a debugger or coverage), before 3.12 the trace hook, where n
 noted and the globals are not watched).  The same
 instructions tell the private names that code reads as attributes (``self.config._k``, ``getattr(cfg, "_k")``, a
 property's ``self._k``): a config object's private fields among them are watched too (its public ones always are).
-Torch's, fullfuse's and the standard library's modules are not the model's.
+Torch's, fullfuse's and the standard library's modules are not the model's.  Code the trace's thread runs besides the
+forward (a garbage-collection callback) would count as the model's: the trace pauses collection (``trace.trace``).
 """
 from __future__ import annotations
 
 import copy
 import dis
-import gc
 import sys
 import threading
 from typing import Callable, Dict, List, Optional, Set, Tuple
@@ -43,10 +43,6 @@ class ReadingGlobals:
         self.read: Dict[str, Tuple[str, ...]] = {}
         self.set: List[str] = []
         self.private: Set[str] = set()
-        # (no automatic collection meanwhile: gc.callbacks — hypothesis's, a profiler's — run in whichever thread
-        # allocates, and what they set would be taken for the forward's)
-        self._collecting = gc.isenabled()
-        gc.disable()
         self._stop = _watch_calls(self._entered)
         self._active = self._stop is not None
         return self
@@ -75,13 +71,9 @@ class ReadingGlobals:
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
 
     def __exit__(self, *exc) -> None:
-        try:
-            if self._active:
-                self._stop()
-                self._compare()
-        finally:
-            if self._collecting:   # (after the comparison: a callback would change what it compares)
-                gc.enable()
+        if self._active:
+            self._stop()
+            self._compare()
 
     def _compare(self) -> None:
         """Take the lent names back; note the globals the trace read, and those it set (putting them back)."""

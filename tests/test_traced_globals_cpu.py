@@ -3,6 +3,7 @@ graph): changed after ``fused_model``, the fused model gives the model's answer;
 in place is not traced, the global put back as it was; a function wrapped with ``torch.fx.wrap`` is fx's to patch
 and put back (CPU: the torch path computes the outputs)."""
 import gc
+import logging
 import sys
 import warnings
 from types import SimpleNamespace
@@ -177,6 +178,7 @@ def test_a_global_named_as_an_attribute_the_forward_reads_is_not_watched():
 
 
 GC_RUNS = 0   # (set by a gc callback, as hypothesis's sets its timing globals)
+_GC_LOGGER = logging.getLogger("fullfuse_test_gc")
 
 
 def _count_collections(phase, info):
@@ -184,17 +186,23 @@ def _count_collections(phase, info):
     GC_RUNS += 1
 
 
+def _log_collections(phase, info):
+    _GC_LOGGER.warning("collection %s", phase)
+
+
 @_NOTED
-def test_a_gc_callback_during_the_trace_is_not_the_forwards():
-    """gc.callbacks run in whichever thread allocates: one that sets a global of its module (hypothesis's does) during
-    the trace was taken for the forward setting it, and the trace refused.  No automatic collection runs meanwhile."""
-    threshold = gc.get_threshold()
-    gc.callbacks.append(_count_collections)
+@pytest.mark.parametrize("callback", ["sets a global", "logs"])
+def test_a_gc_callback_during_the_trace_is_not_the_forwards(callback):
+    """gc.callbacks run in whichever thread allocates: one that sets a global of its module (hypothesis's does) or
+    logs during the trace was taken for the forward doing so, and the trace refused.  No automatic collection runs
+    while the trace is watched."""
+    threshold, hook = gc.get_threshold(), {"sets a global": _count_collections, "logs": _log_collections}[callback]
+    gc.callbacks.append(hook)
     gc.set_threshold(1)   # (a collection at nearly every allocation)
     try:
         gm = fullfuse.trace.trace(_ReadsGlobals())
     finally:
         gc.set_threshold(*threshold)
-        gc.callbacks.remove(_count_collections)
+        gc.callbacks.remove(hook)
     assert "SCALE" in gm.__dict__[fullfuse.trace.GLOBALS_READ].get(__name__, ())
     assert gc.isenabled()
