@@ -471,7 +471,7 @@ class _RecordingTensorTests:
         def type_of(obj):
             if real(obj, torch.fx.Proxy) and threading.get_ident() == thread:
                 asked.append("type(...)")
-        self.lent["type"] = _lent_type(type_of)
+        self.lent["type"] = _LentType(type_of)
         builtins.isinstance, torch.is_tensor = isinstance_, is_tensor
         return self
 
@@ -493,34 +493,39 @@ def _collection_paused():
             gc.enable()
 
 
-def _lent_type(called_with: Callable[[object], None]) -> type:
-    """A stand-in for the builtin ``type`` in the model's modules during a trace: ``type(obj)`` (which first tells
-    ``called_with(obj)``) and ``type(name, bases, namespace)`` make what ``type`` makes; ``isinstance(x, type)``,
-    ``issubclass(c, type)`` and its attributes (``type.__new__``, ``type.__name__``) answer as ``type``'s."""
+class _LentType:
+    """A stand-in for the builtin ``type`` in the model's modules during a trace, answering every use as ``type``:
+    ``type(obj)`` (which first tells ``called_with(obj)``), ``type(name, bases, namespace)``, ``isinstance(x, type)``,
+    ``issubclass(c, type)``, ``class Meta(type)`` (through ``__mro_entries__``: a metaclass, whose base is ``type``),
+    and its attributes (``type.__new__(mcs, ...)``, ``type.__call__(cls, ...)``, ``type.__name__``: type's own).  Not an
+    object it can be: ``type(c) is type`` is false in those modules meanwhile."""
 
-    class LentType(type):
-        def __call__(cls, *args, **kwargs):
-            if len(args) == 1 and not kwargs:
-                called_with(args[0])
-            return type(*args, **kwargs)
+    __slots__ = ("called_with",)
 
-        def __instancecheck__(cls, obj) -> bool:
-            return isinstance(obj, type)
+    def __init__(self, called_with: Callable[[object], None]):
+        object.__setattr__(self, "called_with", called_with)
 
-        def __subclasscheck__(cls, sub) -> bool:
-            return issubclass(sub, type)
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs:
+            object.__getattribute__(self, "called_with")(args[0])
+        return type(*args, **kwargs)
 
-        def __getattr__(cls, name):
-            return getattr(type, name)
+    def __instancecheck__(self, obj) -> bool:
+        return isinstance(obj, type)
 
-    # (``type.__call__(cls, ...)``, ``type.__new__(mcs, ...)`` in a metaclass: type's own, looked up on the stand-in's
-    # dict, which no instance uses)
-    explicit = {name: staticmethod(getattr(type, name)) for name in _TYPE_EXPLICIT}
-    return LentType("type", (), {**explicit, "__qualname__": "type", "__module__": "builtins"})
+    def __subclasscheck__(self, sub) -> bool:
+        return issubclass(sub, type)
 
+    def __mro_entries__(self, bases) -> tuple:
+        return (type,)
 
-_TYPE_EXPLICIT = ("__call__", "__new__", "__init__", "__prepare__", "mro", "__subclasses__", "__getattribute__",
-                  "__setattr__", "__delattr__", "__instancecheck__", "__subclasscheck__", "__dir__", "__sizeof__")
+    def __getattribute__(self, name):
+        if name == "__mro_entries__":   # (class statements look it up as an attribute)
+            return object.__getattribute__(self, name)
+        return getattr(type, name)
+
+    def __repr__(self) -> str:
+        return repr(type)
 
 
 def _names_a_tensor(cls) -> bool:

@@ -358,8 +358,11 @@ class _AsksForATensor(nn.Module):
         if self.how == "type's name":
             return y * 2 if type(y).__name__ == "Tensor" else y
         if self.how == "type of others":   # (type of a module, isinstance of a class, classes made: traced)
-            made, once = type("Made", (), {"k": 2.0}), _Once("Once", (), {"k": 1.0})
+            class Meta(type):   # (a metaclass made meanwhile: its base is type)
+                pass
+            made, once = Meta("Made", (), {"k": 2.0}), _Once("Once", (), {"k": 1.0})
             k = made.k * once().k if isinstance(made, type) and issubclass(type(made), type) else 1.0
+            k = k if type(made) is Meta and type.__new__(Meta, "New", (), {}).__name__ == "New" else 1.0
             return y * k if type(self).__name__ == "_AsksForATensor" and type.__name__ == "type" else y
         return torch.stack(y) if isinstance(y, (list, tuple)) else y * 2   # (not a tensor test: traced)
 
