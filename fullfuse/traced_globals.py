@@ -57,13 +57,13 @@ class ReadingGlobals:
         if (not isinstance(module, str) or own_code(frame) or module.partition(".")[0] in _STDLIB
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return
-        first, values = self._first.setdefault(module, {}), frame.f_globals
+        first, values, names = self._first.setdefault(module, {}), frame.f_globals, _global_names(code)
         for name, obj in self._lent.items():
-            if name not in values:
+            if name in names and name not in values:   # (lent to a module whose traced code names it, alone)
                 values[name] = obj
                 self._lent_to.append((values, name, obj))
         self.private |= _private_attributes(code)
-        for name in _global_names(code):
+        for name in names:
             if name not in first and not name.startswith("__") and (name not in self._lent
                                                                           or values.get(name) is not self._lent[name]):
                 value = values.get(name, _MISSING)
