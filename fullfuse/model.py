@@ -24,8 +24,8 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, GLOBALS_READ, PRIVATE_NAMES_READ, TRACED_THROUGH,
-                    TRAINING_READ, bind_to_model, optional_inputs, trace)
+from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, GLOBALS_READ, MISSING_READ, PRIVATE_NAMES_READ,
+                    TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace)
 
 
 class FusedModel(nn.Module):
@@ -90,7 +90,8 @@ class FusedModel(nn.Module):
         self.__dict__["_traced_through"] = None if self._as_module else graph_module.__dict__.get(TRACED_THROUGH, ())
         traced = {} if self._as_module else graph_module.__dict__
         self.__dict__["_reads"] = (traced.get(ATTRIBUTES_READ, {}), traced.get(CLASS_ATTRIBUTES_READ, {}),
-                                   traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()))
+                                   traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()),
+                                   traced.get(MISSING_READ, {}))
         self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through,
                                                                                    *self._reads)
         self.__dict__["_warned_replaced"] = None

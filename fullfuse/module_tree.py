@@ -43,18 +43,20 @@ class ModuleTree:
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values",
-                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names")
+                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names", "missing")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
                  class_read: Optional[Dict[str, Sequence[str]]] = None,
-                 globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = ()):
+                 globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = (),
+                 missing_read: Optional[Dict[str, Sequence[str]]] = None):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
         on the module / its class} (``trace.ATTRIBUTES_READ``, ``CLASS_ATTRIBUTES_READ``); globals_read: {Python
         module: the globals the trace's code read} (``trace.GLOBALS_READ``); private_read: the private names the
         trace's code reads as attributes (``trace.PRIVATE_NAMES_READ``: ``config._k``), watched on config objects
-        too."""
+        too; missing_read: {module path: the names the model's code asked of the module and it did not have}
+        (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -144,7 +146,13 @@ class ModuleTree:
                     objects.append(_entry(f"the model's {kind} changed its setting '{{}}'", f"{where}.", vars(obj),
                                           fields))
         self.settings = tuple(settings + objects)
-        self.watched = bool(through or self.settings or self.tensors or self.shadows)
+        # the names the model's code found missing on a module (the graph holds the branch for their absence): (path,
+        # its instance, parameter, buffer and module dicts, their keys, its class, the names), each to stay absent
+        self.missing = tuple((path, dicts, tuple(d.keys() for d in dicts), type(m), frozenset(names))
+                             for path, names in (missing_read or {}).items()
+                             for m in [_submodule(model, path)] if m is not None and id(m) in paths
+                             for dicts in [(vars(m), m._parameters, m._buffers, m._modules)])
+        self.watched = bool(through or self.settings or self.tensors or self.shadows or self.missing)
 
     def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
@@ -165,7 +173,10 @@ class ModuleTree:
         for _, instance, name, value in self.tensors:
             if instance.get(name) is not value:
                 return True
-        return not all(map(KEYS_DISJOINT, self.shadow_keys, self.shadow_names))
+        if not all(map(KEYS_DISJOINT, self.shadow_keys, self.shadow_names)):
+            return True
+        return any(not keys.isdisjoint(names) or any(hasattr(cls, name) for name in names)
+                   for _, _, views, cls, names in self.missing for keys in views)
 
     def unchanged(self) -> bool:
         if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
@@ -220,6 +231,11 @@ class ModuleTree:
                 if name in instance:
                     return (f"the model's module '{path}' has its own '{name}' (set on it), where the trace read its "
                             "class's")
+        for path, dicts, _, cls, names in self.missing:
+            for name in sorted(names):
+                if any(name in d for d in dicts) or hasattr(cls, name):
+                    where = f"module '{path}'" if path else "root module"
+                    return f"the model's {where} has '{name}' now, which the traced forward asked for and found missing"
         return None
 
 
@@ -303,7 +319,7 @@ class StaleTree:
     holds the model as it was fused, the copy's model as it was copied, so the copy runs its model's own forward."""
 
     __slots__ = ("what",)
-    instances = copies = class_values = shadows = shadow_keys = shadow_names = ()
+    instances = copies = class_values = shadows = shadow_keys = shadow_names = missing = ()
     class_holder = None
     class_get = staticmethod(lambda holder: ())
     watched = True

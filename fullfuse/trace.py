@@ -172,6 +172,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         reads.class_attributes.setdefault("", set()).add("forward")   # (fx traced the root's class forward)
         gm.__dict__[CLASS_ATTRIBUTES_READ] = {path: tuple(sorted(names))
                                               for path, names in reads.class_attributes.items()}
+        gm.__dict__[MISSING_READ] = {path: tuple(sorted(names)) for path, names in reads.missing.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
         gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
@@ -329,6 +330,7 @@ ATTRIBUTES_READ = "_fullfuse_attributes_read"
 CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
 # a traced graph's: {module name: the names of its globals the model's code read during the trace} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
+MISSING_READ = "_fullfuse_missing_read"   # (names the model's code asked of a module that it did not have: hasattr)
 PRIVATE_NAMES_READ = "_fullfuse_private_names_read"   # (the private names the model's code read as attributes)
 
 
@@ -383,11 +385,11 @@ class _RecordingModuleReads:
     graph, so a graph that read one holds only while the flag is as it was (``FusedModel``).  The classes of the
     model's modules get a ``_TrainingAttribute`` meanwhile (fx's leaves, torch.nn's modules, read their own flag when
     the graph runs; the forward may read it too).  Likewise the instance attributes of those modules that the trace
-    reads (``self.scale``,
-    ``self.config``, ``self._scale`` behind a property: fx keeps what the forward computes from them), as {path:
-    names} in ``attributes``, and the names it reads on their classes (``forward``, a method, a class-level setting)
-    in ``class_attributes``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree
-    watches them)."""
+    reads (``self.scale``, ``self.config``, ``self._scale`` behind a property: fx keeps what the forward computes from
+    them), as {path: names} in ``attributes``, the names it reads on their classes (``forward``, a method, a
+    class-level setting) in ``class_attributes``, and those the model's code asked for and the module did not have
+    (``hasattr(self, "extra")``, ``getattr(self, "extra", None)``: the graph holds the branch for their absence) in
+    ``missing``, through a ``__getattribute__`` on their classes meanwhile (module_tree.ModuleTree watches them)."""
 
     def __init__(self, model: nn.Module, tracer: torch.fx.Tracer):
         self.paths: Dict[int, str] = {}
@@ -404,6 +406,7 @@ class _RecordingModuleReads:
         self.read: Dict[str, bool] = {}
         self.attributes: Dict[str, set] = {}
         self.class_attributes: Dict[str, set] = {}
+        self.missing: Dict[str, set] = {}
 
     def __enter__(self) -> "_RecordingModuleReads":
         _patch_lock.acquire()
@@ -419,6 +422,7 @@ class _RecordingModuleReads:
         """A ``__getattribute__`` noting the traced modules' instance attributes this thread reads: public ones, and
         private ones the model's own code reads (``self._scale`` behind a property), not nn.Module's own dicts."""
         thread, paths, attributes, class_attributes = self.thread, self.paths, self.attributes, self.class_attributes
+        missing = self.missing
 
         def getattribute(module, name):
             if name != "training" and id(module) in paths and threading.get_ident() == thread and (
@@ -427,6 +431,9 @@ class _RecordingModuleReads:
                     attributes.setdefault(paths[id(module)], set()).add(name)
                 elif hasattr(type(module), name):   # (a method, a class-level setting)
                     class_attributes.setdefault(paths[id(module)], set()).add(name)
+                elif not any(name in object.__getattribute__(module, d) for d in _TENSOR_AND_MODULE_DICTS) and \
+                        not own_code(sys._getframe(1)):   # (model code asking for what is not there: hasattr)
+                    missing.setdefault(paths[id(module)], set()).add(name)
             return inherited(module, name)
         return getattribute
 
@@ -573,6 +580,7 @@ class _ModuleState:
         return changed
 
 
+_TENSOR_AND_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
 _MODULE_OWN = frozenset(vars(nn.Module()))   # (nn.Module's own instance attributes: its dicts of hooks and tensors)
 
 

@@ -351,3 +351,56 @@ def test_what_the_forward_reads_of_a_called_module_is_watched(change):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert torch.equal(fused(x), model(x))
+
+
+class _AsksForWhatIsMissing(nn.Module):
+    """A region, then branches on attributes the module does not have when fused (``getattr(..., None)``,
+    ``hasattr``), on itself and on a module the graph calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.drop = SeedA(), nn.Dropout(0.0)
+
+    def forward(self, x):
+        y = self.body(x)
+        if getattr(self, "extra", None) is not None:
+            y = y + self.extra
+        if hasattr(self, "flag"):
+            y = y * 2
+        if hasattr(self.drop, "gain"):
+            y = y * 3
+        return self.drop(y)
+
+
+@pytest.mark.parametrize("change", ["buffer", "parameter", "attribute", "class attribute", "called module's"])
+def test_an_attribute_the_forward_found_missing_added_after_fusing_gives_the_models_answer(change):
+    """The graph holds the branch for an attribute's absence: one added since (a buffer, a parameter, a plain
+    attribute, a class attribute, one on a module the graph calls) runs the model's own forward, with a warning naming
+    it, until it is gone again."""
+    torch.manual_seed(11)
+    model = _AsksForWhatIsMissing().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    target, name, message = {"buffer": (model, "extra", "root module has 'extra'"),
+                             "parameter": (model, "extra", "root module has 'extra'"),
+                             "attribute": (model, "flag", "root module has 'flag'"),
+                             "class attribute": (_AsksForWhatIsMissing, "flag", "root module has 'flag'"),
+                             "called module's": (model.drop, "gain", "module 'drop' has 'gain'")}[change]
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+        try:
+            if change == "buffer":
+                model.register_buffer("extra", torch.ones(64))
+            elif change == "parameter":
+                model.extra = nn.Parameter(torch.ones(64))
+            else:
+                setattr(target, name, True)
+            want = model(x)
+            assert not torch.equal(want, fused.graph_module(x))   # (the change changes the answer)
+            with pytest.warns(UserWarning, match=message):
+                assert torch.equal(fused(x), want)
+        finally:
+            delattr(target, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(fused(x), model(x))
