@@ -16,7 +16,7 @@ from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
 from .module_hooks import ForwardHooks
-from .module_tree import CHILDREN, ModuleTree, StaleTree
+from .module_tree import CHILDREN, ModuleTree, StaleTree, graph_tensors
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -93,7 +93,8 @@ class FusedModel(nn.Module):
                                    traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()),
                                    traced.get(MISSING_READ, {}))
         self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through,
-                                                                                   *self._reads)
+                                                                                   *self._reads,
+                                                                                   held=graph_tensors(graph_module))
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -202,7 +203,7 @@ class FusedModel(nn.Module):
         stale = self.__dict__.get("_stale")
         d = self.__dict__
         d["_tree"] = StaleTree(stale) if stale else ModuleTree(original, d["_traced_through"],
-                                                               *d.get("_reads", ()))
+                                                               *d.get("_reads", ()), held=graph_tensors(graph))
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

@@ -21,14 +21,14 @@ from __future__ import annotations
 import sys
 from operator import attrgetter, itemgetter, methodcaller
 from types import BuiltinFunctionType, FunctionType, MethodType, SimpleNamespace
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Collection, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from .calls import compiling
 from .original_ops import SETTING_TYPES
-from .watched_values import differs, plain_objects, public_fields, snapshot
+from .watched_values import Same, SameTensor, differs, plain_objects, public_fields, snapshot
 
 _DELETED = object()
 
@@ -49,14 +49,15 @@ class ModuleTree:
                  read: Optional[Dict[str, Sequence[str]]] = None,
                  class_read: Optional[Dict[str, Sequence[str]]] = None,
                  globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = (),
-                 missing_read: Optional[Dict[str, Sequence[str]]] = None):
+                 missing_read: Optional[Dict[str, Sequence[str]]] = None, held: Collection[int] = ()):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
         on the module / its class} (``trace.ATTRIBUTES_READ``, ``CLASS_ATTRIBUTES_READ``); globals_read: {Python
         module: the globals the trace's code read} (``trace.GLOBALS_READ``); private_read: the private names the
         trace's code reads as attributes (``trace.PRIVATE_NAMES_READ``: ``config._k``), watched on config objects
         too; missing_read: {module path: the names the model's code asked of the module and it did not have}
-        (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent."""
+        (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent; held: the ids of the tensors
+        the graph holds as constants (``graph_tensors``), whose changes in place reach it."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -97,16 +98,20 @@ class ModuleTree:
                    for name, names in (globals_read or {}).items() if name in sys.modules]
         for sentence, values, names in places:
             if names:
-                settings.append(_entry(sentence, "", values, names))
+                settings.append(_entry(sentence, "", values, names, held))
             for name in names:
                 for where, obj in plain_objects(values[name], name, seen=seen, also=private_read):
                     fields = public_fields(obj, also=private_read)
                     if fields:
-                        objects.append(_entry(sentence, f"{where}.", vars(obj), fields))
-        # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph),
-        # compared by identity: (path, instance dict, name, the tensor as fused)
-        self.tensors = tuple((paths[id(m)], vars(m), name, value) for m in modules
-                             for name, value in vars(m).items() if isinstance(value, torch.Tensor))
+                        objects.append(_entry(sentence, f"{where}.", vars(obj), fields, held))
+        # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph, or
+        # what the forward computed from its values), compared by identity, and by version where the forward read it
+        # and the graph does not hold it (``.item()``, ``self.t * 2`` at the trace): (path, instance dict, name, a
+        # Same or SameTensor of the tensor as fused)
+        self.tensors = tuple((paths[id(m)], vars(m), name,
+                              Same(value) if id(value) in held or name not in (read or {}).get(paths[id(m)], ())
+                              else SameTensor(value))
+                             for m in modules for name, value in vars(m).items() if isinstance(value, torch.Tensor))
         # what the trace read on the classes of the root and the traced-through modules (their ``forward``, methods,
         # class-level settings): host time per call, one C-level ``class_values != class_get(class_holder)`` (inline in
         # FusedModel; an attrgetter of the dotted names ``h<i>.<name>`` on a holder of the root and the classes, two
@@ -122,7 +127,7 @@ class ModuleTree:
         self.class_lookups = tuple((holder, name, getattr(holder if isinstance(holder, type) else type(holder), name))
                                    for holder, name, _ in lookups)
         dotted = [f"h{holders[id(holder)][0]}.{name}" for holder, name, _ in lookups]
-        values = tuple(_kept(value) for _, _, value in lookups)
+        values = tuple(_kept(value, held) for _, _, value in lookups)
         if len(dotted) == 1:
             dotted, values = dotted * 2, values * 2
         self.class_get, self.class_values = (attrgetter(*dotted), values) if dotted else (_NO_CLASSES, ())
@@ -144,7 +149,7 @@ class ModuleTree:
                 if fields:
                     kind = f"class {holder.__qualname__}" if isinstance(holder, type) else "root module"
                     objects.append(_entry(f"the model's {kind} changed its setting '{{}}'", f"{where}.", vars(obj),
-                                          fields))
+                                          fields, held))
         self.settings = tuple(settings + objects)
         # the names the model's code found missing on a module (the graph holds the branch for their absence): (path,
         # its instance, parameter, buffer and module dicts, their keys, its class, the names), each to stay absent
@@ -170,8 +175,8 @@ class ModuleTree:
                     return True
         except Exception:   # (a setting deleted: KeyError; a comparison that raises)
             return True
-        for _, instance, name, value in self.tensors:
-            if instance.get(name) is not value:
+        for _, instance, name, kept in self.tensors:
+            if kept != instance.get(name):
                 return True
         if not all(map(KEYS_DISJOINT, self.shadow_keys, self.shadow_names)):
             return True
@@ -223,9 +228,12 @@ class ModuleTree:
             for name, value in zip(names, was):
                 if differs(value, values.get(name, _DELETED)):   # (identity first, as the tuple test: NaN)
                     return sentence.format(where + name)
-        for path, instance, name, value in self.tensors:
-            if instance.get(name) is not value:
+        for path, instance, name, kept in self.tensors:
+            if instance.get(name) is not kept.value:
                 return f"the model's {_traced(path)} has another tensor as its attribute '{name}'"
+            if kept != instance.get(name):
+                return (f"the model's {_traced(path)} changed its tensor attribute '{name}' in place (the graph may "
+                        f"hold what the forward computed from its values: a buffer, register_buffer, is read as it is)")
         for instance, names, path in self.shadows:
             for name in names:
                 if name in instance:
@@ -284,23 +292,37 @@ def _data_descriptor(cls: type, name: str) -> bool:
     return False
 
 
-def _kept(value):
+def _kept(value, held: Collection[int]):
     """A class attribute's value to compare later ones with (on the left): functions, bound methods, classes and
     scalars as they are (their ``==`` is C-level: identity, or a bound method's function and instance); anything else
     as ``snapshot`` keeps it (a list or dict by value, an object by identity)."""
     if type(value) in (FunctionType, MethodType, BuiltinFunctionType) or isinstance(value, type):
         return value
-    return snapshot(value)
+    return snapshot(value, held=held)
 
 
-def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...]) -> tuple:
+def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...], held: Collection[int]) -> tuple:
     """(the sentence saying that one of them changed, with a {} for its name; where in the place they are, the dict
     holding them, their names, an itemgetter of them giving a tuple — one name twice —, their snapshots in that
     order)"""
-    was = tuple(snapshot(values[name]) for name in names)
+    was = tuple(snapshot(values[name], held=held) for name in names)
     if len(names) == 1:
         return sentence, where, values, names, itemgetter(names[0], names[0]), was * 2
     return sentence, where, values, names, itemgetter(*names), was
+
+
+def graph_tensors(graph: nn.Module) -> frozenset:
+    """The ids of the tensors a traced graph reads as they are (its ``get_attr`` constants: a plain tensor attribute,
+    a global tensor a traced op took)."""
+    held = set()
+    for node in getattr(getattr(graph, "graph", None), "nodes", ()):
+        if node.op == "get_attr":
+            value = graph
+            for part in node.target.split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor):
+                held.add(id(value))
+    return frozenset(held)
 
 
 def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:

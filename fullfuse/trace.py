@@ -36,7 +36,7 @@ from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
 from .traced_globals import ReadingGlobals
-from .watched_values import differs, put_back, snapshot
+from .watched_values import differs, put_back, snapshot, tensor_version
 
 Node = torch.fx.Node
 _MISSING = object()
@@ -560,6 +560,13 @@ class _ModuleState:
         self.contents = [(path, name, value, snapshot(value), copy.copy(value))
                          for path, module, attributes, *_ in self.saved for name, value in attributes.items()
                          if isinstance(value, (list, dict, set)) and name not in _MODULE_OWN]
+        # the plain tensor attributes (not parameters or buffers, which fx reads as graph inputs): a forward changing
+        # one in place with no traced value involved (``self.calls.add_(1)``) does so at the trace alone.  (path,
+        # name, the tensor, its version, a copy to put back: up to _COPIED elements)
+        self.tensors = [(path, name, value, tensor_version(value),
+                         value.detach().clone() if value.numel() <= _COPIED else None)
+                        for path, module, attributes, *_ in self.saved for name, value in attributes.items()
+                        if isinstance(value, torch.Tensor) and tensor_version(value) is not None]
 
     def restore(self) -> List[str]:
         """Put every module back as it was; returns the names that had changed ("path.attribute")."""
@@ -577,10 +584,17 @@ class _ModuleState:
             if differs(was, value):
                 changed.append(f"{path}.{name}" if path else name)
                 put_back(value, items)
+        for path, name, value, version, copied in self.tensors:
+            if tensor_version(value) != version:
+                changed.append(f"{path}.{name}" if path else name)
+                if copied is not None:
+                    with torch.no_grad():
+                        value.copy_(copied)
         return changed
 
 
 _TENSOR_AND_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+_COPIED = 1 << 20   # (elements of a plain tensor attribute copied before a trace, to be put back if it changes)
 _MODULE_OWN = frozenset(vars(nn.Module()))   # (nn.Module's own instance attributes: its dicts of hooks and tensors)
 
 

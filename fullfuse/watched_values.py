@@ -3,9 +3,9 @@
 fx keeps what a forward's Python computed from a module's attributes (``self.scale``, ``self.cfg["k"]``,
 ``self.config.k``) as constants of the graph; ``module_tree.ModuleTree`` compares those attributes, as they are at
 each call, with their ``snapshot``: plain data (numbers, strings, and lists, tuples, dicts and sets of it) by value,
-nested containers copied so that a change inside one shows; anything else (a tensor, an array, a function, an object)
-by identity, through ``Same``, which never asks the object (a tensor's ``==`` compares elements, an array's gives an
-array).  An object with fields of its own (a config object, a namespace, a dataclass) is the same object with new
+nested containers copied so that a change inside one shows; a tensor by identity and version counter (``SameTensor``:
+a change in place shows), unless the graph holds it as a constant (then by identity); anything else (an array, a function, an object) by identity, through ``Same``, which never
+asks the object (a tensor's ``==`` compares elements, an array's gives an array).  An object with fields of its own (a config object, a namespace, a dataclass) is the same object with new
 fields after ``config.k = 3``: ``plain_objects`` finds such objects in a value, whose public fields are watched in
 turn.  Comparisons put the snapshot on the left (``snapshot != value``), so that ``Same`` answers for itself.
 """
@@ -45,8 +45,37 @@ class Same:
         return f"Same({type(self.value).__name__} at {id(self.value):#x})"
 
 
-def snapshot(value, budget: List[int] = None):
-    """``value`` as it is now, for ``snapshot(value) != later`` to tell whether ``later`` differs (see the module)."""
+class SameTensor(Same):
+    """Equal to one tensor alone, unchanged in place since (its version counter, which every in-place op bumps): fx
+    keeps what the forward computed from a tensor's values at the trace (``self.t.item()``, ``self.t * 2`` of a plain
+    tensor attribute or a global) as constants, which a change in place leaves stale."""
+
+    __slots__ = ("version",)
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__(value)
+        self.version = tensor_version(value)
+
+    def __eq__(self, other) -> bool:
+        # (torch.compile cannot trace a version counter, a data-dependent value: identity alone there)
+        return other is self.value and (torch.compiler.is_compiling() or tensor_version(other) == self.version)
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+
+def tensor_version(tensor: torch.Tensor):
+    """The tensor's version counter; None for one without (an inference tensor)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def snapshot(value, budget: List[int] = None, held: Collection[int] = ()):
+    """``value`` as it is now, for ``snapshot(value) != later`` to tell whether ``later`` differs (see the module).
+    held: the ids of the tensors the graph reads as they are (its constants: a change in place reaches it), compared
+    by identity alone."""
     budget = [LIMIT] if budget is None else budget
     if type(value) in SCALARS:
         return value
@@ -57,15 +86,15 @@ def snapshot(value, budget: List[int] = None):
         if isinstance(value, set):
             return copy.copy(value)   # (elements are hashable: compared by hash and ==, as the set does)
         if isinstance(value, dict):
-            items = {k: snapshot(v, budget) for k, v in value.items()}
+            items = {k: snapshot(v, budget, held) for k, v in value.items()}
             return items if type(value) is dict else _same_kind(value, items)
-        items = [snapshot(v, budget) for v in value]
+        items = [snapshot(v, budget, held) for v in value]
         if isinstance(value, tuple):
             return tuple(items)   # (a namedtuple or torch.Size compares equal to it, element by element)
         return items if type(value) is list else _same_kind(value, items)
     if isinstance(value, frozenset):
         return value
-    return Same(value)
+    return SameTensor(value) if isinstance(value, torch.Tensor) and id(value) not in held else Same(value)
 
 
 def differs(was, now) -> bool:

@@ -404,3 +404,74 @@ def test_an_attribute_the_forward_found_missing_added_after_fusing_gives_the_mod
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert torch.equal(fused(x), model(x))
+
+
+COUNT = torch.tensor(2.0)   # (a global tensor the forward reads as a number)
+
+
+class _ReadsTensorValues(nn.Module):
+    """A region, then numbers read from plain tensors (not buffers) at the trace: an attribute's ``.item()``, a
+    global's ``float()``; and a plain tensor the graph holds as it is (a traced op takes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.t, self.held = SeedA(), torch.tensor(1.0), torch.zeros(64)
+
+    def forward(self, x):
+        return (self.body(x) + self.held) * self.t.item() * float(COUNT)
+
+
+@pytest.mark.parametrize("change", ["attribute's value", "global's value", "held tensor"])
+def test_a_tensor_whose_value_the_trace_read_changed_in_place_gives_the_models_answer(change):
+    """fx keeps ``self.t.item()`` and ``float(COUNT)`` as numbers: such a tensor changed in place runs the model's own
+    forward, with a warning, until fused again; a tensor the graph holds as it is sees the change itself (no
+    warning).  torch.compile of the fused model still traces (it compares identity alone)."""
+    torch.manual_seed(12)
+    model = _ReadsTensorValues().eval()
+    fused = fullfuse.fused_model(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            assert torch.equal(fused(x), model(x))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                torch.compile(fused, backend="eager", fullgraph=True)(x)
+            {"attribute's value": model.t, "global's value": COUNT, "held tensor": model.held}[change].add_(1.0)
+            want = model(x)
+            if change == "held tensor":
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    assert torch.equal(fused(x), want)
+                return
+            assert not torch.equal(want, fused.graph_module(x))   # (the change changes the answer)
+            with pytest.warns(UserWarning, match="in place|changed"):
+                assert torch.equal(fused(x), want)
+    finally:
+        COUNT.fill_(2.0)
+
+
+class _CountsCalls(nn.Module):
+    """A region; the forward counts its calls in a plain tensor attribute, in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.calls = SeedA(), torch.zeros(1)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.body(x)
+
+
+def test_a_forward_changing_a_tensor_attribute_in_place_counts_every_call():
+    """``self.calls.add_(1)`` ran once, at the trace, and the graph never: such a forward is not traced (its child
+    still fuses), the trace's change is put back, and each call counts."""
+    model = _CountsCalls().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"] and model.calls.item() == 0
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        fused(x)
+        fused(x)
+    assert model.calls.item() == 2
