@@ -1,6 +1,7 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
 import contextlib
 import copy
+import os
 import re
 import warnings
 
@@ -2546,3 +2547,12 @@ def test_a_forward_set_on_the_fused_model_or_its_region_runs(monkeypatch, on):
         assert torch.equal(fused(x), torch.zeros(1)) and not launched
         del target.forward
         assert torch.isnan(fused(x)).all() and len(launched) == 1
+
+
+def test_python_m_fullfuse_is_the_command():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "fullfuse", "--help"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert out.returncode == 0 and "{info,build,check,bench}" in out.stdout, out.stderr
