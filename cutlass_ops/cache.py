@@ -1,11 +1,14 @@
 """The on-disk cubin cache: one file per (variant, architecture), shared by threads and processes.
 
 Location: ``$FULLFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fullfuse``, else ``~/.cache/fullfuse``.  Entry
-``cubins/<kernel>-<arch>-<key>.cubin`` with the kernel's lowered name in ``.name`` beside it; the key hashes the CUDA
+``cubins/<kernel>-<arch>-<key>.cubin`` with the kernel's lowered name and the cubin's SHA-256 in ``.name`` beside
+it; the key hashes the CUDA
 sources the unit includes, the NVRTC version, the CUDA headers and the CUTLASS / CCCL versions
 (``nvrtc.headers_version``), the compile options, the architecture and the variant.  An entry is compiled under a
 file lock into a private file that is renamed into place after its name file, so a ``.cubin`` that exists is
-complete and its name is there: readers take no lock.
+complete and its name is there: readers take no lock.  An entry whose cubin does not match its digest (a cache
+folder copied in part, a disk fault) is compiled again, with a message, rather than handed to the driver, which
+would refuse it as if the GPU could not run the kernel.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from typing import Tuple
 from . import nvrtc
 from .variants import Variant
 
-CACHE_FORMAT = "2"  # bump to invalidate every cached cubin
+CACHE_FORMAT = "3"  # bump to invalidate every cached cubin
 FIX = "set FULLFUSE_CACHE_DIR to a writable directory (or one holding prebuilt kernels: run `fullfuse build` there)"
 
 
@@ -69,7 +72,7 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
     except nvrtc.CompileError as exc:
         raise BuildError(str(exc)) from exc
     found = _read(path)
-    if found is not None:
+    if found is not None and found is not DAMAGED:
         return found
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +84,11 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
         # flock excludes other processes and, as every call opens its own file description, other threads too
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = _read(path)
-        if found is not None:
+        if found is not None and found is not DAMAGED:
             return found
+        if found is DAMAGED:   # (said even when quiet: the user's cache folder holds a bad file)
+            print(f"fullfuse: the cached {path.name} does not match its digest (a partial copy or a disk fault); "
+                  f"compiling it again", file=sys.stderr, flush=True)
         start = time.time()
         if not quiet:
             print(f"fullfuse: compiling {variant.label} for {arch} (first use; cached in {path.parent}) ...",
@@ -92,7 +98,7 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
         except nvrtc.CompileError as exc:
             raise BuildError(str(exc)) from exc
         try:
-            _publish(path.with_suffix(".name"), name.encode())
+            _publish(path.with_suffix(".name"), f"{name}\n{hashlib.sha256(code).hexdigest()}\n".encode())
             _publish(path, code)
         except OSError as exc:
             raise BuildError(f"fullfuse: writing the kernel cache {path.parent} failed ({exc}); fix: {FIX}") from exc
@@ -101,15 +107,22 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
         return code, name
 
 
+DAMAGED = object()   # _read's answer for an entry whose cubin does not match the digest beside it
+
+
 def _read(path: Path):
+    """(cubin, lowered name) of a published entry; None where there is none; DAMAGED where its cubin does not match
+    its digest or its name file is not one (1.3 MB of cubin hash in ~2 ms, once per kernel and process)."""
     try:
         code = path.read_bytes()
-        name = path.with_suffix(".name").read_text(encoding="utf-8").strip()
+        lines = path.with_suffix(".name").read_text(encoding="utf-8", errors="replace").split("\n")
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise BuildError(f"fullfuse: cannot read the kernel cache {path.parent} ({exc}); fix: {FIX}") from exc
-    return code, name
+    if len(lines) < 2 or not lines[0] or lines[1] != hashlib.sha256(code).hexdigest():
+        return DAMAGED
+    return code, lines[0]
 
 
 def _publish(path: Path, data: bytes) -> None:

@@ -147,6 +147,26 @@ def test_reader_never_takes_a_partial_file(env, monkeypatch):
     assert len(log) == 1
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "old name file", "empty name file"])
+def test_a_damaged_entry_is_compiled_again_and_said(env, monkeypatch, capsys, damage):
+    """A cubin that does not match the digest beside it (a cache folder copied in part, a disk fault, a name file
+    of an earlier format) is compiled again, even when quiet, never handed to the driver."""
+    log = []
+    fake_compiler(monkeypatch, log, pause=0.0)
+    path = cache.entry_path(VARIANT, "sm_80")
+    cache.cubin(VARIANT, "sm_80", quiet=True)
+    if damage == "truncated":
+        path.write_bytes(CUBIN[:1000])
+    elif damage == "flipped":
+        path.write_bytes(CUBIN[:500] + b"\0" + CUBIN[501:])
+    else:
+        path.with_suffix(".name").write_text("" if damage == "empty name file" else "_Z14no_such_kernelILi1EEvv")
+    capsys.readouterr()
+    assert cache.cubin(VARIANT, "sm_80", quiet=True) == (CUBIN, "_Z14no_such_kernelILi1EEvv")
+    assert len(log) == 2 and "does not match its digest" in capsys.readouterr().err
+    assert cache.cubin(VARIANT, "sm_80", quiet=True)[0] == CUBIN and len(log) == 2   # (repaired: read again)
+
+
 def test_failed_compile_is_a_build_error_and_leaves_no_entry(env, monkeypatch):
     fake_compiler(monkeypatch, [], pause=0.0, fail=True)
     with pytest.raises(cache.BuildError, match="NVRTC failed"):
