@@ -78,7 +78,8 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a")
     except OSError as exc:
-        raise BuildError(f"fullfuse: cannot write the kernel cache {path.parent} ({exc.strerror or exc}); "
+        damaged = f"{path.name} there does not match its digest and " if found is DAMAGED else ""
+        raise BuildError(f"fullfuse: {damaged}cannot write the kernel cache {path.parent} ({exc.strerror or exc}); "
                          f"fix: {FIX}") from exc
     with lock:
         # flock excludes other processes and, as every call opens its own file description, other threads too

@@ -167,6 +167,19 @@ def test_a_damaged_entry_is_compiled_again_and_said(env, monkeypatch, capsys, da
     assert cache.cubin(VARIANT, "sm_80", quiet=True)[0] == CUBIN and len(log) == 2   # (repaired: read again)
 
 
+def test_a_damaged_entry_in_a_read_only_cache_is_a_build_error_saying_so(env, monkeypatch):
+    fake_compiler(monkeypatch, [], pause=0.0)
+    path = cache.entry_path(VARIANT, "sm_80")
+    cache.cubin(VARIANT, "sm_80", quiet=True)
+    path.write_bytes(CUBIN[:1000])
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(cache, "open", read_only, raising=False)   # (the lock file cannot be made)
+    with pytest.raises(cache.BuildError, match="does not match its digest and cannot write the kernel cache"):
+        cache.cubin(VARIANT, "sm_80", quiet=True)
+
+
 def test_failed_compile_is_a_build_error_and_leaves_no_entry(env, monkeypatch):
     fake_compiler(monkeypatch, [], pause=0.0, fail=True)
     with pytest.raises(cache.BuildError, match="NVRTC failed"):
