@@ -12,7 +12,7 @@ would refuse it as if the GPU could not run the kernel.
 """
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import hashlib
 import os
 import re
@@ -25,6 +25,12 @@ from typing import Tuple
 
 from . import nvrtc
 from .variants import Variant
+
+try:
+    import fcntl
+except ImportError:   # Windows
+    fcntl = None
+    import msvcrt
 
 CACHE_FORMAT = "3"  # bump to invalidate every cached cubin
 FIX = "set FULLFUSE_CACHE_DIR to a writable directory (or one holding prebuilt kernels: run `fullfuse build` there)"
@@ -81,9 +87,7 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
         damaged = f"{path.name} there does not match its digest and " if found is DAMAGED else ""
         raise BuildError(f"fullfuse: {damaged}cannot write the kernel cache {path.parent} ({exc.strerror or exc}); "
                          f"fix: {FIX}") from exc
-    with lock:
-        # flock excludes other processes and, as every call opens its own file description, other threads too
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with lock, _held(lock):
         found = _read(path)
         if found is not None and found is not DAMAGED:
             return found
@@ -106,6 +110,29 @@ def cubin(variant: Variant, arch: str, quiet: bool = False) -> Tuple[bytes, str]
         if not quiet:
             print(f"fullfuse: compiled {variant.label} in {time.time() - start:.1f} s", file=sys.stderr, flush=True)
         return code, name
+
+
+@contextlib.contextmanager
+def _held(lock):
+    """``lock`` (an open file) locked for this block: other processes and, as every call opens its own file
+    description, other threads wait.  POSIX: flock; Windows: a lock on the file's first byte, retried, as one try
+    gives up after ~10 s and a compile can take longer."""
+    if fcntl is not None:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # (released when the file is closed)
+        yield
+        return
+    lock.seek(0)
+    while True:
+        try:
+            msvcrt.locking(lock.fileno(), msvcrt.LK_LOCK, 1)
+            break
+        except OSError:
+            continue
+    try:
+        yield
+    finally:
+        lock.seek(0)
+        msvcrt.locking(lock.fileno(), msvcrt.LK_UNLCK, 1)
 
 
 DAMAGED = object()   # _read's answer for an entry whose cubin does not match the digest beside it
@@ -134,7 +161,14 @@ def _publish(path: Path, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, path)
+        for attempt in range(100):   # (Windows: a reader holding the old file open makes the rename fail a while)
+            try:
+                os.replace(tmp, path)
+                break
+            except PermissionError:
+                if os.name != "nt" or attempt == 99:
+                    raise
+                time.sleep(0.05)
     finally:
         try:
             tmp.unlink()

@@ -136,6 +136,49 @@ assert code == b"cubin" * 100000 and name == "name", (len(code), name)
     assert log.read_text().count("compile") == 1
 
 
+def test_without_fcntl_the_lock_is_windows_and_threads_compile_once(env, tmp_path):
+    """Where there is no fcntl (Windows), importing fullfuse works and the entry's lock is msvcrt's (stood in here by
+    flock, its first try failing as Windows' gives up after ~10 s): 8 threads, one compile."""
+    code = f"""
+import fcntl, multiprocessing, subprocess, sys, threading, time, types
+import torch   # (what imports itself tests for msvcrt, as subprocess does, before the stand-in is there)
+real = fcntl
+sys.modules["fcntl"] = None
+msvcrt = types.ModuleType("msvcrt")
+msvcrt.LK_LOCK, msvcrt.LK_UNLCK, tries = 1, 0, []
+def locking(fd, mode, nbytes):
+    assert nbytes == 1
+    if mode == msvcrt.LK_LOCK and not tries:
+        tries.append(1)
+        raise OSError(36, "Resource deadlock avoided")
+    real.flock(fd, real.LOCK_EX if mode == msvcrt.LK_LOCK else real.LOCK_UN)
+msvcrt.locking = locking
+sys.modules["msvcrt"] = msvcrt
+sys.path.insert(0, {str(ROOT)!r})
+import fullfuse
+from cutlass_ops import cache, nvrtc
+from cutlass_ops.variants import Variant
+assert cache.fcntl is None
+nvrtc.version = lambda: (13, 0)
+nvrtc.headers_version = lambda: "test"
+log, got = [], []
+def compile_variant(variant, arch):
+    log.append(arch)
+    time.sleep(0.3)
+    return b"cubin" * 1000, "name"
+nvrtc.compile_variant = compile_variant
+def worker():
+    got.append(cache.cubin(Variant("device_std.h", "no_such_kernel<1>", ("sm_80",)), "sm_80", quiet=True))
+threads = [threading.Thread(target=worker) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert len(log) == 1 and got == [(b"cubin" * 1000, "name")] * 8 and tries, (log, len(got), tries)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def test_reader_never_takes_a_partial_file(env, monkeypatch):
     path = cache.entry_path(VARIANT, "sm_80")
     path.parent.mkdir(parents=True)
