@@ -36,7 +36,7 @@ from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
 from .traced_globals import ReadingGlobals
-from .watched_values import differs, put_back, snapshot, tensor_version
+from .watched_values import differs, is_array, put_back, snapshot, tensor_version
 
 Node = torch.fx.Node
 _MISSING = object()
@@ -555,11 +555,11 @@ class _ModuleState:
         self.saved = [(path, module, dict(module.__dict__), dict(module._parameters), dict(module._buffers),
                        dict(module._modules)) for path, module in model.named_modules()
                       if not isinstance(module, torch.jit.ScriptModule)]
-        # the containers among the attributes (not nn.Module's own dicts): (path, name, the container, its snapshot,
-        # a copy of its items to put back)
+        # the containers and NumPy arrays among the attributes (not nn.Module's own dicts): (path, name, the container,
+        # its snapshot, a copy of its items to put back)
         self.contents = [(path, name, value, snapshot(value), copy.copy(value))
                          for path, module, attributes, *_ in self.saved for name, value in attributes.items()
-                         if isinstance(value, (list, dict, set)) and name not in _MODULE_OWN]
+                         if (isinstance(value, (list, dict, set)) or is_array(value)) and name not in _MODULE_OWN]
         # the plain tensor attributes (not parameters or buffers, which fx reads as graph inputs): a forward changing
         # one in place with no traced value involved (``self.calls.add_(1)``) does so at the trace alone.  (path,
         # name, the tensor, its version, a copy to put back: up to _COPIED elements)

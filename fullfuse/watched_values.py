@@ -4,14 +4,16 @@ fx keeps what a forward's Python computed from a module's attributes (``self.sca
 ``self.config.k``) as constants of the graph; ``module_tree.ModuleTree`` compares those attributes, as they are at
 each call, with their ``snapshot``: plain data (numbers, strings, and lists, tuples, dicts and sets of it) by value,
 nested containers copied so that a change inside one shows; a tensor by identity and version counter (``SameTensor``:
-a change in place shows), unless the graph holds it as a constant (then by identity); anything else (an array, a function, an object) by identity, through ``Same``, which never
-asks the object (a tensor's ``==`` compares elements, an array's gives an array).  An object with fields of its own (a config object, a namespace, a dataclass) is the same object with new
+a change in place shows), unless the graph holds it as a constant (then by identity); a NumPy array by identity and
+its bytes (``SameArray``: it has no version counter); anything else (a function, an object) by identity, through
+``Same``, which never asks the object (a tensor's ``==`` compares elements, an array's gives an array).  An object with fields of its own (a config object, a namespace, a dataclass) is the same object with new
 fields after ``config.k = 3``: ``plain_objects`` finds such objects in a value, whose public fields are watched in
 turn.  Comparisons put the snapshot on the left (``snapshot != value``), so that ``Same`` answers for itself.
 """
 from __future__ import annotations
 
 import copy
+import sys
 import types
 from typing import Collection, Iterator, List, Tuple
 
@@ -64,6 +66,32 @@ class SameTensor(Same):
         return not self.__eq__(other)
 
 
+class SameArray(Same):
+    """Equal to one NumPy array alone, with the shape, dtype and bytes it had: fx keeps what the forward computed from
+    an array's values at the trace (``float(self.w[0])``, ``self.w * 2``) as constants, which a change in place
+    (``model.w[0] = 5``) leaves stale.  An array has no version counter: each comparison reads its bytes (~0.3 us for
+    a small array; a copy of its size for a large one).  torch.compile cannot trace the comparison: it breaks the
+    graph there and compares each call (``fullgraph=True`` refuses a model reading an array, as it did by identity)."""
+
+    __slots__ = ("layout", "data")
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.layout, self.data = (value.shape, value.dtype), value.tobytes()
+
+    def __eq__(self, other) -> bool:
+        return other is self.value and (other.shape, other.dtype) == self.layout and other.tobytes() == self.data
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+
+def is_array(value) -> bool:
+    """Whether ``value`` is a NumPy array (NumPy not imported: none is)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
+
+
 def tensor_version(tensor: torch.Tensor):
     """The tensor's version counter; None for one without (an inference tensor)."""
     try:
@@ -94,7 +122,9 @@ def snapshot(value, budget: List[int] = None, held: Collection[int] = ()):
         return items if type(value) is list else _same_kind(value, items)
     if isinstance(value, frozenset):
         return value
-    return SameTensor(value) if isinstance(value, torch.Tensor) and id(value) not in held else Same(value)
+    if isinstance(value, torch.Tensor):
+        return SameTensor(value) if id(value) not in held else Same(value)
+    return SameArray(value) if is_array(value) else Same(value)
 
 
 def differs(was, now) -> bool:
@@ -107,8 +137,12 @@ def differs(was, now) -> bool:
 
 
 def put_back(container, items) -> None:
-    """Give a list, dict or set the ``items`` it held (a copy of it taken before), in place."""
-    if isinstance(container, list):
+    """Give a list, dict, set or NumPy array the ``items`` it held (a copy of it taken before), in place (an array
+    since resized in place is left as it is)."""
+    if is_array(container):
+        if container.shape == items.shape:
+            container[...] = items
+    elif isinstance(container, list):
         container[:] = items
     else:
         container.clear()

@@ -9,6 +9,7 @@ import warnings
 from collections import OrderedDict
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -475,3 +476,100 @@ def test_a_forward_changing_a_tensor_attribute_in_place_counts_every_call():
         fused(x)
         fused(x)
     assert model.calls.item() == 2
+
+
+GAINS = np.array([2.0, 3.0], dtype=np.float32)   # (a global array the forward reads as numbers)
+
+
+class _ReadsArrayValues(nn.Module):
+    """A region, then numbers read from NumPy arrays at the trace (fx keeps them as constants): an attribute's, one in
+    a list attribute, a global's."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.w, self.ws = SeedA(), np.array([1.5, 0.5]), [np.array([0.25])]
+
+    def forward(self, x):
+        return self.body(x) * float(self.w[0]) + float(self.ws[0][0]) + float(GAINS[1])
+
+
+@pytest.mark.parametrize("change", ["attribute", "in a list", "global", "resized"])
+def test_an_array_whose_values_the_trace_read_changed_in_place_gives_the_models_answer(change):
+    """A NumPy array has no version counter: its bytes, shape and dtype are compared in each call.  Unchanged, the
+    graph runs (no warning); changed in place, the model's own forward, with a warning."""
+    torch.manual_seed(13)
+    model = _ReadsArrayValues().eval()
+    fused = _quiet_fused(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert torch.equal(fused(x), model(x)) and torch.equal(fused(x), model(x))
+            if change == "attribute":
+                model.w[0] = 4.0
+            elif change == "in a list":
+                model.ws[0][0] = 1.0
+            elif change == "global":
+                GAINS[1] = 7.0
+            else:
+                model.w.resize(3, refcheck=False)
+                model.w[:] = [1.5, 0.5, 0.0]   # (the same first values, a new shape)
+            want = model(x)
+            if change != "resized":
+                assert not torch.equal(want, fused.graph_module(x))   # (the change changes the answer)
+            with pytest.warns(UserWarning, match="changed"):
+                assert torch.equal(fused(x), want)
+    finally:
+        GAINS[:] = [2.0, 3.0]
+
+
+def test_under_torch_compile_an_array_changed_in_place_gives_the_models_answer():
+    """torch.compile breaks the graph at the array's comparison, which then runs in every call."""
+    torch.manual_seed(14)
+    model = _ReadsArrayValues().eval()
+    compiled = torch.compile(_quiet_fused(model), backend="eager")
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(compiled(x), model(x))
+        model.w[0] = 4.0
+        assert torch.equal(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
+class _ChangesAnArray(nn.Module):
+    """A region; the forward changes a NumPy array in place (an attribute's or a global's)."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.body, self.where, self.seen = SeedA(), where, np.zeros(1)
+
+    def forward(self, x):
+        (self.seen if self.where == "attribute" else SEEN)[0] += 1
+        return self.body(x)
+
+
+SEEN = np.zeros(1)
+
+
+@pytest.mark.parametrize("where", ["attribute", "global"])
+def test_a_forward_changing_an_array_in_place_changes_it_in_every_call(where):
+    """fx would run the change once, at the trace, and the graph never: the forward is not traced (its child still
+    fuses), the trace's change is put back, and each call makes it."""
+    model = _ChangesAnArray(where).eval()
+    seen = model.seen if where == "attribute" else SEEN
+    seen[0] = 0
+    fused = _quiet_fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"] and seen[0] == 0
+    with torch.no_grad():
+        fused(torch.randn(SMALL_SHAPE["A"]))
+        fused(torch.randn(SMALL_SHAPE["A"]))
+    assert seen[0] == 2
+
+
+def _quiet_fused(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fullfuse.fused_model(model)
