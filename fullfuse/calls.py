@@ -44,6 +44,13 @@ if hasattr(_compiler, "_is_exporting_flag"):
         return _compiler._is_exporting_flag
 else:
     _exporting = getattr(_compiler, "is_exporting", lambda: False)
+
+
+def exporting() -> bool:
+    """Whether torch.export is tracing the call."""
+    return compiling() and _exporting()
+
+
 _grad_enabled = torch.is_grad_enabled
 _deterministic_algorithms = getattr(torch._C, "_get_deterministic_algorithms",
                                     torch.are_deterministic_algorithms_enabled)

@@ -34,6 +34,13 @@ QUERIES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                     "get_rng_state", "initial_seed")),
     ("torch.backends.cuda", ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled",
                              "cudnn_sdp_enabled", "preferred_linalg_library")),
+    # whether a tracer runs the code: True for fx at the trace (False in every call), False for torch.compile (True
+    # under a torch.compile of the fused model).  (TorchScript's and ONNX's queries need no refusal: under
+    # torch.jit.trace and torch.export the fused model runs the model's own forward, whose code asks them itself)
+    ("torch.fx._symbolic_trace", ("is_fx_tracing", "is_fx_symbolic_tracing")),
+    ("torch.compiler", ("is_compiling", "is_dynamo_compiling", "is_exporting")),
+    ("torch._dynamo", ("is_compiling",)),
+    ("torch._utils", ("is_compiling",)),
 )
 
 

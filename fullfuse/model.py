@@ -259,6 +259,8 @@ class FusedModel(nn.Module):
         return "fused parts:\n" + "\n".join(f"  {plan}" for plan in self.plans)
 
     def forward(self, *args, **kwargs):
+        if self.__dict__["_original"] is not None and (jit_tracing() or calls.exporting()):
+            return self._recorded(args, kwargs)
         tree = self.__dict__["_tree"]
         changed = None if tree is None else tree.changed()
         if changed is not None:
@@ -322,6 +324,14 @@ class FusedModel(nn.Module):
                           stacklevel=3)
         for plan in self.plans:
             plan.calls.last = ("torch", f"{what} after fused_model: the model's own forward runs")
+        return self._run_model(args, kwargs, call=True)
+
+    def _recorded(self, args, kwargs):
+        """A call under a TorchScript trace (torch.jit.trace, ONNX export) or torch.export, which record PyTorch's ops
+        (the regions would run theirs too): the model's own call, whose code answers for itself what fx kept of the
+        trace's answers (``torch.jit.is_tracing()``, ``torch.onnx.is_in_onnx_export()``: False in the graph)."""
+        for plan in self.plans:
+            plan.calls.last = ("torch", "a TorchScript trace or torch.export records the model's own forward")
         return self._run_model(args, kwargs, call=True)
 
     def _model_forward(self, args, kwargs):

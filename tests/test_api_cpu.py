@@ -1125,7 +1125,7 @@ def test_region_graph_takes_only_its_inputs():
 
 @pytest.mark.parametrize("family", ["A", "B"])
 def test_a_torchscript_trace_records_the_regions_ops(family):
-    """torch.jit.trace (and ONNX export, which uses it) of a fused model: the regions run PyTorch's ops, so the trace
+    """torch.jit.trace (and ONNX export, which uses it) of a fused model: the model's own forward runs, so the trace
     holds the convolution (a kernel launch would be missing from it, its output an uninitialised tensor), and the
     traced module gives the model's answer."""
     torch.manual_seed(0)
@@ -1135,7 +1135,7 @@ def test_a_torchscript_trace_records_the_regions_ops(family):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)   # (torch.jit.trace's own)
         traced = torch.jit.trace(fused, x, check_trace=False)   # (its check calls the model again, untraced)
-        assert "own ops" in fused.plans[0].last_reason and "TorchScript" in fused.plans[0].last_reason
+        assert "model's own forward" in fused.plans[0].last_reason and "TorchScript" in fused.plans[0].last_reason
         assert any("convolution" in node.kind() for node in traced.inlined_graph.nodes())
         assert torch.equal(traced(x * 2), model(x * 2))
 

@@ -3,7 +3,9 @@ computes it anew in every call: a tensor it makes and changes in place, an answe
 settings, a draw from a global random generator.  Such a forward is not traced: the model runs its own forward
 around its children that trace (CPU: the torch path computes the outputs)."""
 import builtins
+import contextlib
 import logging
+import operator
 import random
 import sys
 import warnings
@@ -104,6 +106,75 @@ def test_a_forward_asking_torch_for_a_mode_gives_the_models_answer_in_every_mode
     for mode in (torch.enable_grad, torch.no_grad):
         with mode():
             torch.testing.assert_close(fused(x), parted(x))
+
+
+class _AsksTheTracer(nn.Module):
+    """A region in a child, then a branch on whether a tracer or compiler runs the code."""
+
+    def __init__(self, query: str):
+        super().__init__()
+        self.body, self.query = SeedA(), query
+
+    def forward(self, x):
+        y = self.body(x)
+        return y * 2 if operator.attrgetter(self.query[len("torch."):])(torch)() else y
+
+
+@pytest.mark.parametrize("query", ["torch.fx._symbolic_trace.is_fx_tracing", "torch.compiler.is_compiling",
+                                   "torch.compiler.is_dynamo_compiling", "torch.compiler.is_exporting"])
+def test_a_forward_asking_whether_fx_or_dynamo_traces_answers_as_the_model(query):
+    """fx would keep the trace's answer (fx tracing: yes; dynamo compiling: no), wrong in every call, or under a
+    torch.compile of the fused model: such a forward is not traced (the region in its child still fuses) and answers
+    as the model, eager and compiled."""
+    torch.manual_seed(8)
+    model = _AsksTheTracer(query).eval()
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]   # (not the root's graph's region)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(fused(x), model(x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(torch.compile(fused, backend="eager")(x),
+                                       torch.compile(model, backend="eager")(x))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("query", ["torch.jit.is_tracing", "torch.onnx.is_in_onnx_export"])
+def test_a_forward_asking_whether_it_is_recorded_answers_as_the_model_when_recorded(query):
+    """TorchScript's and ONNX's queries answer no in every eager call, as at the trace, so the model traces and fuses;
+    under torch.jit.trace (ONNX's exporter too), which records PyTorch's ops, the fused model runs the model's own
+    forward, which asks for itself (the graph kept the trace's no)."""
+    torch.manual_seed(10)
+    model = _AsksTheTracer(query).eval()
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(fused(x), model(x))
+        if query == "torch.jit.is_tracing":
+            want = torch.jit.trace(model, x, check_trace=False)(x)
+            assert not torch.equal(want, model(x))   # (the recorded branch differs)
+            assert torch.equal(torch.jit.trace(fused, x, check_trace=False)(x), want)
+        else:   # (ONNX export runs the model under a TorchScript trace, where this query answers yes)
+            plain = model(x)
+            with mock_onnx_export():
+                want = torch.jit.trace(model, x, check_trace=False)(x)
+                assert not torch.equal(want, plain)
+                assert torch.equal(torch.jit.trace(fused, x, check_trace=False)(x), want)
+
+
+@contextlib.contextmanager
+def mock_onnx_export():
+    """``torch.onnx.is_in_onnx_export()`` answering yes, as inside ``torch.onnx.export`` (which needs the onnx
+    package)."""
+    real = torch.onnx.is_in_onnx_export
+    torch.onnx.is_in_onnx_export = lambda: True
+    try:
+        yield
+    finally:
+        torch.onnx.is_in_onnx_export = real
 
 
 def _times_two_if(flag) -> float:
