@@ -41,7 +41,8 @@ class RecordingOutputs:
             if threading.get_ident() == thread and not own_code(_caller_of_logging(sys._getframe(1))):
                 written.append(f"a log record of logger {logger.name!r}")
                 return None
-            return self._log(logger, *args, **kwargs)
+            # (one frame more to skip: the record names the code that logged, not this function)
+            return self._log(logger, *args, **dict(kwargs, stacklevel=kwargs.get("stacklevel", 1) + 1))
         self.lent["print"] = print_
         logging.Logger._log = log
         return self

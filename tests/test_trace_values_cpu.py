@@ -500,3 +500,18 @@ def test_a_forward_that_prints_or_logs_writes_in_every_call(how, capsys, caplog)
     printed, logged = capsys.readouterr().out, [record.getMessage() for record in caplog.records]
     assert (printed, logged) == {"print": (f"{line}\n" * 4, []), "log": ("", [line] * 4),
                                  "log below the level": ("", [])}[how]
+
+
+def test_torchs_own_log_records_during_a_trace_name_the_code_that_logged(caplog):
+    """A record of torch's own code during the trace passes through (it is no write of the model's), naming the
+    function that logged as its source, not fullfuse's recorder."""
+    from fullfuse.trace_outputs import RecordingOutputs
+    own = {"__name__": "torch._fullfuse_test", "logging": logging}
+    exec(compile("def warn_once():\n    logging.getLogger('torch._fullfuse_test').warning('from torch')\n",
+                 "torch_fullfuse_test.py", "exec"), own)
+    caplog.set_level(logging.WARNING, logger="torch._fullfuse_test")
+    with RecordingOutputs() as outputs:
+        own["warn_once"]()
+    assert not outputs.written
+    assert [(r.getMessage(), r.filename, r.funcName) for r in caplog.records] == [
+        ("from torch", "torch_fullfuse_test.py", "warn_once")]
