@@ -1,17 +1,19 @@
-"""What a forward writes out (a print, a log record) while torch.fx traces it.
+"""What a forward writes out (a print, a log record, a warning) while torch.fx traces it.
 
-fx runs the forward's Python once, at the trace, with proxies for the values: a ``print(y.shape)`` or
-``logger.info(...)`` there writes ``Proxy(...)`` once, and the traced graph never writes again.  ``RecordingOutputs``
-notes such writes of the model's code in the trace's thread (and drops them: the trace is then refused, and the
-forward runs as written, writing each call's values); other threads' writes, and torch's and fullfuse's own log
-records, pass through.  ``print`` is lent to the model's modules (``traced_globals.ReadingGlobals``), not patched in
-builtins; logging's records are taken at ``Logger._log`` (called only for a level the logger is enabled for).
+fx runs the forward's Python once, at the trace, with proxies for the values: a ``print(y.shape)``,
+``logger.info(...)`` or ``warnings.warn(...)`` there writes ``Proxy(...)`` once, and the traced graph never writes
+again.  ``RecordingOutputs`` notes such writes of the model's code in the trace's thread (and drops them: the trace is
+then refused, and the forward runs as written, writing each call's values); other threads' writes, and torch's and
+fullfuse's own log records and warnings, pass through.  ``print`` is lent to the model's modules
+(``traced_globals.ReadingGlobals``), not patched in builtins; logging's records are taken at ``Logger._log`` (called
+only for a level the logger is enabled for); warnings at ``warnings.warn`` (not a ``warn`` imported by name before).
 """
 from __future__ import annotations
 
 import logging
 import sys
 import threading
+import warnings
 from typing import Dict, List
 
 from .global_state import own_code
@@ -43,12 +45,22 @@ class RecordingOutputs:
                 return None
             # (one frame more to skip: the record names the code that logged, not this function)
             return self._log(logger, *args, **dict(kwargs, stacklevel=kwargs.get("stacklevel", 1) + 1))
+        self._warn = real_warn = warnings.warn
+
+        def warn(message, category=None, stacklevel=1, *args, **kwargs):
+            if threading.get_ident() == thread and not own_code(sys._getframe(1)):
+                written.append("warnings.warn(...)")
+                return None
+            # (one frame more: the warning names the code that warned, not this function)
+            return real_warn(message, category, stacklevel + 1, *args, **kwargs)
         self.lent["print"] = print_
         logging.Logger._log = log
+        warnings.warn = warn
         return self
 
     def __exit__(self, *exc) -> None:
         logging.Logger._log = self._log
+        warnings.warn = self._warn
         patch_lock.release()
 
 

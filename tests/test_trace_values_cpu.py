@@ -475,6 +475,8 @@ class _Writes(nn.Module):
             print("pooled", y.shape)
         elif self.how == "log":
             _LOGGER.info("pooled %s", y.shape)
+        elif self.how == "warn":
+            warnings.warn(f"pooled {y.shape}", stacklevel=2)
         else:
             _LOGGER.debug("pooled %s", y.shape)
         return y
@@ -500,6 +502,37 @@ def test_a_forward_that_prints_or_logs_writes_in_every_call(how, capsys, caplog)
     printed, logged = capsys.readouterr().out, [record.getMessage() for record in caplog.records]
     assert (printed, logged) == {"print": (f"{line}\n" * 4, []), "log": ("", [line] * 4),
                                  "log below the level": ("", [])}[how]
+
+
+def test_a_forward_that_warns_warns_in_every_call():
+    """As a print: fx would warn once, at the trace (``pooled Proxy(...)``), and the graph never again; such a forward
+    is not traced (its child still fuses), the trace warns nothing, and each call warns of its values, as the model
+    does."""
+    torch.manual_seed(14)
+    model = _Writes("warn").eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fused = fullfuse.fused_model(model)
+        assert not [w for w in caught if "pooled" in str(w.message)]
+        assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+        x = torch.randn(SMALL_SHAPE["A"])
+        with torch.no_grad():
+            fused(x)
+            model(x)
+    line = f"pooled {torch.Size((SMALL_SHAPE['A'][0], 64))}"
+    pooled = [w for w in caught if "pooled" in str(w.message)]
+    assert [str(w.message) for w in pooled] == [line] * 2
+
+
+def test_torchs_own_warnings_during_a_trace_pass_and_name_the_code_that_warned():
+    from fullfuse.trace_outputs import RecordingOutputs
+    own = {"__name__": "torch._fullfuse_test", "warnings": warnings}
+    exec(compile("def warn_once():\n    warnings.warn('from torch')\n", "torch_fullfuse_test.py", "exec"), own)
+    with warnings.catch_warnings(record=True) as caught, RecordingOutputs() as outputs:
+        warnings.simplefilter("always")
+        own["warn_once"]()
+    assert not outputs.written
+    assert [(str(w.message), w.filename) for w in caught] == [("from torch", "torch_fullfuse_test.py")]
 
 
 def test_torchs_own_log_records_during_a_trace_name_the_code_that_logged(caplog):
