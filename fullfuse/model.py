@@ -534,8 +534,8 @@ _CONSTANTS = (bool, int, str)   # values of a None-default input a graph is trac
 def _graph_arguments(optional: dict, args: tuple, kwargs: dict):
     """(what a call gives ``optional``'s inputs other than their default — a name where the graph takes the value as
     an input, (name, value) for a None-default input given a bool, int or str, which the graph is traced for, as a
-    flag (``return_dict=True``, ``mode="features"``: a branch on it traces) — and its arguments for the graph traced so:
-    ``trace.trace(model, given)``, where fx renamed the parameters it took as values, so those passed by name are
+    flag (``return_dict=True``, ``mode="features"``: a branch on it traces) — and its arguments for the graph traced
+    so: ``trace.trace(model, given)``, where fx renamed the parameters it took as values, so those passed by name are
     dropped), or None where a bool input is given a value that is no bool (the model's own forward)."""
     given = []
     for name, (position, default) in optional.items():

@@ -30,17 +30,20 @@ class RecordingOutputs:
 
     def __enter__(self) -> "RecordingOutputs":
         patch_lock.acquire()
-        thread, written = threading.get_ident(), self.written
+        # (the recorders stay where code bound them during the trace, ``from warnings import warn`` in a module
+        # imported then: after the trace they pass everything through)
+        thread, written, self._active = threading.get_ident(), self.written, [True]
+        active = self._active
         self._log = logging.Logger._log
 
         def print_(*args, **kwargs):
-            if threading.get_ident() == thread:
+            if active[0] and threading.get_ident() == thread:
                 written.append("print(...)")
                 return None
             return print(*args, **kwargs)
 
         def log(logger, *args, **kwargs):
-            if threading.get_ident() == thread and not own_code(_caller_of_logging(sys._getframe(1))):
+            if active[0] and threading.get_ident() == thread and not own_code(_caller_of_logging(sys._getframe(1))):
                 written.append(f"a log record of logger {logger.name!r}")
                 return None
             # (one frame more to skip: the record names the code that logged, not this function)
@@ -48,7 +51,7 @@ class RecordingOutputs:
         self._warn = real_warn = warnings.warn
 
         def warn(message, category=None, stacklevel=1, *args, **kwargs):
-            if threading.get_ident() == thread and not own_code(sys._getframe(1)):
+            if active[0] and threading.get_ident() == thread and not own_code(sys._getframe(1)):
                 written.append("warnings.warn(...)")
                 return None
             # (one frame more: the warning names the code that warned, not this function)
@@ -59,6 +62,7 @@ class RecordingOutputs:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._active[0] = False
         logging.Logger._log = self._log
         warnings.warn = self._warn
         patch_lock.release()

@@ -31,7 +31,8 @@ class ReadingGlobals:
     """``with ReadingGlobals(lent) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins in the model's
     modules meanwhile (those without a global of that name; taken back after, never noted as read).  Then
     ``noted.read`` is {module name: names of its globals the traced functions name}, ``noted.set`` the globals
-    (``module.name``) the trace set or changed in place, and ``noted.private`` the private names (not dunders) they read as attributes or name as strings."""
+    (``module.name``) the trace set or changed in place, and ``noted.private`` the private names (not dunders) they
+    read as attributes or name as strings."""
 
     def __init__(self, lent: Optional[Dict[str, object]] = None):
         self._lent, self._lent_to = lent or {}, []

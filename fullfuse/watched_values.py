@@ -1,14 +1,15 @@
 """Values a traced graph depends on, kept as they were so that a later value can be told apart from them.
 
 fx keeps what a forward's Python computed from a module's attributes (``self.scale``, ``self.cfg["k"]``,
-``self.config.k``) as constants of the graph; ``module_tree.ModuleTree`` compares those attributes, as they are at
-each call, with their ``snapshot``: plain data (numbers, strings, and lists, tuples, dicts and sets of it) by value,
-nested containers copied so that a change inside one shows; a tensor by identity and version counter (``SameTensor``:
-a change in place shows), unless the graph holds it as a constant (then by identity); a NumPy array by identity and
-its bytes (``SameArray``: it has no version counter); anything else (a function, an object) by identity, through
-``Same``, which never asks the object (a tensor's ``==`` compares elements, an array's gives an array).  An object with fields of its own (a config object, a namespace, a dataclass) is the same object with new
-fields after ``config.k = 3``: ``plain_objects`` finds such objects in a value, whose public fields are watched in
-turn.  Comparisons put the snapshot on the left (``snapshot != value``), so that ``Same`` answers for itself.
+``self.config.k``) as constants of the graph; ``module_tree.ModuleTree`` compares those attributes, as they are at each
+call, with their ``snapshot``: plain data (numbers, strings, and lists, tuples, dicts and sets of it) by value, nested
+containers copied so that a change inside one shows; a tensor by identity and version counter (``SameTensor``: a change
+in place shows), unless the graph holds it as a constant (then by identity); a NumPy array by identity and its bytes
+(``SameArray``: it has no version counter); anything else (a function, an object) by identity, through ``Same``, which
+never asks the object (a tensor's ``==`` compares elements, an array's gives an array).  An object with fields of its
+own (a config object, a namespace, a dataclass) is the same object with new fields after ``config.k = 3``:
+``plain_objects`` finds such objects in a value, whose public fields are watched in turn.  Comparisons put the snapshot
+on the left (``snapshot != value``), so that ``Same`` answers for itself.
 """
 from __future__ import annotations
 

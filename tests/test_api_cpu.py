@@ -1760,8 +1760,8 @@ def _swapped(model, names):
 @pytest.mark.parametrize("kind", ["graph", "optional input given", "untraceable", "fused submodule"])
 def test_functional_call_with_either_models_names(kind):
     """torch.func.functional_call swaps tensors in by name: the state dict's (the original model's) names set a
-    root-level one as an attribute, which landed on the fused model unseen by its graph — a silent wrong answer — and
-    a nested one raised AttributeError.  Both the original's and the fused model's own names (named_parameters) give
+    root-level one as an attribute, which landed on the fused model unseen by its graph — a silent wrong answer —
+    and a nested one raised AttributeError.  Both the original's and the fused model's own names (named_parameters) give
     the original's answer now, and the fused model is as it was after the call."""
     torch.manual_seed(0)
     original = {"graph": _RootTensors, "optional input given": _RootTensors, "untraceable": _UntraceableHead,

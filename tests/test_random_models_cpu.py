@@ -1,5 +1,6 @@
 """Random models of both families on the CPU (where every region runs PyTorch's ops): ``fused_model(model)(x)`` is
-``model(x)`` bit for bit — shape, dtype and requires_grad too — and an input the model rejects gets the same error type.
+``model(x)`` bit for bit — shape, dtype and requires_grad too — and an input the model rejects gets the same error
+type.
 Drawn per case: conv dims, channels, kernel, stride, padding (also 'same' / 'valid'), padding mode, bias, groups,
 dilation / output padding, the activation (module or none), the pool or reduction and its keepdim, the post view, the
 dtype (float32, float64), the input's batch (empty too), layout (contiguous, channels_last, a channel slice, unbatched)

@@ -539,6 +539,20 @@ def test_torchs_own_warnings_during_a_trace_pass_and_name_the_code_that_warned()
     assert [(str(w.message), w.filename) for w in caught] == [("from torch", "torch_fullfuse_test.py")]
 
 
+def test_what_code_bound_during_a_trace_writes_after_it(capsys):
+    """A module imported during a trace may bind the recorders (``from warnings import warn``, print lent as its
+    global): after the trace they write as the real ones."""
+    from fullfuse.trace_outputs import RecordingOutputs
+    with RecordingOutputs() as outputs:
+        bound_warn, bound_print = warnings.warn, outputs.lent["print"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bound_warn("after the trace")
+        bound_print("printed after the trace")
+    assert [str(w.message) for w in caught] == ["after the trace"] and not outputs.written
+    assert capsys.readouterr().out == "printed after the trace\n"
+
+
 def test_torchs_own_log_records_during_a_trace_name_the_code_that_logged(caplog):
     """A record of torch's own code during the trace passes through (it is no write of the model's), naming the
     function that logged as its source, not fullfuse's recorder."""
