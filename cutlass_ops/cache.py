@@ -1,14 +1,13 @@
 """The on-disk cubin cache: one file per (variant, architecture), shared by threads and processes.
 
 Location: ``$FULLFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fullfuse``, else ``~/.cache/fullfuse``.  Entry
-``cubins/<kernel>-<arch>-<key>.cubin`` with the kernel's lowered name and the cubin's SHA-256 in ``.name`` beside
-it; the key hashes the CUDA
-sources the unit includes, the NVRTC version, the CUDA headers and the CUTLASS / CCCL versions
-(``nvrtc.headers_version``), the compile options, the architecture and the variant.  An entry is compiled under a
-file lock into a private file that is renamed into place after its name file, so a ``.cubin`` that exists is
-complete and its name is there: readers take no lock.  An entry whose cubin does not match its digest (a cache
-folder copied in part, a disk fault) is compiled again, with a message, rather than handed to the driver, which
-would refuse it as if the GPU could not run the kernel.
+``cubins/<kernel>-<arch>-<key>.cubin`` with the kernel's lowered name and the cubin's SHA-256 in ``.name`` beside it;
+the key hashes the CUDA sources the unit includes, the NVRTC version, the CUDA headers and the CUTLASS / CCCL versions
+(``nvrtc.headers_version``), the compile options, the architecture and the variant.  An entry is compiled under a file
+lock into a private file that is renamed into place after its name file, so a ``.cubin`` that exists is complete and
+its name is there: readers take no lock.  An entry whose cubin does not match its digest (a cache folder copied in
+part, a disk fault) is compiled again, with a message, rather than handed to the driver, which would refuse it as if
+the GPU could not run the kernel.
 """
 from __future__ import annotations
 
