@@ -11,6 +11,7 @@ from torch import nn
 
 from . import calls, mode_blocks
 from .dispatch import check_path
+from .eager_reads import held_by_the_graph
 from .errors import TraceError
 from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
@@ -24,8 +25,8 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
-from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, GLOBALS_READ, MISSING_READ, PRIVATE_NAMES_READ,
-                    TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace)
+from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, EAGER_READS, GLOBALS_READ, MISSING_READ,
+                    PRIVATE_NAMES_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace)
 
 
 class FusedModel(nn.Module):
@@ -92,9 +93,10 @@ class FusedModel(nn.Module):
         self.__dict__["_reads"] = (traced.get(ATTRIBUTES_READ, {}), traced.get(CLASS_ATTRIBUTES_READ, {}),
                                    traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()),
                                    traced.get(MISSING_READ, {}))
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(original, self._traced_through,
-                                                                                   *self._reads,
-                                                                                   held=graph_tensors(graph_module))
+        self.__dict__["_eager_reads"] = traced.get(EAGER_READS, ())
+        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
+            original, self._traced_through, *self._reads,
+            held=held_by_the_graph(graph_tensors(graph_module), original, self._eager_reads))
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -202,8 +204,9 @@ class FusedModel(nn.Module):
             bind_to_model(graph, original)
         stale = self.__dict__.get("_stale")
         d = self.__dict__
-        d["_tree"] = StaleTree(stale) if stale else ModuleTree(original, d["_traced_through"],
-                                                               *d.get("_reads", ()), held=graph_tensors(graph))
+        d["_tree"] = StaleTree(stale) if stale else ModuleTree(
+            original, d["_traced_through"], *d.get("_reads", ()),
+            held=held_by_the_graph(graph_tensors(graph), original, d.get("_eager_reads", ())))
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

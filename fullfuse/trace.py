@@ -33,6 +33,7 @@ from .errors import TraceError
 from .global_state import ReadingGlobalState, own_code
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
+from .eager_reads import RecordingEagerReads, where_read
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
 from .traced_globals import ReadingGlobals
@@ -161,7 +162,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                 recording_autocast() as tracer.autocast, \
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
                 _RecordingTensorTests() as tensor_tests, RecordingOutputs() as outputs, \
-                ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent}) as module_globals:
+                ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent}) as module_globals, \
+                RecordingEagerReads() as eager:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
         gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -175,6 +177,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[MISSING_READ] = {path: tuple(sorted(names)) for path, names in reads.missing.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
         gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
+        gm.__dict__[EAGER_READS] = where_read(model, eager.ids, module_globals.read)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -330,6 +333,8 @@ ATTRIBUTES_READ = "_fullfuse_attributes_read"
 CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
 # a traced graph's: {module name: the names of its globals the model's code read during the trace} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
+# where the model's plain tensors are that the forward also computed with eagerly (eager_reads.where_read)
+EAGER_READS = "_fullfuse_eager_reads"
 MISSING_READ = "_fullfuse_missing_read"   # (names the model's code asked of a module that it did not have: hasattr)
 PRIVATE_NAMES_READ = "_fullfuse_private_names_read"   # (the private names the model's code read as attributes)
 

@@ -451,6 +451,49 @@ def test_a_tensor_whose_value_the_trace_read_changed_in_place_gives_the_models_a
         COUNT.fill_(2.0)
 
 
+HELD_AND_READ = torch.tensor(1.0)   # (a global tensor a traced op takes and the forward also reads as a number)
+
+
+class _HoldsAndReads(nn.Module):
+    """A region, then a plain tensor that a traced op takes (the graph holds it) and that the forward also reads as a
+    number (fx keeps that number)."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.body, self.where, self.t = SeedA(), where, torch.tensor(1.0)
+
+    def forward(self, x):
+        t = self.t if self.where == "attribute" else HELD_AND_READ
+        return self.body(x) * t + t.item()
+
+
+@pytest.mark.parametrize("where", ["attribute", "global", "attribute, in a copy"])
+def test_a_tensor_the_graph_holds_and_the_trace_read_changed_in_place_gives_the_models_answer(where):
+    """The graph's op sees the change, the number fx kept does not: such a tensor is compared by version counter too
+    (it was by identity alone: a silent wrong answer), in a deep copy of the fused model as well (its own tensor).
+    Unchanged, the graph runs."""
+    torch.manual_seed(15)
+    model = _HoldsAndReads(where.split(",")[0]).eval()
+    fused = _quiet_fused(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    if where.endswith("copy"):
+        fused = copy.deepcopy(fused)
+        model = fused._original
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert torch.equal(fused(x), model(x)) and torch.equal(fused(x), model(x))
+            (HELD_AND_READ if where == "global" else model.t).add_(1.0)
+            want = model(x)
+            assert not torch.equal(want, fused.graph_module(x))   # (the kept number is stale)
+            with pytest.warns(UserWarning, match="in place|changed"):
+                assert torch.equal(fused(x), want)
+    finally:
+        HELD_AND_READ.fill_(1.0)
+
+
 class _CountsCalls(nn.Module):
     """A region; the forward counts its calls in a plain tensor attribute, in place."""
 
