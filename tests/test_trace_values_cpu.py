@@ -25,6 +25,14 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
+class _RegionThen(nn.Module):
+    """Seed A's region as ``body``, then what ``how`` names (each subclass's forward)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+
+
 class _MakesAndChanges(nn.Module):
     """A forward that makes a tensor and changes it in place from the input (fx would keep the tensor as one
     constant and change it again in every call)."""
@@ -108,16 +116,12 @@ def test_a_forward_asking_torch_for_a_mode_gives_the_models_answer_in_every_mode
             torch.testing.assert_close(fused(x), parted(x))
 
 
-class _AsksTheTracer(nn.Module):
-    """A region in a child, then a branch on whether a tracer or compiler runs the code."""
-
-    def __init__(self, query: str):
-        super().__init__()
-        self.body, self.query = SeedA(), query
+class _AsksTheTracer(_RegionThen):
+    """A region in a child, then a branch on whether a tracer or compiler runs the code (``how``: the query)."""
 
     def forward(self, x):
         y = self.body(x)
-        return y * 2 if operator.attrgetter(self.query[len("torch."):])(torch)() else y
+        return y * 2 if operator.attrgetter(self.how[len("torch."):])(torch)() else y
 
 
 @pytest.mark.parametrize("query", ["torch.fx._symbolic_trace.is_fx_tracing", "torch.compiler.is_compiling",
@@ -241,13 +245,9 @@ def test_a_forward_reading_a_global_setting_answers_as_the_model_when_it_changes
         assert torch.equal(fused(x), model(x))
 
 
-class _Draws(nn.Module):
+class _Draws(_RegionThen):
     """A region plus a draw from a global generator that no traced value reaches (fx would run it once, at the
     trace)."""
-
-    def __init__(self, how: str):
-        super().__init__()
-        self.body, self.how = SeedA(), how
 
     def forward(self, x):
         y = self.body(x)
@@ -413,12 +413,8 @@ class _Once(type):
         return cls.instance
 
 
-class _AsksForATensor(nn.Module):
+class _AsksForATensor(_RegionThen):
     """A region, then a branch on whether its result is a tensor (fx's proxy of it is not)."""
-
-    def __init__(self, how: str):
-        super().__init__()
-        self.body, self.how = SeedA(), how
 
     def forward(self, x):
         y = self.body(x)
@@ -466,12 +462,8 @@ def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_mode
 _LOGGER = logging.getLogger("fullfuse_test_model")
 
 
-class _Writes(nn.Module):
+class _Writes(_RegionThen):
     """A region, then its result's shape printed or logged (at info; or at debug, which the logger drops)."""
-
-    def __init__(self, how: str):
-        super().__init__()
-        self.body, self.how = SeedA(), how
 
     def forward(self, x):
         y = self.body(x)
