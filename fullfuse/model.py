@@ -94,9 +94,7 @@ class FusedModel(nn.Module):
                                    traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()),
                                    traced.get(MISSING_READ, {}))
         self.__dict__["_eager_reads"] = traced.get(EAGER_READS, ())
-        self.__dict__["_tree"] = None if graph_module is original else ModuleTree(
-            original, self._traced_through, *self._reads,
-            held=held_by_the_graph(graph_tensors(graph_module), original, self._eager_reads))
+        self.__dict__["_tree"] = None if graph_module is original else self._module_tree(graph_module, original)
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
@@ -204,9 +202,14 @@ class FusedModel(nn.Module):
             bind_to_model(graph, original)
         stale = self.__dict__.get("_stale")
         d = self.__dict__
-        d["_tree"] = StaleTree(stale) if stale else ModuleTree(
-            original, d["_traced_through"], *d.get("_reads", ()),
-            held=held_by_the_graph(graph_tensors(graph), original, d.get("_eager_reads", ())))
+        d["_tree"] = StaleTree(stale) if stale else self._module_tree(graph, original)
+
+    def _module_tree(self, graph: nn.Module, original: nn.Module) -> ModuleTree:
+        """The tree of ``original`` as ``graph`` was traced from it: what the trace went into and read, and the
+        tensors the graph holds as they are (less those the trace also computed with eagerly)."""
+        d = self.__dict__
+        held = held_by_the_graph(graph_tensors(graph), original, d.get("_eager_reads", ()))
+        return ModuleTree(original, d["_traced_through"], *d.get("_reads", ()), held=held)
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

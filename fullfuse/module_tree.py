@@ -28,7 +28,7 @@ from torch import nn
 
 from .calls import compiling
 from .original_ops import SETTING_TYPES
-from .watched_values import Same, SameTensor, differs, plain_objects, public_fields, snapshot
+from .watched_values import Same, differs, plain_objects, public_fields, snapshot
 
 _DELETED = object()
 
@@ -109,8 +109,7 @@ class ModuleTree:
         # and the graph does not hold it (``.item()``, ``self.t * 2`` at the trace): (path, instance dict, name, a
         # Same or SameTensor of the tensor as fused)
         self.tensors = tuple((paths[id(m)], vars(m), name,
-                              Same(value) if id(value) in held or name not in (read or {}).get(paths[id(m)], ())
-                              else SameTensor(value))
+                              snapshot(value, held=held) if name in (read or {}).get(paths[id(m)], ()) else Same(value))
                              for m in modules for name, value in vars(m).items() if isinstance(value, torch.Tensor))
         # what the trace read on the classes of the root and the traced-through modules (their ``forward``, methods,
         # class-level settings): host time per call, one C-level ``class_values != class_get(class_holder)`` (inline in

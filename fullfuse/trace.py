@@ -29,11 +29,11 @@ import torch
 import torch.fx
 import torch.nn as nn
 
+from .eager_reads import RecordingEagerReads, where_read
 from .errors import TraceError
 from .global_state import ReadingGlobalState, own_code
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
-from .eager_reads import RecordingEagerReads, where_read
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
 from .traced_globals import ReadingGlobals

@@ -36,14 +36,17 @@ class RecordingOutputs:
         active = self._active
         self._log = logging.Logger._log
 
+        def traced() -> bool:   # (a write of the trace's thread while the trace runs)
+            return active[0] and threading.get_ident() == thread
+
         def print_(*args, **kwargs):
-            if active[0] and threading.get_ident() == thread:
+            if traced():
                 written.append("print(...)")
                 return None
             return print(*args, **kwargs)
 
         def log(logger, *args, **kwargs):
-            if active[0] and threading.get_ident() == thread and not own_code(_caller_of_logging(sys._getframe(1))):
+            if traced() and not own_code(_caller_of_logging(sys._getframe(1))):
                 written.append(f"a log record of logger {logger.name!r}")
                 return None
             # (one frame more to skip: the record names the code that logged, not this function)
@@ -51,7 +54,7 @@ class RecordingOutputs:
         self._warn = real_warn = warnings.warn
 
         def warn(message, category=None, stacklevel=1, *args, **kwargs):
-            if active[0] and threading.get_ident() == thread and not own_code(sys._getframe(1)):
+            if traced() and not own_code(sys._getframe(1)):
                 written.append("warnings.warn(...)")
                 return None
             # (one frame more: the warning names the code that warned, not this function)

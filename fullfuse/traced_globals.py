@@ -58,12 +58,13 @@ class ReadingGlobals:
         if (not isinstance(module, str) or own_code(frame) or module.partition(".")[0] in _STDLIB
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return
-        first, values, names = self._first.setdefault(module, {}), frame.f_globals, _global_names(code)
+        names, private = _names_read(code)
+        first, values = self._first.setdefault(module, {}), frame.f_globals
         for name, obj in self._lent.items():
             if name in names and name not in values:   # (lent to a module whose traced code names it, alone)
                 values[name] = obj
                 self._lent_to.append((values, name, obj))
-        self.private |= _private_attributes(code)
+        self.private |= private
         for name in names:
             if name not in first and not name.startswith("__") and (name not in self._lent
                                                                           or values.get(name) is not self._lent[name]):
@@ -138,13 +139,12 @@ _GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"))
 _ATTRIBUTE_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "LOAD_CONST"))
 
 
-def _global_names(code) -> Tuple[str, ...]:
-    """The globals ``code`` reads or sets (its instructions', not ``co_names``, which holds attribute names too: a
+def _names_read(code) -> Tuple[Tuple[str, ...], Set[str]]:
+    """(the globals ``code`` reads or sets, the private names it reads as attributes or holds as string constants:
+    ``getattr(obj, "_k")``), from one pass over its instructions (not ``co_names``, which holds attribute names too: a
     notebook's global ``model`` is not what ``self.model`` reads)."""
-    return tuple(dict.fromkeys(ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS))
-
-
-def _private_attributes(code) -> Set[str]:
-    """The private names ``code`` reads as attributes or holds as string constants (``getattr(obj, "_k")``)."""
-    return {ins.argval for ins in dis.get_instructions(code) if ins.opname in _ATTRIBUTE_OPS
-            and type(ins.argval) is str and ins.argval[:1] == "_" and ins.argval[:2] != "__"}
+    instructions = list(dis.get_instructions(code))
+    names = tuple(dict.fromkeys(ins.argval for ins in instructions if ins.opname in _GLOBAL_OPS))
+    private = {ins.argval for ins in instructions if ins.opname in _ATTRIBUTE_OPS
+               and type(ins.argval) is str and ins.argval[:1] == "_" and ins.argval[:2] != "__"}
+    return names, private
