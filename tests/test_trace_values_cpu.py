@@ -545,16 +545,25 @@ def test_what_code_bound_during_a_trace_writes_after_it(capsys):
     assert capsys.readouterr().out == "printed after the trace\n"
 
 
-def test_torchs_own_log_records_during_a_trace_name_the_code_that_logged(caplog):
+def test_torchs_own_log_records_during_a_trace_name_the_code_that_logged():
     """A record of torch's own code during the trace passes through (it is no write of the model's), naming the
     function that logged as its source, not fullfuse's recorder."""
     from fullfuse.trace_outputs import RecordingOutputs
     own = {"__name__": "torch._fullfuse_test", "logging": logging}
     exec(compile("def warn_once():\n    logging.getLogger('torch._fullfuse_test').warning('from torch')\n",
                  "torch_fullfuse_test.py", "exec"), own)
-    caplog.set_level(logging.WARNING, logger="torch._fullfuse_test")
-    with RecordingOutputs() as outputs:
-        own["warn_once"]()
+    records = []
+    kept = logging.Handler(logging.WARNING)
+    kept.emit = records.append
+    # The handler sits on the logger itself: once torch's logging is set up (any earlier torch.compile), the
+    # "torch" logger stops propagating, so pytest's handler on the root logger would see nothing.
+    logger = logging.getLogger("torch._fullfuse_test")
+    logger.addHandler(kept)
+    try:
+        with RecordingOutputs() as outputs:
+            own["warn_once"]()
+    finally:
+        logger.removeHandler(kept)
     assert not outputs.written
-    assert [(r.getMessage(), r.filename, r.funcName) for r in caplog.records] == [
+    assert [(r.getMessage(), r.filename, r.funcName) for r in records] == [
         ("from torch", "torch_fullfuse_test.py", "warn_once")]
