@@ -60,6 +60,7 @@ class ReadingGlobalState:
     def __init__(self):
         self.read: List[str] = []
         self.drawn: List[str] = []
+        self.stand_ins: List[Tuple[object, object]] = []   # (query, its wrapper), for ReadingGlobals
 
     def __enter__(self) -> "ReadingGlobalState":
         patch_lock.acquire()
@@ -103,6 +104,7 @@ class ReadingGlobalState:
                     self._note(_label, sys._getframe(1))
                     return _real(*args, **kwargs)
                 setattr(namespace, name, query)
+                self.stand_ins.append((real, query))
                 self._undo.append(lambda namespace=namespace, name=name, real=real: setattr(namespace, name, real))
 
     def _wrap_backend_flags(self) -> None:

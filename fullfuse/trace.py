@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import copy
+import dis
 import gc
 import inspect
 import operator
@@ -64,6 +65,10 @@ class _Tracer(torch.fx.Tracer):
         self.traced_through = {}
         self.hooked: List[nn.Module] = []   # traced-through modules with forward hooks, by _forward_hooks' first arg
         self.thread = threading.get_ident()
+        self.class_read: List[str] = []   # the model's code read a traced value's __class__ (_Proxy)
+
+    def proxy(self, node: Node) -> torch.fx.Proxy:
+        return _Proxy(node, self)
 
     def call_module(self, m: nn.Module, forward, args, kwargs):
         # (fx patches nn.Module.__call__ for every thread while it traces: another thread's module calls, a model
@@ -110,6 +115,30 @@ class _Tracer(torch.fx.Tracer):
                                 else "grad" if torch.is_grad_enabled() else "no_grad")
         node.meta[AUTOCAST] = tuple(self.autocast)
         return node
+
+
+class _Proxy(torch.fx.Proxy):
+    """fx's proxy of a traced value, noting (in its tracer's ``class_read``) the model's code reading its
+    ``__class__`` as an attribute: ``y.__class__ is torch.Tensor``, ``functools.singledispatch`` on it — fx's proxy
+    class, where the value is a tensor, so the graph would hold the branch for a non-tensor.  Reads by C code
+    (``isinstance``, which ``_RecordingTensorTests`` watches itself; torch's argument parsing) are no such
+    instruction.  (A parameter's proxy, fx's ParameterProxy, and an attribute's, ``y.shape``, note nothing.)"""
+
+    @property
+    def __class__(self):
+        tracer, frame = self.tracer, sys._getframe(1)
+        if threading.get_ident() == getattr(tracer, "thread", None) and not own_code(frame) and \
+                _reads_attribute(frame, "__class__") and "reading .__class__" not in tracer.class_read:
+            tracer.class_read.append("reading .__class__")
+        return type(self)
+
+
+def _reads_attribute(frame, name: str) -> bool:
+    """Whether ``frame`` is running an instruction that reads attribute ``name`` (``obj.name``)."""
+    for instruction in dis.get_instructions(frame.f_code):
+        if instruction.offset == frame.f_lasti:
+            return instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and instruction.argval == name
+    return False
 
 
 def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
@@ -162,7 +191,9 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                 recording_autocast() as tracer.autocast, \
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
                 _RecordingTensorTests() as tensor_tests, RecordingOutputs() as outputs, \
-                ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent}) as module_globals, \
+                ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent},
+                               stand_ins=outside.stand_ins + tensor_tests.stand_ins + outputs.stand_ins
+                               ) as module_globals, \
                 RecordingEagerReads() as eager:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)
@@ -192,7 +223,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
     # (fx itself puts each tensor the forward makes as a constant, ``torch.tensor(0.5)``, on the root as
     # _tensor_constant<i>, from where the GraphModule copied it)
     changed = [name for name in state.restore() if not _FX_CONSTANT.fullmatch(name)]
-    why = _refusal(gm, changed, module_globals.set, tensor_tests.asked, outside, outputs.written)
+    why = _refusal(gm, changed, module_globals.set, tensor_tests.asked + tracer.class_read, outside, outputs.written)
     if why:
         raise TraceError(f"fullfuse: torch.fx could not trace {type(model).__name__}: its forward {why}")
     bind_to_model(gm, model)
@@ -463,6 +494,7 @@ class _RecordingTensorTests:
     def __init__(self):
         self.asked: List[str] = []
         self.lent: Dict[str, object] = {}
+        self.stand_ins: List[Tuple[object, object]] = []   # (torch.is_tensor, its wrapper), for ReadingGlobals
 
     def __enter__(self) -> "_RecordingTensorTests":
         _patch_lock.acquire()
@@ -485,6 +517,7 @@ class _RecordingTensorTests:
                 asked.append("type(...)")
         self.lent["type"] = _LentType(type_of)
         builtins.isinstance, torch.is_tensor = isinstance_, is_tensor
+        self.stand_ins.append((self.saved[1], is_tensor))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,7 +6,8 @@ again.  ``RecordingOutputs`` notes such writes of the model's code in the trace'
 then refused, and the forward runs as written, writing each call's values); other threads' writes, and torch's and
 fullfuse's own log records and warnings, pass through.  ``print`` is lent to the model's modules
 (``traced_globals.ReadingGlobals``), not patched in builtins; logging's records are taken at ``Logger._log`` (called
-only for a level the logger is enabled for); warnings at ``warnings.warn`` (not a ``warn`` imported by name before).
+only for a level the logger is enabled for); warnings at ``warnings.warn`` (and, through ``stand_ins``, a ``warn``
+that the model's modules imported by name before).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import logging
 import sys
 import threading
 import warnings
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from .global_state import own_code
 from .mode_blocks import patch_lock
@@ -27,6 +28,7 @@ class RecordingOutputs:
     def __init__(self):
         self.written: List[str] = []
         self.lent: Dict[str, object] = {}
+        self.stand_ins: List[Tuple[object, object]] = []   # (warnings.warn, its recorder), for ReadingGlobals
 
     def __enter__(self) -> "RecordingOutputs":
         patch_lock.acquire()
@@ -62,6 +64,7 @@ class RecordingOutputs:
         self.lent["print"] = print_
         logging.Logger._log = log
         warnings.warn = warn
+        self.stand_ins.append((real_warn, warn))
         return self
 
     def __exit__(self, *exc) -> None:

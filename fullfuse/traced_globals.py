@@ -18,7 +18,7 @@ import copy
 import dis
 import sys
 import threading
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .global_state import own_code
 from .watched_values import differs, is_array, put_back, snapshot
@@ -28,14 +28,18 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
 
 
 class ReadingGlobals:
-    """``with ReadingGlobals(lent) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins in the model's
-    modules meanwhile (those without a global of that name; taken back after, never noted as read).  Then
-    ``noted.read`` is {module name: names of its globals the traced functions name}, ``noted.set`` the globals
-    (``module.name``) the trace set or changed in place, and ``noted.private`` the private names (not dunders) they
-    read as attributes or name as strings."""
+    """``with ReadingGlobals(lent, stand_ins) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins in
+    the model's modules meanwhile (those without a global of that name; taken back after, never noted as read), and
+    each (real, recorder) pair of ``stand_ins`` for a global of the model's modules that is the real function, bound
+    by name before the trace (``from warnings import warn``, ``from torch import is_grad_enabled``), which the
+    recorders' patches of the function's own module do not reach.  Then ``noted.read`` is {module name: names of
+    its globals the traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in
+    place, and ``noted.private`` the private names (not dunders) they read as attributes or name as strings."""
 
-    def __init__(self, lent: Optional[Dict[str, object]] = None):
-        self._lent, self._lent_to = lent or {}, []
+    def __init__(self, lent: Optional[Dict[str, object]] = None, stand_ins: Iterable[Tuple[object, object]] = ()):
+        self._lent = lent or {}
+        self._stand_ins = {id(real): (real, recorder) for real, recorder in stand_ins}
+        self._lent_to: List[Tuple[dict, str, object, object]] = []   # (globals, name, lent object, value before)
 
     def __enter__(self) -> "ReadingGlobals":
         # module -> name -> (value, its snapshot, a copy of a container's items to put back)
@@ -63,7 +67,7 @@ class ReadingGlobals:
         for name, obj in self._lent.items():
             if name in names and name not in values:   # (lent to a module whose traced code names it, alone)
                 values[name] = obj
-                self._lent_to.append((values, name, obj))
+                self._lent_to.append((values, name, obj, _MISSING))
         self.private |= private
         for name in names:
             if name not in first and not name.startswith("__") and (name not in self._lent
@@ -71,6 +75,11 @@ class ReadingGlobals:
                 value = values.get(name, _MISSING)
                 items = copy.copy(value) if isinstance(value, (list, dict, set)) or is_array(value) else None
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
+        for name in names:   # (after the snapshot: the global is watched as the real function)
+            real, recorder = self._stand_ins.get(id(values.get(name, _MISSING)), (None, None))
+            if real is not None and values[name] is real:
+                values[name] = recorder
+                self._lent_to.append((values, name, recorder, real))
 
     def __exit__(self, *exc) -> None:
         if self._active:
@@ -79,9 +88,12 @@ class ReadingGlobals:
 
     def _compare(self) -> None:
         """Take the lent names back; note the globals the trace read, and those it set (putting them back)."""
-        for values, name, obj in self._lent_to:
+        for values, name, obj, before in reversed(self._lent_to):
             if values.get(name) is obj:
-                del values[name]
+                if before is _MISSING:
+                    del values[name]
+                else:
+                    values[name] = before
         for module, first in self._first.items():
             values = vars(sys.modules[module])
             for name, (value, was, items) in first.items():

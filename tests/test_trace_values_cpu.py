@@ -3,17 +3,21 @@ computes it anew in every call: a tensor it makes and changes in place, an answe
 settings, a draw from a global random generator.  Such a forward is not traced: the model runs its own forward
 around its children that trace (CPU: the torch path computes the outputs)."""
 import builtins
+import collections.abc
 import contextlib
+import functools
 import logging
 import operator
 import random
 import sys
 import warnings
+from collections.abc import Sequence
+from warnings import warn
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import is_grad_enabled, is_tensor, nn
 
 import fullfuse
 from fullfuse.seed_models import SMALL_SHAPE, SeedA
@@ -428,6 +432,12 @@ class _AsksForATensor(_RegionThen):
             return y * 2 if type(y) is torch.Tensor else y
         if self.how == "type's name":
             return y * 2 if type(y).__name__ == "Tensor" else y
+        if self.how == "__class__":
+            return y * 2 if y.__class__ is torch.Tensor else y
+        if self.how == "dispatch on the class":
+            return _scaled(y)
+        if self.how == "abstract classes":   # (isinstance of an ABC reads __class__ too: answered as for a tensor)
+            return y * 2 if isinstance(y, collections.abc.Iterable) and not isinstance(y, Sequence) else y
         if self.how == "type of others":   # (type of a module, isinstance of a class, classes made: traced)
             class Meta(type):   # (a metaclass made meanwhile: its base is type)
                 pass
@@ -438,8 +448,18 @@ class _AsksForATensor(_RegionThen):
         return torch.stack(y) if isinstance(y, (list, tuple)) else y * 2   # (not a tensor test: traced)
 
 
-@pytest.mark.parametrize("how", ["isinstance", "tuple of classes", "is_tensor", "type is", "type's name",
-                                 "list or tuple", "type of others"])
+@functools.singledispatch
+def _scaled(y):
+    return y
+
+
+@_scaled.register
+def _(y: torch.Tensor):
+    return y * 2
+
+
+@pytest.mark.parametrize("how", ["isinstance", "tuple of classes", "is_tensor", "type is", "type's name", "__class__",
+                                 "dispatch on the class", "list or tuple", "type of others", "abstract classes"])
 def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_model(how):
     """fx answers such a test no for its proxy, where the value is a tensor (``type(y)`` is fx's Proxy class): such a
     forward is not traced (its child still fuses); a test for other classes (a list or tuple: no, as for a tensor) and
@@ -447,7 +467,7 @@ def test_a_forward_asking_whether_a_traced_value_is_a_tensor_answers_as_the_mode
     torch.manual_seed(12)
     model = _AsksForATensor(how).eval()
     fused = _fused(model)
-    traced = how in ("list or tuple", "type of others")
+    traced = how in ("list or tuple", "type of others", "abstract classes")
     assert [plan.name for plan in fused.plans] == (["fullfuse_region_0"] if traced else ["body.fullfuse_region_0"])
     assert "type" not in globals()   # (lent to the model's module for the trace only)
     if not traced:
@@ -567,3 +587,42 @@ def test_torchs_own_log_records_during_a_trace_name_the_code_that_logged():
     assert not outputs.written
     assert [(r.getMessage(), r.filename, r.funcName) for r in records] == [
         ("from torch", "torch_fullfuse_test.py", "warn_once")]
+
+
+class _CallsByName(_RegionThen):
+    """A region, then a function this module imported by name before any trace: a warning, a mode query, a tensor
+    test (the recorders patch the functions' own modules, which such a name does not go through)."""
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "warn":
+            warn(f"pooled {y.shape}")
+            return y
+        if self.how == "is_grad_enabled":
+            return y * 2 if is_grad_enabled() else y
+        return y * 2 if is_tensor(y) else y
+
+
+@pytest.mark.parametrize("how", ["warn", "is_grad_enabled", "is_tensor"])
+def test_a_function_imported_by_name_is_recorded_as_its_module_s(how):
+    """``from warnings import warn`` / ``from torch import is_grad_enabled, is_tensor``: the trace would warn once
+    with fx's proxies / hold the trace's answer; such a forward is not traced (its child fuses), answers and warns
+    as the model in every call, and the module's names are the real functions again after the trace."""
+    torch.manual_seed(15)
+    model = _CallsByName(how).eval()
+    with pytest.raises(fullfuse.TraceError, match={"warn": r"writes out \(warnings.warn", "is_grad_enabled":
+                                                   r"torch.is_grad_enabled\(\)", "is_tensor": "torch.is_tensor"}[how]):
+        fullfuse.trace.trace(model)
+    assert (warn, is_grad_enabled, is_tensor) == (warnings.warn, torch.is_grad_enabled, torch.is_tensor)
+    assert warn.__module__ in ("warnings", "_warnings") and is_tensor.__module__ == "torch"   # (not recorders)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fused = fullfuse.fused_model(model)
+        assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+        assert not [w for w in caught if "pooled" in str(w.message)]
+        x = torch.randn(SMALL_SHAPE["A"])
+        for mode in (torch.no_grad, torch.enable_grad):
+            with mode():
+                torch.testing.assert_close(fused(x), model(x))
+    pooled = [str(w.message) for w in caught if "pooled" in str(w.message)]
+    assert pooled == ([f"pooled {torch.Size((SMALL_SHAPE['A'][0], 64))}"] * 4 if how == "warn" else [])
