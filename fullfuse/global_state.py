@@ -16,7 +16,7 @@ import pickle
 import random
 import sys
 import threading
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -42,6 +42,10 @@ QUERIES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("torch._dynamo", ("is_compiling",)),
     ("torch._utils", ("is_compiling",)),
 )
+# TorchScript's query, noted without refusal: the trace answers no, as eager calls do, but a script of the model
+# answers yes (``FusedModel.__prepare_scriptable__`` then scripts the model itself, not the traced graph)
+SCRIPTING_QUERIES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("torch.jit", ("is_scripting",)), ("torch._jit_internal", ("is_scripting",)))
 
 
 def own_code(frame) -> bool:
@@ -61,6 +65,7 @@ class ReadingGlobalState:
         self.read: List[str] = []
         self.drawn: List[str] = []
         self.stand_ins: List[Tuple[object, object]] = []   # (query, its wrapper), for ReadingGlobals
+        self.scripting: List[str] = []   # the SCRIPTING_QUERIES the traced code made
 
     def __enter__(self) -> "ReadingGlobalState":
         patch_lock.acquire()
@@ -88,20 +93,22 @@ class ReadingGlobalState:
             undo()
         self._undo = []
 
-    def _note(self, label: str, frame) -> None:
-        if threading.get_ident() == self._thread and label not in self.read and not own_code(frame):
-            self.read.append(label)
+    def _note(self, label: str, frame, into: Optional[List[str]] = None) -> None:
+        into = self.read if into is None else into
+        if threading.get_ident() == self._thread and label not in into and not own_code(frame):
+            into.append(label)
 
     def _wrap_functions(self) -> None:
-        for path, names in QUERIES:
+        for (path, names), into in [(query, self.read) for query in QUERIES] + \
+                                   [(query, self.scripting) for query in SCRIPTING_QUERIES]:
             namespace = sys.modules.get(path)
             for name in names if namespace is not None else ():
                 real = namespace.__dict__.get(name)
                 if not callable(real):
                     continue
 
-                def query(*args, _real=real, _label=f"{path}.{name}()", **kwargs):
-                    self._note(_label, sys._getframe(1))
+                def query(*args, _real=real, _label=f"{path}.{name}()", _into=into, **kwargs):
+                    self._note(_label, sys._getframe(1), _into)
                     return _real(*args, **kwargs)
                 setattr(namespace, name, query)
                 self.stand_ins.append((real, query))

@@ -26,7 +26,8 @@ from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import StateNames, not_called
 from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, EAGER_READS, GLOBALS_READ, MISSING_READ,
-                    PRIVATE_NAMES_READ, TRACED_THROUGH, TRAINING_READ, bind_to_model, optional_inputs, trace)
+                    PRIVATE_NAMES_READ, SCRIPTING_ASKED, TRACED_THROUGH, TRAINING_READ, bind_to_model,
+                    optional_inputs, trace)
 
 
 class FusedModel(nn.Module):
@@ -94,6 +95,7 @@ class FusedModel(nn.Module):
                                    traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()),
                                    traced.get(MISSING_READ, {}))
         self.__dict__["_eager_reads"] = traced.get(EAGER_READS, ())
+        self.__dict__["_asks_scripting"] = traced.get(SCRIPTING_ASKED, False)
         self.__dict__["_tree"] = None if graph_module is original else self._module_tree(graph_module, original)
         self.__dict__["_warned_replaced"] = None
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
@@ -239,8 +241,9 @@ class FusedModel(nn.Module):
             if ops is not gm:
                 _warn_scripted_ops()
             return ops
-        if any(isinstance(module, ForwardHooks) for module in gm.children()):
-            # (the hooks of a module the graph holds the ops of: TorchScript runs a module's hooks with its call, so
+        if self.__dict__.get("_asks_scripting") or any(isinstance(module, ForwardHooks) for module in gm.children()):
+            # (the graph holds the branch of ``torch.jit.is_scripting()`` that eager calls take, a script the other;
+            # the hooks of a module the graph holds the ops of: TorchScript runs a module's hooks with its call; so
             # it gets the model itself, as a user scripting the model would)
             _warn_scripted_ops()
             return self.__dict__["_original"]

@@ -209,6 +209,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[GLOBALS_READ] = module_globals.read
         gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
         gm.__dict__[EAGER_READS] = where_read(model, eager.ids, module_globals.read)
+        gm.__dict__[SCRIPTING_ASKED] = bool(outside.scripting)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()
         name = type(model).__name__
@@ -368,6 +369,8 @@ GLOBALS_READ = "_fullfuse_globals_read"
 EAGER_READS = "_fullfuse_eager_reads"
 MISSING_READ = "_fullfuse_missing_read"   # (names the model's code asked of a module that it did not have: hasattr)
 PRIVATE_NAMES_READ = "_fullfuse_private_names_read"   # (the private names the model's code read as attributes)
+# whether the forward asked torch.jit.is_scripting(): the graph holds its eager branch, a script of the model the other
+SCRIPTING_ASKED = "_fullfuse_scripting_asked"
 
 
 class _TrainingFlag(int):

@@ -1295,6 +1295,42 @@ def test_torch_jit_script_scripts_the_models_own_ops():
         _close(scripted_branchy(y), branchy(y))
 
 
+class _AsksScripting(nn.Module):
+    """torchvision's Inception and GoogLeNet pattern: a script returns another result than an eager call."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.head, self.where = _Head(), where
+
+    def forward(self, x):
+        if self.where == "root":
+            y = self.head(x)
+            return y * 2 if torch.jit.is_scripting() else y
+        return self.head(x) + self.tail(x)
+
+    def tail(self, x):
+        return torch.ones(1) if torch.jit.is_scripting() else torch.zeros(1)
+
+
+@pytest.mark.parametrize("where", ["root", "method"])
+def test_a_forward_asking_is_scripting_scripts_as_the_model(where):
+    """fx's trace takes the eager branch of ``torch.jit.is_scripting()`` (its answer there is an eager call's: the
+    model fuses), a script of the model the other: torch.jit.script of the fused model scripts the model itself."""
+    torch.manual_seed(16)
+    model = _AsksScripting(where).eval()
+    fused = fullfuse.fused_model(model)
+    assert len(fused.plans) == 1
+    y = torch.randn(2, 8, 9, 9)
+    with torch.no_grad():
+        _close(fused(y), model(y))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scripted, scripted_fused = torch.jit.script(model), torch.jit.script(fused)
+        want = scripted(y)
+        _close(want, model(y) * 2 if where == "root" else model(y) + 1)
+        _close(scripted_fused(y), want)
+
+
 class _ScriptableBranchy(nn.Module):
     """fx cannot trace it (a branch on a tensor's value), TorchScript can: its fused part scripts as its own ops."""
 
