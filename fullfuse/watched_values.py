@@ -60,8 +60,11 @@ class SameTensor(Same):
         self.version = tensor_version(value)
 
     def __eq__(self, other) -> bool:
-        # (torch.compile cannot trace a version counter, a data-dependent value: identity alone there)
-        return other is self.value and (torch.compiler.is_compiling() or tensor_version(other) == self.version)
+        if other is not self.value:
+            return False
+        if torch.compiler.is_compiling():   # (dynamo cannot read a version counter: a graph break there, in every call)
+            return _same_version(other, self.version)
+        return tensor_version(other) == self.version
 
     def __ne__(self, other) -> bool:
         return not self.__eq__(other)
@@ -91,6 +94,13 @@ def is_array(value) -> bool:
     """Whether ``value`` is a NumPy array (NumPy not imported: none is)."""
     numpy = sys.modules.get("numpy")
     return numpy is not None and isinstance(value, numpy.ndarray)
+
+
+@torch.compiler.disable
+def _same_version(tensor: torch.Tensor, version) -> bool:
+    """Whether the tensor's version counter is ``version``, run by torch.compile's caller as Python (a graph break:
+    ``fullgraph=True`` refuses it, as it does a NumPy array's comparison)."""
+    return tensor_version(tensor) == version
 
 
 def tensor_version(tensor: torch.Tensor):
