@@ -18,6 +18,7 @@ import builtins
 import contextlib
 import copy
 import dis
+import functools
 import gc
 import inspect
 import operator
@@ -135,10 +136,13 @@ class _Proxy(torch.fx.Proxy):
 
 def _reads_attribute(frame, name: str) -> bool:
     """Whether ``frame`` is running an instruction that reads attribute ``name`` (``obj.name``)."""
-    for instruction in dis.get_instructions(frame.f_code):
-        if instruction.offset == frame.f_lasti:
-            return instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and instruction.argval == name
-    return False
+    return _attribute_reads(frame.f_code).get(frame.f_lasti) == name
+
+
+@functools.lru_cache(maxsize=256)
+def _attribute_reads(code) -> Dict[int, str]:
+    """{offset: attribute name} of ``code``'s attribute reads (one disassembly per code object)."""
+    return {ins.offset: ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_ATTR", "LOAD_METHOD")}
 
 
 def optional_inputs(model: nn.Module) -> Dict[str, Tuple[Optional[int], Any]]:
