@@ -3,6 +3,8 @@ device's properties): which kernel, loader, op count and blocks per SM it picks 
 132 SMs, 227 KB of shared memory per block), and why it refuses one; every plan maps to a kernel of the build table
 (cutlass_ops.conv_act_pool.VARIANTS).  The GPU tests check the same names on the H200 for the shapes they run
 (tests/test_gpu.py)."""
+import random
+
 import pytest
 import torch
 
@@ -197,3 +199,44 @@ def test_family_a_reads_a_weight_as_it_lies(case):
         blocks = launches.blocks_for(w.stride())
         assert blocks is not None and blocks is launches.blocks_for(w.stride())   # kept per layout
         assert reads(w, blocks) == want, w.stride()
+
+
+def _random_problem(rng: random.Random):
+    """A family-A problem over the planner's whole range (dtype, precision, layout, Conv2d / Conv3d, filter, stride,
+    padding, dilation, sizes), or None where the output would be empty."""
+    dt = rng.choice([abi.F32, abi.BF16, abi.F16])
+    R, S = rng.choice([1, 2, 3, 3, 3, 5, 7]), rng.choice([1, 2, 3, 3, 3, 5, 7])
+    H = rng.choice([R, 8, 16, 31, 32, 64, 100, 128, 256, rng.randint(R, 300)])
+    W = rng.choice([S, 8, 16, 31, 32, 64, 100, 128, 256, rng.randint(S, 600)])
+    ph, pw = rng.choice([0, 0, R // 2, 1]), rng.choice([0, 0, S // 2, 1])
+    dh, dw = rng.choice([1, 1, 2]), rng.choice([1, 1, 2])
+    if H + 2 * ph - dh * (R - 1) < 1 or W + 2 * pw - dw * (S - 1) < 1:
+        return None
+    volume = {}
+    if rng.random() < 0.3:
+        T = rng.choice([1, 2, 3])
+        volume = dict(D=rng.choice([T, 4, 8, 16]), T=T, sd=rng.choice([1, 2]), pd=rng.choice([0, T // 2]), dd=1)
+    return plan.Problem(dt, rng.choice([0, 1]), rng.choice([1, 2, 8, 128]),
+                        rng.choice([1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32, 64, rng.randint(1, 128)]), H, W,
+                        rng.choice([1, 8, 16, 32, 64, 96, 128, 256, rng.randint(1, 300)]), R, S,
+                        rng.choice([1, 1, 2, 3]), rng.choice([1, 1, 2, 3]), ph, pw, dh, dw, rng.choice([0, 1, 2, 3, 4]),
+                        rng.choice([0, 1]), rng.choice([0, 1]) if dt == abi.F32 else 0, rng.choice([0, 1]), **volume)
+
+
+def test_family_a_every_built_variant_is_one_a_plan_picks():
+    """The build table is what the planner picks on an H200, no more and no less: each random problem's plan (an
+    aligned and an unaligned input, and a TMA plan's copy-loader fallback) maps to a built variant, and every built
+    variant is some problem's (a unit no plan picks would cost ``fullfuse build`` ~5 s per architecture for nothing)."""
+    rng, table, reached = random.Random(0), set(abi.VARIANTS), set()
+    for _ in range(150_000):
+        problem = _random_problem(rng)
+        for aligned in (True, False) if problem is not None else ():
+            c = plan.choose_call(problem, H200, aligned)
+            for choice in [c, plan.fallback_choice(problem, H200, c)] if plan.uses_tma(c) else [c]:
+                if not choice.why:
+                    variant = fa._variant(problem, choice)
+                    assert variant in table, (problem, variant.label)
+                    reached.add(variant)
+        if reached == table:
+            break
+    assert reached == table, f"built, no plan picks them: {sorted(v.label for v in table - reached)}"
