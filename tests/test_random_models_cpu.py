@@ -130,8 +130,12 @@ def test_random_models_answer_as_the_originals(seed):
         fused = fullfuse.fused_model(model)
         matched += bool(fused.plans)
         expected, what = answer(model, x, mode), f"case {case}: {model}, x {tuple(x.shape)} {dtype} stride {x.stride()}"
-        values = mode is not cpu_autocast_bfloat16 or _same(expected, answer(model, x, mode))
-        assert_same_answer(expected, answer(fused, x, mode), f"{what}, {mode.__name__}", values)
+        got = answer(fused, x, mode)
+        # (values where the original's and the fused model's answers each repeat: torch's CPU bfloat16 convs may
+        # leave outputs unwritten in either, as they run the same ops here)
+        values = mode is not cpu_autocast_bfloat16 or (_same(expected, answer(model, x, mode))
+                                                       and _same(got, answer(fused, x, mode)))
+        assert_same_answer(expected, got, f"{what}, {mode.__name__}", values)
     assert matched >= CASES_PER_SEED // 4   # (the cases reach fused regions, not only models left as they are)
 
 
