@@ -3,9 +3,12 @@ input shapes, unbatched ones among them, in no_grad and inference_mode) answer a
 threads prepare their call signatures, build the regions' change tests and look at the graph concurrently; models
 fused in one thread while others serve (fx's trace patches every thread's module calls and attribute reads)."""
 import threading
+import warnings
+from warnings import warn
 
 import pytest
 import torch
+from torch import is_grad_enabled
 
 import fullfuse
 from fullfuse.seed_models import SeedA, SeedB
@@ -145,3 +148,48 @@ def test_fusing_a_model_again_while_it_is_served():
 
     failures = in_threads(serve, 4, main_work=fuse)
     assert not failures, failures[0]
+
+
+class _CallsByName(torch.nn.Module):
+    """A region, then functions this module imported by name: the trace puts its recorders in the module's globals."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+
+    def forward(self, x):
+        y = self.body(x)
+        warn("served")
+        return y * 2 if is_grad_enabled() else y
+
+
+def test_fusing_in_one_thread_while_others_call_functions_the_trace_records():
+    """While a trace holds recorders in place of ``warn`` and ``is_grad_enabled`` in this module, threads running the
+    module's code meanwhile get the real answers and warnings (the recorders pass other threads' calls through)."""
+    torch.manual_seed(3)
+    x, plain = torch.randn(2, 8, 10, 10), _CallsByName().eval()
+    with torch.no_grad():
+        want = plain(x)
+    done, calls = threading.Event(), [0] * 4
+
+    def serve(index: int) -> None:
+        with torch.no_grad():
+            while not done.is_set():
+                assert torch.equal(plain(x), want)
+                calls[index] += 1
+
+    def fuse(threads) -> None:
+        try:
+            for _ in range(ROUNDS):
+                model = _CallsByName().eval()
+                fused = fullfuse.fused_model(model)
+                assert [p.name for p in fused.plans] == ["body.fullfuse_region_0"]   # (refused as a whole)
+        finally:
+            done.set()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        failures = in_threads(serve, 4, main_work=fuse)
+    assert not failures, failures[0]
+    assert (warn, is_grad_enabled) == (warnings.warn, torch.is_grad_enabled)
+    assert sum(1 for w in caught if str(w.message) == "served") == sum(calls) > 0
