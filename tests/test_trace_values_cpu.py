@@ -284,6 +284,22 @@ def test_a_forward_drawing_random_numbers_outside_its_ops_draws_anew_in_every_ca
             assert torch.equal(*answers)
 
 
+def _rand_of_shape(y):
+    return torch.rand(y.shape, device=y.device)
+
+
+def _fx_traces(function) -> bool:
+    try:
+        torch.fx.symbolic_trace(function)
+        return True
+    except Exception:
+        return False
+
+
+# (a factory op given a traced shape: fx from torch 2.5; torch 2.4's argument parser refuses fx's Attribute for a size)
+_RAND_OF_SHAPE = _rand_of_shape if _fx_traces(_rand_of_shape) else torch.rand_like
+
+
 class _DrawsInItsOps(nn.Module):
     """Random ops that take a traced value (the graph records them: each call draws) and mode-free torch queries."""
 
@@ -293,7 +309,7 @@ class _DrawsInItsOps(nn.Module):
 
     def forward(self, x):
         y = self.body(x)
-        noise = torch.randn_like(y) + torch.rand(y.shape, device=y.device)
+        noise = torch.randn_like(y) + _RAND_OF_SHAPE(y)
         if not torch.jit.is_scripting() and not torch.jit.is_tracing():
             y = y + 0.0
         return F.dropout(y + noise, 0.5, training=self.training)
