@@ -127,6 +127,8 @@ _TRACER_QUERIES = {
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling(),
     "torch.compiler.is_dynamo_compiling": lambda: torch.compiler.is_dynamo_compiling(),
     "torch.compiler.is_exporting": lambda: torch.compiler.is_exporting(),
+    "torch.jit.is_tracing": lambda: torch.jit.is_tracing(),
+    "torch.onnx.is_in_onnx_export": lambda: torch.onnx.is_in_onnx_export(),
 }
 
 
