@@ -39,7 +39,7 @@ from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
 from .traced_globals import ReadingGlobals
-from .watched_values import differs, is_array, put_back, snapshot, tensor_version
+from .watched_values import differs, put_back, restorable, snapshot, tensor_version
 
 Node = torch.fx.Node
 _MISSING = object()
@@ -129,7 +129,7 @@ class _Proxy(torch.fx.Proxy):
     def __class__(self):
         tracer, frame = self.tracer, sys._getframe(1)
         if threading.get_ident() == getattr(tracer, "thread", None) and not own_code(frame) and \
-                _reads_attribute(frame, "__class__") and "reading .__class__" not in tracer.class_read:
+                _reads_attribute(frame, "__class__") and not tracer.class_read:
             tracer.class_read.append("reading .__class__")
         return type(self)
 
@@ -604,7 +604,7 @@ class _ModuleState:
         # its snapshot, a copy of its items to put back)
         self.contents = [(path, name, value, snapshot(value), copy.copy(value))
                          for path, module, attributes, *_ in self.saved for name, value in attributes.items()
-                         if (isinstance(value, (list, dict, set)) or is_array(value)) and name not in _MODULE_OWN]
+                         if restorable(value) and name not in _MODULE_OWN]
         # the plain tensor attributes (not parameters or buffers, which fx reads as graph inputs): a forward changing
         # one in place with no traced value involved (``self.calls.add_(1)``) does so at the trace alone.  (path,
         # name, the tensor, its version, a copy to put back: up to _COPIED elements)

@@ -21,7 +21,7 @@ import threading
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .global_state import own_code
-from .watched_values import differs, is_array, put_back, snapshot
+from .watched_values import differs, put_back, restorable, snapshot
 
 _MISSING = object()
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
@@ -73,7 +73,7 @@ class ReadingGlobals:
             if name not in first and not name.startswith("__") and (name not in self._lent
                                                                           or values.get(name) is not self._lent[name]):
                 value = values.get(name, _MISSING)
-                items = copy.copy(value) if isinstance(value, (list, dict, set)) or is_array(value) else None
+                items = copy.copy(value) if restorable(value) else None
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
         for name in names:   # (after the snapshot: the global is watched as the real function)
             real, recorder = self._stand_ins.get(id(values.get(name, _MISSING)), (None, None))

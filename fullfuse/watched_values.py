@@ -147,6 +147,12 @@ def differs(was, now) -> bool:
         return True
 
 
+def restorable(value) -> bool:
+    """Whether ``put_back`` can give ``value`` its items again: a list, dict, set or NumPy array (what a forward can
+    change in place without setting an attribute)."""
+    return isinstance(value, (list, dict, set)) or is_array(value)
+
+
 def put_back(container, items) -> None:
     """Give a list, dict, set or NumPy array the ``items`` it held (a copy of it taken before), in place (an array
     since resized in place is left as it is)."""
