@@ -770,6 +770,78 @@ def test_nan_inf_masks_match_torch(family, kind, mode, path):
     assert_close(got.float().cpu()[finite], exact[finite], mode, "finite outputs")
 
 
+class ActivatedB(nn.Module):
+    """ConvTranspose3d(32 -> 33, k5, s2, p2) -> activation -> MaxPool3d(window) -> channel sum: family B with an
+    activation (the fused kernel applies it per accumulator tile, bias first, before the window max) and channel
+    slots past K."""
+
+    ACTIVATIONS = {"relu": nn.ReLU, "gelu_erf": nn.GELU, "gelu_tanh": lambda: nn.GELU("tanh"), "silu": nn.SiLU}
+
+    def __init__(self, activation, window):
+        super().__init__()
+        self.conv_transpose = nn.ConvTranspose3d(32, 33, 5, stride=2, padding=2)
+        self.act, self.pool = self.ACTIVATIONS[activation](), nn.MaxPool3d(window)
+
+    def forward(self, x):
+        return torch.sum(self.pool(self.act(self.conv_transpose(x))), dim=1, keepdim=True)
+
+
+def _activated_b(activation, window, dtype):
+    torch.manual_seed(SEED)
+    return ActivatedB(activation, window).to(device="cuda", dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("window", [2, 3])
+@pytest.mark.parametrize("mode", ["tf32", "bfloat16", "float16"])
+@pytest.mark.parametrize("activation", list(ActivatedB.ACTIVATIONS))
+def test_fused_b_each_activation(activation, mode, window, channels_last):
+    """Fused B with each activation in each precision (the fused path must serve it): tiles whose three rows lie in one
+    pooling window (3) or in two (2), partial tiles at the edges (input 5 x 6 x 7: conv output 9 x 11 x 13), NaN, +inf
+    and -inf in the input.  NaN / +inf / -inf masks equal PyTorch's at the same dtype (or the direct sum's), finite
+    outputs within the mode's tolerance of float64."""
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode, torch.float32)
+    model = _activated_b(activation, window, dtype)
+    fused = fullfuse.fused_model(model, path="fused", precision=precision_of(dtype))
+    x = make_x("B", dtype, shape=(3, 32, 5, 6, 7))
+    x[0, 4, 3, 4, 5], x[1, 0, 0, 0, 0], x[2, 7, 2, 2, 2] = float("nan"), float("inf"), float("-inf")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        got = fused(x)
+        with cudnn_conv_precision(mode):
+            want = model(x)
+    exact = ref64(model, x, device="cpu")
+    assert _masks(want)[0].any()
+    assert _same_masks(got, want) or _same_masks(got, exact), (
+        f"masks differ (seed {SEED}) at {_mask_differences(got, want, exact)}")
+    finite = torch.isfinite(want.float().cpu()) & torch.isfinite(exact)
+    assert_close(got.float().cpu()[finite], exact[finite], mode, "finite outputs")
+
+
+@pytest.mark.parametrize("path", ["fused", "fallback"])
+@pytest.mark.parametrize("activation", list(ActivatedB.ACTIVATIONS))
+def test_fp16_family_b_conv_output_beyond_range(activation, path):
+    """fp16 family B with conv outputs beyond 65504 (input 3000 in a 2 x 2 x 2 block of all 32 channels, weights +1
+    for the first 16 output channels and -1 for the rest): the activation sees PyTorch's fp16 conv output, +-inf there
+    (relu(-inf) = 0, the others NaN), so the masks equal PyTorch's; the other images stay within fp16's tolerance."""
+    model = _activated_b(activation, 2, torch.float32)
+    with torch.no_grad():
+        model.conv_transpose.weight[:, :16].fill_(1.0)
+        model.conv_transpose.weight[:, 16:].fill_(-1.0)
+        model.conv_transpose.bias.zero_()
+    model = model.to(torch.float16)
+    fused = fullfuse.fused_model(model, path=path)
+    x = make_x("B", shape=(3, 32, 5, 6, 7))
+    x[0, :, 2:4, 2:4, 3:5] = 3000.0
+    x = x.to(torch.float16)
+    with torch.no_grad():
+        got, want = fused(x), model(x)
+    assert torch.isinf(want[0]).any() or torch.isnan(want[0]).any()   # PyTorch's own answer overflows
+    assert _same_masks(got, want), f"at {_mask_differences(got, want, ref64(model, x, device='cpu'))}"
+    assert_close(got[1:], ref64(model, x[1:]), "float16", "the other images")
+
+
 @pytest.mark.parametrize("mode", ["tf32", "bfloat16"])
 @pytest.mark.parametrize("reduction", ["sum", "amax"])
 @pytest.mark.parametrize("k_out", [5, 33])

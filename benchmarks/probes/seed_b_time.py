@@ -8,24 +8,41 @@ two within one tree.  ``--prepacked``: the packing kernel runs in the first call
 reuse what it packed (stale after a weight update: a floor for the per-call packing's cost, never a product path).
 ``--flush``: L2 flushed before each call (a 256 MB write), as `fullfuse bench` times end to end.
 ``--out-channels K``: the seed's model with K output channels (K < 64: the kernel's padded channels).
+``--activation NAME``: the seed with an activation (relu, gelu_erf, gelu_tanh, silu) after its ConvTranspose3d.
 
 Usage (a CUDA GPU):
     python3 benchmarks/probes/seed_b_time.py [label] [--in-kernel-packing | --prepacked] [--flush] [--out-channels K]
+                                             [--activation NAME]
 """
 import statistics
 import sys
 
 import torch
+from torch import nn
 
 import fullfuse
 from fullfuse.seed_models import SEED_SHAPE, SeedB
 
 
-def main(label: str, flush: bool, out_channels: int) -> None:
+ACTIVATIONS = {"relu": nn.ReLU, "gelu_erf": nn.GELU, "gelu_tanh": lambda: nn.GELU("tanh"), "silu": nn.SiLU}
+
+
+class _Activated(SeedB):
+    def __init__(self, activation: str, **kwargs):
+        super().__init__(**kwargs)
+        self.act = ACTIVATIONS[activation]()
+
+    def forward(self, x):
+        return torch.sum(self.pool2(self.pool1(self.act(self.conv_transpose(x)))), dim=1, keepdim=True)
+
+
+def main(label: str, flush: bool, out_channels: int, activation: str = None) -> None:
     torch.manual_seed(0)
     scratch = torch.empty(64 << 20, dtype=torch.float32, device="cuda") if flush else None
     for dtype in (torch.float32, torch.bfloat16):
-        model = SeedB(out_channels=out_channels).cuda().to(dtype).eval()
+        seed = SeedB(out_channels=out_channels) if activation is None else _Activated(activation,
+                                                                                     out_channels=out_channels)
+        model = seed.cuda().to(dtype).eval()
         fused = fullfuse.fused_model(model, path="fused", precision="tf32" if dtype == torch.float32 else "auto")
         for channels_last in (False, True):
             x = torch.randn(*SEED_SHAPE["B"], device="cuda", dtype=dtype)
@@ -78,10 +95,15 @@ if __name__ == "__main__":
         at = argv.index("--out-channels")
         k_out = int(argv[at + 1])
         del argv[at:at + 2]
+    act = None
+    if "--activation" in argv:
+        at = argv.index("--activation")
+        act = argv[at + 1]
+        del argv[at:at + 2]
     args = [a for a in argv if not a.startswith("--")]
     if "--in-kernel-packing" in sys.argv:
         from fullfuse.fused import convt_pool_reduce_plan
         convt_pool_reduce_plan.packing_grid = lambda g: None
     if "--prepacked" in sys.argv:
         _prepacked()
-    main(args[0] if args else "this tree", "--flush" in sys.argv, k_out)
+    main(args[0] if args else "this tree", "--flush" in sys.argv, k_out, act)
