@@ -175,7 +175,7 @@ class ModuleTree:
         except Exception:   # (a setting deleted: KeyError; a comparison that raises)
             return True
         for _, instance, name, kept in self.tensors:
-            if kept != instance.get(name):
+            if not kept.matches(instance.get(name)):
                 return True
         if not all(map(KEYS_DISJOINT, self.shadow_keys, self.shadow_names)):
             return True
@@ -230,7 +230,7 @@ class ModuleTree:
         for path, instance, name, kept in self.tensors:
             if instance.get(name) is not kept.value:
                 return f"the model's {_traced(path)} has another tensor as its attribute '{name}'"
-            if kept != instance.get(name):
+            if not kept.matches(instance.get(name)):
                 return (f"the model's {_traced(path)} changed its tensor attribute '{name}' in place (the graph may "
                         f"hold what the forward computed from its values: a buffer, register_buffer, is read as it is)")
         for instance, names, path in self.shadows:

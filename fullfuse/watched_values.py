@@ -38,11 +38,16 @@ class Same:
     def __init__(self, value):
         self.value = value
 
-    def __eq__(self, other) -> bool:
+    def matches(self, other) -> bool:
+        """Whether ``other`` is what this kept (called by name where the snapshot is known to be one: torch 2.11's
+        dynamo cannot trace ``!=`` of a user-defined object)."""
         return other is self.value
 
+    def __eq__(self, other) -> bool:
+        return self.matches(other)
+
     def __ne__(self, other) -> bool:
-        return other is not self.value
+        return not self.matches(other)
 
     def __repr__(self) -> str:
         return f"Same({type(self.value).__name__} at {id(self.value):#x})"
@@ -59,15 +64,12 @@ class SameTensor(Same):
         super().__init__(value)
         self.version = tensor_version(value)
 
-    def __eq__(self, other) -> bool:
+    def matches(self, other) -> bool:
         if other is not self.value:
             return False
         if torch.compiler.is_compiling():   # (dynamo cannot read a version counter: a graph break there, in every call)
             return _same_version(other, self.version)
         return tensor_version(other) == self.version
-
-    def __ne__(self, other) -> bool:
-        return not self.__eq__(other)
 
 
 class SameArray(Same):
@@ -83,11 +85,8 @@ class SameArray(Same):
         super().__init__(value)
         self.layout, self.data = (value.shape, value.dtype), value.tobytes()
 
-    def __eq__(self, other) -> bool:
+    def matches(self, other) -> bool:
         return other is self.value and (other.shape, other.dtype) == self.layout and other.tobytes() == self.data
-
-    def __ne__(self, other) -> bool:
-        return not self.__eq__(other)
 
 
 def is_array(value) -> bool:
@@ -139,10 +138,33 @@ def snapshot(value, budget: List[int] = None, held: Collection[int] = ()):
 
 
 def differs(was, now) -> bool:
-    """Whether ``now`` is not what ``was`` (a ``snapshot``) kept: identity first (NaN is itself), a comparison that
-    raises counting as a difference."""
+    """Whether ``now`` is not what ``was`` (a ``snapshot``) kept, as ``was != now`` answers with identity first (NaN is
+    itself), a comparison that raises counting as a difference.  A plain list, tuple or dict is compared item by item
+    here (its ``Same`` items by ``matches``): torch 2.11's dynamo cannot trace ``is`` between two lists, and sends
+    ``Same(t) != t`` inside a container's comparison to the tensor's ``!=``."""
+    if isinstance(was, Same):
+        return not was.matches(now)
+    kind = type(was)
+    if kind is list or kind is dict or kind is tuple:
+        if type(now) is not kind and not (kind is tuple and isinstance(now, tuple) and type(now).__eq__ is tuple.__eq__):
+            return _compared(was, now)
+        if len(was) != len(now):
+            return True
+        if kind is dict:
+            for key, value in was.items():
+                if key not in now or differs(value, now[key]):
+                    return True
+            return False
+        for value, item in zip(was, now):
+            if differs(value, item):
+                return True
+        return False
+    return was is not now and _compared(was, now)
+
+
+def _compared(was, now) -> bool:
     try:
-        return was is not now and was != now
+        return was != now
     except Exception:
         return True
 

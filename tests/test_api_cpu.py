@@ -1,6 +1,7 @@
 """fused_model / ops / plans on the CPU (torch path): same outputs as the model, clear errors, shared weights."""
 import contextlib
 import copy
+import math
 import os
 import re
 import warnings
@@ -2503,25 +2504,52 @@ def test_a_setting_read_as_a_constant_changed_after_fused_model(monkeypatch, cha
         assert torch.isnan(fused(x)).all() and len(launched) == 2
 
 
-@pytest.mark.parametrize("change", ["hook on a traced-through module", "module re-assigned", "setting"])
+class _HeldSettings(_Settings):
+    """_Settings whose forward also reads a dict holding a tensor the graph keeps and a function, and a list."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = {"offset": torch.ones(6), "root": math.sqrt, "scale": 0.5}
+        self.sizes = [2, 3]
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y * self.table["root"](4.0) * self.table["scale"] * self.sizes[1] + self.table["offset"]
+
+
+@pytest.mark.parametrize("change", ["hook on a traced-through module", "module re-assigned", "setting",
+                                    "a dict's tensor", "a dict's function", "a list's item"])
 def test_a_change_after_fused_model_under_torch_compile(change):
     """Under torch.compile (fullgraph: nothing may break the graph) a change after fused_model gives the model's own
-    answer too, and the fused model's once the change is undone (dynamo's guards on the dicts see both)."""
+    answer too, and the fused model's once the change is undone (dynamo's guards on the dicts see both).  The settings
+    compared hold lists and, in a dict, a tensor and a function (torch 2.11's dynamo could not trace ``is`` of two
+    lists, nor a ``Same`` of a tensor compared inside a dict)."""
     torch.manual_seed(0)
-    model, x = (_Settings() if change == "setting" else _TracedThrough()).eval(), torch.randn(2, 8, 9, 9)
+    settings = change == "setting" or change.startswith("a ")
+    model, x = (_HeldSettings() if settings else _TracedThrough()).eval(), torch.randn(2, 8, 9, 9)
     compiled = torch.compile(fullfuse.fused_model(model), backend="eager", fullgraph=True)
     torch._dynamo.reset()
     with torch.no_grad():
-        assert torch.equal(compiled(x), model(x))
+        before = compiled(x)
+        assert torch.equal(before, model(x))
         if change == "module re-assigned":
             old, model.head = model.head, nn.Linear(6, 3)
             undo = lambda: setattr(model, "head", old)  # noqa: E731
         elif change == "setting":
             model.shift.by = 4.0
             undo = lambda: setattr(model.shift, "by", 1.0)  # noqa: E731
+        elif change.startswith("a dict's"):
+            key, value = ("offset", torch.zeros(6)) if change == "a dict's tensor" else ("root", math.exp)
+            old = model.table[key]
+            model.table[key] = value
+            undo = lambda: model.table.__setitem__(key, old)  # noqa: E731
+        elif change == "a list's item":
+            model.sizes[1] = 5
+            undo = lambda: model.sizes.__setitem__(1, 3)  # noqa: E731
         else:
             undo = model.scale.register_forward_hook(_double).remove
-        assert torch.equal(compiled(x), model(x))
+        changed = compiled(x)
+        assert torch.equal(changed, model(x)) and not torch.equal(changed, before)
         undo()
         assert torch.equal(compiled(x), model(x))
 

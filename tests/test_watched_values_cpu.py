@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import math
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +17,7 @@ from torch import nn
 
 import fullfuse
 from fullfuse.seed_models import SMALL_SHAPE, SeedA
-from fullfuse.watched_values import Same, plain_objects, snapshot
+from fullfuse.watched_values import Same, differs, plain_objects, snapshot
 
 REPLACED = "runs the model's own forward"
 
@@ -619,3 +619,23 @@ def _quiet_fused(model):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fullfuse.fused_model(model)
+
+
+_T, _NAN = torch.ones(3), float("nan")
+_Pair = namedtuple("_Pair", "a b")
+
+
+@pytest.mark.parametrize("value, later", [
+    ([1, _NAN, "a"], None), ([1, _NAN, "a"], [1, _NAN, "b"]), ([1, _NAN], (1, _NAN)), ((1, 2), _Pair(1, 2)),
+    ((1, 2), _Pair(1, 3)), ({"t": _T, "f": math.sqrt, "n": _NAN}, None), ({"t": _T, "f": math.sqrt}, {"t": _T}),
+    ({"t": _T}, {"t": torch.ones(3)}), ({"t": _T}, {"u": _T}), ([[_T, 2], {"k": (3, _T)}], None),
+    ([[_T, 2], {"k": (3, _T)}], [[_T, 2], {"k": (3, torch.ones(3))}]), (OrderedDict(a=1, b=2), OrderedDict(b=2, a=1)),
+    ((), ()), ([], ()), (_NAN, None), (2.0, 2), (_T, None), (_T, torch.ones(3)), (frozenset({1}), frozenset({1})),
+    ({1, 2}, {2, 1}), ({1, 2}, {1}), ([1, 2], [1, 2, 3]),
+], ids=lambda v: type(v).__name__)
+def test_differs_answers_as_the_snapshots_comparison(value, later):
+    """``differs`` (what the fused model's compiled path asks, item by item) answers as ``snapshot != later`` (its
+    eager path): nested containers, ``Same`` items, NaN, a namedtuple against a tuple, a list against a tuple.  later
+    None: the value itself."""
+    was, now = snapshot(value), value if later is None else later
+    assert differs(was, now) == (was is not now and was != now), (was, now)
