@@ -26,7 +26,8 @@ __device__ __forceinline__ uint32_t fb_tf32(float f) {
   asm("cvt.rna.tf32.f32 %0,%1;" : "=r"(r) : "f"(f));
   return r;
 }
-// Runtime activation for the (rarely used) activated kernels: one switch per value, uniform across the block.
+// Runtime activation, one switch per value (uniform across the block): for the few values of windows no tap reaches
+// (fb_channel_reduce); a tile's values take one switch per tile (fb_activate_tile).
 __device__ __forceinline__ float fb_act(int act, float v) {
   switch (act) {
     case FF_ACT_RELU: return ff_activate<FF_ACT_RELU>(v);
