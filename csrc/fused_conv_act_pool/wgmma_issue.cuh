@@ -62,9 +62,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   ff_wg_fence();
-  // straight-line kernels unroll their NOPS ops; the general one loops over its run-time count (unrolled to WG_MAXOPS
-  // with a break per op it compiled 3x longer, 15.6 s against 5.2, for the same fenced HGMMAs one after another)
-#pragma unroll (NOPS > 0 ? NOPS : 1)
+#pragma unroll
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
     const uint64_t desc = (uint64_t)(PRE ? dl[j < NL ? j : 0] : drow[j]) | ((uint64_t)p.op_hi[j] << 32);
