@@ -222,6 +222,19 @@ class FusedModel(nn.Module):
             model._apply(fn, recurse)
         return self
 
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """nn.Module's, in the original model's order, as ``state_dict`` is: an optimizer built on ``parameters()``
+        (and a checkpoint of its state), ``parameters_to_vector`` or a zip with the original's parameters pair them
+        as the original's would (the graph holds its modules in the order the forward calls them).  The names are
+        the fused model's own paths."""
+        return _in_original_order(super().named_parameters(prefix, recurse, remove_duplicate),
+                                  self.__dict__.get("_original"), "parameters")
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """nn.Module's, in the original model's order (``named_parameters``)."""
+        return _in_original_order(super().named_buffers(prefix, recurse, remove_duplicate),
+                                  self.__dict__.get("_original"), "buffers")
+
     def train(self, mode: bool = True):
         super().train(mode)
         for name in ("_model", "_hooked"):
@@ -631,3 +644,12 @@ def _bind_called_submodules(gm: nn.Module) -> None:
             if holder is gm or type(holder) is nn.Module:
                 holder.__dict__[name] = child
             holder = child
+
+
+def _in_original_order(items, original: Optional[nn.Module], kind: str):
+    """(name, tensor) pairs sorted by the tensor's place in ``original``'s parameters() / buffers() (those it does not
+    hold after them, as they came); as they came where there is no original."""
+    if original is None:
+        return items
+    rank = {id(t): i for i, t in enumerate(getattr(original, kind)())}
+    return iter(sorted(items, key=lambda item: rank.get(id(item[1]), len(rank))))

@@ -106,6 +106,20 @@ class PlainAttributes(PlainTensors):
         return self.scale(F.adaptive_avg_pool2d(F.gelu(self.conv(x - self.mean)), 1))
 
 
+class CalledOutOfOrder(nn.Module):
+    """Modules registered in another order than the forward calls them (the graph holds them in call order): a head
+    and a normalisation with buffers first, the fused body last."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 3)
+        self.norm = nn.BatchNorm1d(64)
+        self.body = SeedA()
+
+    def forward(self, x):
+        return self.fc(self.norm(self.body(x)))
+
+
 def _fresh_values(state):
     """a state dict of the same names with new random values (integer buffers kept, variances positive)"""
     fresh = {k: torch.randn_like(v) if v.is_floating_point() else v.clone() for k, v in state.items()}
@@ -118,7 +132,8 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
-MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts, PlainTensors, PlainAttributes]
+MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts, PlainTensors, PlainAttributes,
+          CalledOutOfOrder]
 
 
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
@@ -127,6 +142,29 @@ def test_names_and_order_are_the_originals(make):
     model = make().eval()
     fused = _fused(make().eval())
     assert list(fused.state_dict()) == list(model.state_dict())
+
+
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
+def test_parameters_and_buffers_come_in_the_originals_order(make):
+    """``parameters()`` and ``buffers()`` of the fused model are the original's tensors in the original's order, as
+    its state dict is: an optimizer's checkpoint taken on the original's parameters loads into one built on the fused
+    model's with each parameter's state where it was, and parameters_to_vector gives the same vector."""
+    torch.manual_seed(0)
+    model = make().eval()
+    fused = _fused(model)
+    assert [id(p) for p in fused.parameters()] == [id(p) for p in model.parameters()]
+    assert [id(b) for b in fused.buffers()] == [id(b) for b in model.buffers()]
+    assert [t for _, t in fused.named_parameters()] == list(fused.parameters())
+    original_opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    original_opt.step()
+    fused_opt = torch.optim.SGD(fused.parameters(), lr=0.1, momentum=0.9)
+    fused_opt.load_state_dict(original_opt.state_dict())
+    for p in model.parameters():
+        assert torch.equal(fused_opt.state[p]["momentum_buffer"], original_opt.state[p]["momentum_buffer"])
+    assert torch.equal(nn.utils.parameters_to_vector(fused.parameters()),
+                       nn.utils.parameters_to_vector(model.parameters()))
 
 
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
