@@ -466,6 +466,7 @@ def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precisio
     if not plans:
         return None
     blocks = keep_mode_blocks(gm)
+    _in_model_order(gm, model)
     return FusedModel(gm, plans, model, mode, blocks, root_hooks)
 
 
@@ -624,6 +625,42 @@ def lone_region(gm: nn.Module) -> Optional[str]:
             and not call.kwargs and out.op == "output" and out.args == (call,)):
         return None
     return call.target if type(gm._modules.get(call.target)) is FusedRegion else None
+
+
+def _in_model_order(gm: nn.Module, model: nn.Module) -> None:
+    """The children of ``gm``, and of the plain containers fx made in it, reordered as ``model`` holds the modules they
+    hold (fx adds them in the order the forward calls them, the regions last): a larger model holding the fused one
+    lists their parameters and buffers in the model's order, as ``FusedModel.named_parameters`` does.  A child holding
+    none of the model's modules keeps its place; the model's own modules are never reordered."""
+    index, owner = {}, {}   # the model's modules, and the tensors they hold, -> the module's place in modules()
+    for i, module in enumerate(model.modules()):
+        index[id(module)] = i
+        for tensor in _tensors_of(module):
+            owner.setdefault(id(tensor), i)
+
+    def first(child):   # (fx's holder of a traced-through module's tensors holds the tensors alone)
+        found = [] if child is None else [place for m in child.modules()
+                                          for place in (index.get(id(m)), *(owner.get(id(t)) for t in _tensors_of(m)))
+                                          if place is not None]
+        return min(found) if found else None
+
+    def reorder(holder):
+        children = list(holder._modules.items())
+        keys = [first(child) for _, child in children]
+        slots = [i for i, key in enumerate(keys) if key is not None]
+        ordered = list(children)
+        for slot, source in zip(slots, sorted(slots, key=keys.__getitem__)):
+            ordered[slot] = children[source]
+        holder._modules.clear()
+        holder._modules.update(ordered)
+        for _, child in ordered:
+            if type(child) is nn.Module and id(child) not in index:   # (a container fx made)
+                reorder(child)
+    reorder(gm)
+
+
+def _tensors_of(module: nn.Module):
+    return [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
 
 
 def _bind_called_submodules(gm: nn.Module) -> None:

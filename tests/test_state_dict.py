@@ -300,3 +300,15 @@ class _Settable(nn.Module):
 
     def forward(self, x):
         return F.adaptive_max_pool2d(F.relu(self.conv(x)), 1) * self.k
+
+
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
+def test_a_larger_model_holding_a_fused_part_lists_its_tensors_in_the_originals_order(make):
+    """The README's ``model.head = fused_model(model.head)``: the larger model's parameters() and buffers() are the
+    same tensors in the same order as before (the fused part's graph holds its modules in the part's order)."""
+    torch.manual_seed(0)
+    outer = nn.Sequential(nn.Identity(), make().eval())
+    params, buffers = [id(p) for p in outer.parameters()], [id(b) for b in outer.buffers()]
+    outer[1] = _fused(outer[1])
+    assert [id(p) for p in outer.parameters()] == params
+    assert [id(b) for b in outer.buffers()] == buffers
