@@ -146,7 +146,8 @@ def differs(was, now) -> bool:
         return not was.matches(now)
     kind = type(was)
     if kind is list or kind is dict or kind is tuple:
-        if type(now) is not kind and not (kind is tuple and isinstance(now, tuple) and type(now).__eq__ is tuple.__eq__):
+        tuple_like = kind is tuple and isinstance(now, tuple) and type(now).__eq__ is tuple.__eq__   # (a namedtuple)
+        if type(now) is not kind and not tuple_like:
             return _compared(was, now)
         if len(was) != len(now):
             return True
