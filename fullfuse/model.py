@@ -630,8 +630,9 @@ def lone_region(gm: nn.Module) -> Optional[str]:
 def _in_model_order(gm: nn.Module, model: nn.Module) -> None:
     """The children of ``gm``, and of the plain containers fx made in it, reordered as ``model`` holds the modules they
     hold (fx adds them in the order the forward calls them, the regions last): a larger model holding the fused one
-    lists their parameters and buffers in the model's order, as ``FusedModel.named_parameters`` does.  A child holding
-    none of the model's modules keeps its place; the model's own modules are never reordered."""
+    lists their parameters and buffers in the model's order, as ``FusedModel.named_parameters`` does (the modules the
+    traced forward does not reach, the fused model's NotCalled child, after them).  A child holding none of the
+    model's modules keeps its place; the model's own modules are never reordered."""
     index, owner = {}, {}   # the model's modules, and the tensors they hold, -> the module's place in modules()
     for i, module in enumerate(model.modules()):
         index[id(module)] = i
