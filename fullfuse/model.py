@@ -101,10 +101,11 @@ class FusedModel(nn.Module):
         # whether a call is the graph's forward and nothing else: a traced graph without optional inputs, training
         # flags, a grad mode of its own or mode blocks (_graph_forward)
         self.__dict__["_plain"] = not (self._as_module or self._optional or read or grad_mode or blocks)
-        if not self._as_module:   # (a traced graph holds only what the forward reaches)
-            unreached = not_called(original, self)
-            if unreached is not None:
-                self.fullfuse_not_called = unreached
+        if not self._as_module:   # (a traced graph holds only what the forward reaches: the rest joins it, and the
+            # graph's children are placed in the model's order, which a larger model holding this one lists them in)
+            for i, module in enumerate(not_called(original, self)):
+                graph_module.add_module(f"fullfuse_not_called_{i}", module)
+            _in_model_order(graph_module, original)
         names = StateNames(original, self)
         names.register(self)
         self.__dict__["_original_names"] = OriginalNames(self, graph_module, original, names.modules)
@@ -466,7 +467,6 @@ def _fused_graph(model: nn.Module, gm: torch.fx.GraphModule, path: str, precisio
     if not plans:
         return None
     blocks = keep_mode_blocks(gm)
-    _in_model_order(gm, model)
     return FusedModel(gm, plans, model, mode, blocks, root_hooks)
 
 
@@ -631,8 +631,8 @@ def _in_model_order(gm: nn.Module, model: nn.Module) -> None:
     """The children of ``gm``, and of the plain containers fx made in it, reordered as ``model`` holds the modules they
     hold (fx adds them in the order the forward calls them, the regions last): a larger model holding the fused one
     lists their parameters and buffers in the model's order, as ``FusedModel.named_parameters`` does (the modules the
-    traced forward does not reach, the fused model's NotCalled child, after them).  A child holding none of the
-    model's modules keeps its place; the model's own modules are never reordered."""
+    traced forward does not reach among them: ``state_names.not_called``).  A child holding none of the model's
+    modules keeps its place; the model's own modules are never reordered."""
     index, owner = {}, {}   # the model's modules, and the tensors they hold, -> the module's place in modules()
     for i, module in enumerate(model.modules()):
         index[id(module)] = i

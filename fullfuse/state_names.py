@@ -24,33 +24,28 @@ def _holder_names(model: nn.Module) -> Dict[int, str]:
     return names
 
 
-class NotCalled(nn.Module):
-    """The original model's modules (and root tensors) that its traced forward does not reach — a head used only in
-    training, a module behind a branch not taken, a tensor nothing reads — held by the fused model so that its state
-    dict, ``parameters()``, ``to()`` / ``double()`` and ``train()`` cover the whole model, as the original's do.  Its
-    children are the original's module objects (the root's tensors: a module sharing the root's parameter and buffer
-    dicts); ``StateNames`` gives their entries the original names."""
-
-
-def not_called(original: nn.Module, fused: nn.Module) -> Optional[NotCalled]:
-    """A NotCalled of the original's state-dict entries that ``fused`` does not hold (None: it holds them all)."""
+def not_called(original: nn.Module, fused: nn.Module) -> List[nn.Module]:
+    """The original model's modules (and root tensors) that ``fused`` does not hold, in the original's order: what its
+    traced forward does not reach — a head used only in training, a module behind a branch not taken, a tensor nothing
+    reads.  The fused model's graph holds them too (``FusedModel``), so that its state dict, ``parameters()``,
+    ``to()`` / ``double()`` and ``train()`` cover the whole model, as the original's do.  They are the original's
+    module objects (the root's own tensors: a module sharing the root's parameter and buffer dicts); ``StateNames``
+    gives their entries the original names."""
     held = {id(value) for value in fused.state_dict(keep_vars=True).values()}
     paths: Dict[str, None] = {}   # (ordered: the original's order)
     for key, value in original.state_dict(keep_vars=True).items():
         if id(value) not in held:
             paths.setdefault(key.rpartition(".")[0], None)
-    if not paths:
-        return None
-    holder = NotCalled()
-    for i, path in enumerate(paths):
+    modules = []
+    for path in paths:
         if path:
-            module = original.get_submodule(path)
+            modules.append(original.get_submodule(path))
         else:   # the root's own tensors
             module = nn.Module()
             module.__dict__.update(_parameters=original._parameters, _buffers=original._buffers,
                                    _non_persistent_buffers_set=original._non_persistent_buffers_set)
-        holder.add_module(str(i), module)
-    return holder
+            modules.append(module)
+    return modules
 
 
 def _join(path: str, leaf: str) -> str:

@@ -70,6 +70,24 @@ class NotCalledParts(nn.Module):
         return (y, self.aux(y)) if self.training else y
 
 
+class UnreachedFirst(nn.Module):
+    """Modules the traced (eval) forward does not reach registered before, between and after those it reaches, and a
+    root parameter nothing reads: the fused model and a larger model holding it list them all in this order."""
+
+    def __init__(self):
+        super().__init__()
+        self.temperature = nn.Parameter(torch.ones(1))
+        self.aux = nn.Linear(64, 4)
+        self.stem = nn.Conv2d(8, 8, 1)
+        self.spare = nn.BatchNorm2d(8)
+        self.body = SeedA()
+        self.tail = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.body(self.stem(x))
+        return (y, self.aux(y)) if self.training else y
+
+
 class _LayerScale(nn.Module):
     """A custom module fx traces through: a parameter it multiplies by, a plain tensor attribute (no buffer) it adds
     and a plain setting."""
@@ -132,8 +150,8 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
-MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts, PlainTensors, PlainAttributes,
-          CalledOutOfOrder]
+MODELS = [SeedA, SeedB, Wrapper, Functional, TwoRegionsOneConv, NotCalledParts, UnreachedFirst, PlainTensors,
+          PlainAttributes, CalledOutOfOrder]
 
 
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
@@ -312,3 +330,10 @@ def test_a_larger_model_holding_a_fused_part_lists_its_tensors_in_the_originals_
     outer[1] = _fused(outer[1])
     assert [id(p) for p in outer.parameters()] == params
     assert [id(b) for b in outer.buffers()] == buffers
+    saved = io.BytesIO()
+    torch.save(outer, saved)
+    saved.seek(0)
+    for copied in (copy.deepcopy(outer), torch.load(saved, weights_only=False)):   # (a copy keeps the order)
+        for mine, theirs in ((outer.parameters(), copied.parameters()), (outer.buffers(), copied.buffers())):
+            mine, theirs = list(mine), list(theirs)
+            assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))
