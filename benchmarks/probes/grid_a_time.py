@@ -3,7 +3,8 @@ L2 flushed, median of 30) and the accuracy against float64, TF32 and bf16, NCHW 
 served each; one line per cell.  An A/B of two source trees runs this in each, alternating processes, each tree with
 its own FULLFUSE_CACHE_DIR (as benchmarks/probes/seed_a_time.py).
 
-Usage (a CUDA GPU):  python3 benchmarks/probes/grid_a_time.py [label] --only I [I ...]
+Usage (a CUDA GPU):  python3 benchmarks/probes/grid_a_time.py [label] [--ieee] --only I [I ...]
+(--ieee: float32 at precision "ieee" alone, in place of TF32 and bf16)
 """
 import os
 import sys
@@ -28,14 +29,14 @@ def reference(x, w, b, stride, padding):
                       for i in range(0, x.shape[0], 8)])
 
 
-def main(label: str, indices) -> None:
+def main(label: str, indices, modes) -> None:
     for i in indices:
         (n, c, h, w_), (k, r, s, p), what = GRID[i]
         g = torch.Generator(device="cuda").manual_seed(1234 + i)
         x32 = torch.randn(n, c, h, w_, device="cuda", generator=g)
         w32 = torch.randn(k, c, r, r, device="cuda", generator=g) * (1.0 / (c * r * r) ** 0.5)
         b32 = torch.randn(k, device="cuda", generator=g) * 0.1
-        for dtype, precision in ((torch.float32, "tf32"), (torch.bfloat16, "auto")):
+        for dtype, precision in modes:
             x, w, b = x32.to(dtype), w32.to(dtype), b32.to(dtype)
             ref = reference(x, w, b, s, p)
             for layout in ("NCHW", "channels_last"):
@@ -56,5 +57,9 @@ def main(label: str, indices) -> None:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    ieee = "--ieee" in argv
+    if ieee:
+        argv.remove("--ieee")
     at = argv.index("--only")
-    main(argv[0] if at > 0 else "this tree", [int(a) for a in argv[at + 1:]])
+    main(argv[0] if at > 0 else "this tree", [int(a) for a in argv[at + 1:]],
+         ((torch.float32, "ieee"),) if ieee else ((torch.float32, "tf32"), (torch.bfloat16, "auto")))

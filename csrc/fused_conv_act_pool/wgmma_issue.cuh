@@ -38,8 +38,9 @@ __device__ __forceinline__ void wg_dtab_fill(const WGParams& p, uint32_t* dtab, 
 
 // All wgmmas of one half (128 pixels) of output row t, rs = ring slot of the row's first input row.  NOPS > 0 is the op
 // count at compile time (straight-line code: ptxas then chains the HGMMAs without a fence or scoreboard wait between
-// them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower).  fp32's bias op is the last
-// op (it has no ieee small terms); 16-bit carries the bias in a spare chunk or in a last op of its own alike.
+// them); NOPS == 0 reads it at run time (ptxas then fences every HGMMA: correct, slower), its loop unrolled by 4: as
+// fast as unrolled in full and ~40 % less compile (rolled: 5-8.5 % slower at 5x5; docs/design.md).  fp32's bias op is
+// the last op (it has no ieee small terms); 16-bit carries the bias in a spare chunk or in a last op of its own alike.
 // B descriptors' low words come from the table dtab[(rs * 2 + half) * WG_DSTRIDE(NOPS) + j] (wg_dtab_fill): one shared
 // load per op instead of ~10 instructions of ring-slot arithmetic.
 // H >= 0 (two output rows per tile, WG_NT_R2): m64n64 wgmmas into accumulators 32 H .. 32 H + 31 only (not ieee).
@@ -62,7 +63,7 @@ __device__ __forceinline__ void wg_issue(const WGParams& p, float (&acc)[64], ui
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i]) :: "memory");
   ff_wg_fence();
-#pragma unroll
+#pragma unroll(NOPS > 0 ? NOPS : 4)
   for (int j = 0; j < (NOPS > 0 ? NOPS : WG_MAXOPS); ++j) {
     if (NOPS == 0 && j >= p.nops) break;
     const uint64_t desc = (uint64_t)(PRE ? dl[j < NL ? j : 0] : drow[j]) | ((uint64_t)p.op_hi[j] << 32);
