@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import dis
+import os
 import sys
+import sysconfig
 import threading
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -24,7 +26,30 @@ from .global_state import own_code
 from .watched_values import differs, put_back, restorable, snapshot
 
 _MISSING = object()
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
+
+
+def _stdlib_names() -> frozenset:
+    """The standard library's top-level module names: ``sys.stdlib_module_names`` from Python 3.10; before, those in
+    the interpreter's standard-library directories (not site-packages) and its built-in modules.  The standard
+    library's globals (``re``'s cache, ``warnings.filters``) change under any code and are never a model's."""
+    names = getattr(sys, "stdlib_module_names", None)
+    if names is None:
+        names = set(sys.builtin_module_names)
+        paths, lib = sysconfig.get_paths(), os.path.dirname(os.__file__)   # (a venv's platstdlib is its own)
+        for directory in {lib, os.path.join(lib, "lib-dynload"), paths["stdlib"], paths["platstdlib"]}:
+            try:
+                entries = os.listdir(directory)
+            except OSError:
+                continue
+            for entry in entries:
+                stem = entry.partition(".")[0]
+                if entry.endswith((".py", ".so", ".pyd")) or os.path.isfile(os.path.join(directory, entry,
+                                                                                          "__init__.py")):
+                    names.add(stem)
+    return frozenset(names) | {"builtins"}
+
+
+_STDLIB = _stdlib_names()
 
 
 class ReadingGlobals:

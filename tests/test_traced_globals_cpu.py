@@ -3,7 +3,9 @@ graph): changed after ``fused_model``, the fused model gives the model's answer;
 in place is not traced, the global put back as it was; a function wrapped with ``torch.fx.wrap`` is fx's to patch
 and put back (CPU: the torch path computes the outputs)."""
 import gc
+import itertools
 import logging
+import re
 import sys
 import warnings
 from types import SimpleNamespace
@@ -14,6 +16,7 @@ import torch.fx
 from torch import nn
 
 import fullfuse
+from fullfuse import traced_globals
 from fullfuse.seed_models import SMALL_SHAPE, SeedA
 
 SCALE = 2.0
@@ -206,3 +209,46 @@ def test_a_gc_callback_during_the_trace_is_not_the_forwards(callback):
         gc.callbacks.remove(hook)
     assert "SCALE" in gm.__dict__[fullfuse.trace.GLOBALS_READ].get(__name__, ())
     assert gc.isenabled()
+
+
+class _UsesTheStandardLibrary(nn.Module):
+    """A forward that calls into the standard library, whose own globals change under any caller (``re``'s cache of
+    compiled patterns, ``warnings``' registry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+
+    def forward(self, x):
+        re.compile(f"fullfuse-test-{next(_PATTERNS)}")   # (a new pattern: re's cache grows)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="fullfuse-test")
+        return self.body(x)
+
+
+_PATTERNS = itertools.count()
+
+
+@_NOTED
+@pytest.mark.parametrize("names", ["sys.stdlib_module_names", "the standard library's directories"])
+def test_the_standard_librarys_globals_are_never_the_models(names, monkeypatch):
+    """The standard library's modules are not the model's code: a forward calling ``re.compile`` fuses.  Before
+    Python 3.10 (no ``sys.stdlib_module_names``) their names come from the interpreter's standard-library directories
+    and built-in modules; with none, ``re``'s cache was taken for a global the forward sets, and the seed B model did
+    not trace on Python 3.9."""
+    if names != "sys.stdlib_module_names":
+        monkeypatch.delattr(sys, "stdlib_module_names", raising=False)
+        monkeypatch.setattr(traced_globals, "_STDLIB", traced_globals._stdlib_names())
+    elif not hasattr(sys, "stdlib_module_names"):
+        pytest.skip("sys.stdlib_module_names is Python 3.10's")
+    stdlib = traced_globals._STDLIB
+    assert {"re", "warnings", "json", "math", "collections", "functools", "os", "sys", "typing", "builtins"} <= stdlib
+    assert not {"torch", "fullfuse", "pytest", "numpy", "hypothesis", "site-packages"} & stdlib
+    model = _UsesTheStandardLibrary().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # (no "could not trace" warning)
+        fused = fullfuse.fused_model(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]   # (the whole forward traced)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x))
