@@ -8,26 +8,28 @@ fused model runs the model's own forward (see ``FusedModel``).  Tensors need no 
 model's parameter and buffer dicts (``trace.share_tensor_dicts``).
 
 The same holds for the modules the trace went into (the root, a block, a Sequential, a custom activation:
-``trace.TRACED_THROUGH``), whose calls the graph does not make: it holds their ops as the trace ran them (their
-forward hooks then run from the graph: ``module_hooks``), with the settings they read (``self.scale``,
-``self.config.k``) as constants and their plain tensor attributes as the objects they were; so are the globals of the
-model's code that the trace read (``traced_globals``).  A hook registered on one since (or one removed, a forward set
-or deleted, a setting or global changed, a tensor attribute re-assigned) would be invisible too; ``ModuleTree``
-watches their hook dicts, instance dicts and those globals as well.  The modules the graph calls run their own hooks;
-those a region replaced are its own change test's (``original_ops.Changes``).
+``trace.TRACED_THROUGH``), whose calls the graph does not make: it holds their ops as the trace ran them (their forward
+hooks then run from the graph: ``module_hooks``), with the settings they read (``self.scale``, ``self.config.k``) as
+constants and their plain tensor attributes as the objects they were; so are the globals of the model's code that the
+trace read and the free variables of its functions made by a factory (``traced_globals``). A hook registered on one
+since (or one removed, a forward set or deleted, a setting, global or free variable changed, a tensor attribute
+re-assigned) would be invisible too; ``ModuleTree`` watches their hook dicts, instance dicts and those variables as
+well. The modules the graph calls run their own hooks; those a region replaced are its own change test's
+(``original_ops.Changes``).
 """
 from __future__ import annotations
 
 import sys
 from operator import attrgetter, itemgetter, methodcaller
 from types import BuiltinFunctionType, FunctionType, MethodType, SimpleNamespace
-from typing import Collection, Dict, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from .calls import compiling
 from .original_ops import SETTING_TYPES
+from .traced_globals import FreeVariables
 from .watched_values import Same, differs, plain_objects, public_fields, snapshot
 
 _DELETED = object()
@@ -49,15 +51,17 @@ class ModuleTree:
                  read: Optional[Dict[str, Sequence[str]]] = None,
                  class_read: Optional[Dict[str, Sequence[str]]] = None,
                  globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = (),
-                 missing_read: Optional[Dict[str, Sequence[str]]] = None, held: Collection[int] = ()):
+                 missing_read: Optional[Dict[str, Sequence[str]]] = None,
+                 closures_read: Optional[Dict[Callable, Sequence[str]]] = None, held: Collection[int] = ()):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
         on the module / its class} (``trace.ATTRIBUTES_READ``, ``CLASS_ATTRIBUTES_READ``); globals_read: {Python
         module: the globals the trace's code read} (``trace.GLOBALS_READ``); private_read: the private names the
         trace's code reads as attributes (``trace.PRIVATE_NAMES_READ``: ``config._k``), watched on config objects
         too; missing_read: {module path: the names the model's code asked of the module and it did not have}
-        (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent; held: the ids of the tensors
-        the graph holds as constants (``graph_tensors``), whose changes in place reach it."""
+        (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent; closures_read: {function of
+        the model's code: the free variables of it the trace read} (``trace.CLOSURES_READ``); held: the ids of the
+        tensors the graph holds as constants (``graph_tensors``), whose changes in place reach it."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -96,6 +100,9 @@ class ModuleTree:
         places += [(f"the global '{{}}' of module {name!r} (the traced code reads it) changed", vars(sys.modules[name]),
                     tuple(n for n in names if n in vars(sys.modules[name])))
                    for name, names in (globals_read or {}).items() if name in sys.modules]
+        places += [(f"the variable '{{}}' that {function.__qualname__} (traced) takes from the function it was made in "
+                    f"changed", FreeVariables(function), tuple(n for n in names if n in FreeVariables(function)))
+                   for function, names in (closures_read or {}).items()]
         for sentence, values, names in places:
             if names:
                 settings.append(_entry(sentence, "", values, names, held))

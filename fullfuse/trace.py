@@ -211,6 +211,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                                               for path, names in reads.class_attributes.items()}
         gm.__dict__[MISSING_READ] = {path: tuple(sorted(names)) for path, names in reads.missing.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
+        gm.__dict__[CLOSURES_READ] = module_globals.closures
         gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
         gm.__dict__[EAGER_READS] = where_read(model, eager.ids, module_globals.read)
         gm.__dict__[SCRIPTING_ASKED] = bool(outside.scripting)
@@ -243,8 +244,8 @@ def _refusal(gm: torch.fx.GraphModule, changed: List[str], globals_set: List[str
         return (f"sets module attributes or changes them in place ({', '.join(changed[:3])}), which a traced graph "
                 f"would not do")
     if globals_set:
-        return (f"sets global variables or changes them in place ({', '.join(globals_set[:3])}), which a traced "
-                f"graph would not do")
+        return (f"sets global variables (or an enclosing function's) or changes them in place "
+                f"({', '.join(globals_set[:3])}), which a traced graph would not do")
     if tensor_tests:
         return (f"asks whether a traced value is a tensor ({tensor_tests[0]}), which torch.fx answers no for its "
                 f"proxy of the value, so the graph would hold the branch for a non-tensor")
@@ -369,6 +370,7 @@ ATTRIBUTES_READ = "_fullfuse_attributes_read"
 CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
 # a traced graph's: {module name: the names of its globals the model's code read during the trace} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
+CLOSURES_READ = "_fullfuse_closures_read"   # (the free variables of the model's functions the trace read)
 # where the model's plain tensors are that the forward also computed with eagerly (eager_reads.where_read)
 EAGER_READS = "_fullfuse_eager_reads"
 MISSING_READ = "_fullfuse_missing_read"   # (names the model's code asked of a module that it did not have: hasattr)

@@ -1,25 +1,29 @@
-"""The module-level variables (globals) of the model's own code that a trace can read.
+"""The module-level variables (globals) of the model's own code that a trace can read, and the free variables of its
+functions made by a factory (``def make(cfg): class M(nn.Module): def forward(self, x): ... cfg["k"]``).
 
 fx keeps what the forward computes from a global (``if USE_BIAS:``, ``y * SCALE``, ``CFG.k``) as a constant of the
 graph. ``ReadingGlobals`` notes, in the trace's thread, the globals that each function of the model's code run by the
 trace reads or sets (by its instructions), with their values as that function was first entered; the fused model watches
 them as it watches the modules' settings (``module_tree``), and a forward that sets one (``global STEPS; STEPS += 1``)
-or changes one in place is not traced (the values are put back).  ``sys.monitoring`` tells which functions run (from
+or changes one in place is not traced (the values are put back). ``sys.monitoring`` tells which functions run (from
 Python 3.12, beside a debugger or coverage), before 3.12 the trace hook, where no other tracer holds it (else nothing is
-noted and the globals are not watched).  The same
-instructions tell the private names that code reads as attributes (``self.config._k``, ``getattr(cfg, "_k")``, a
-property's ``self._k``): a config object's private fields among them are watched too (its public ones always are).
-Torch's, fullfuse's and the standard library's modules are not the model's.  Code the trace's thread runs besides the
-forward (a garbage-collection callback) would count as the model's: the trace pauses collection (``trace.trace``).
+noted and the globals are not watched). The free variables of such a function are noted alike, where it was made before
+the trace (not a helper the forward defines: its cells are the call's own). The same instructions tell the private names
+that code reads as attributes (``self.config._k``, ``getattr(cfg, "_k")``, a property's ``self._k``): a config object's
+private fields among them are watched too (its public ones always are). Torch's, fullfuse's and the standard library's
+modules are not the model's. Code the trace's thread runs besides the forward (a garbage-collection callback) would
+count as the model's: the trace pauses collection (``trace.trace``).
 """
 from __future__ import annotations
 
 import copy
 import dis
+import gc
 import os
 import sys
 import sysconfig
 import threading
+import types
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .global_state import own_code
@@ -58,8 +62,10 @@ class ReadingGlobals:
     each (real, recorder) pair of ``stand_ins`` for a global of the model's modules that is the real function, bound
     by name before the trace (``from warnings import warn``, ``from torch import is_grad_enabled``), which the
     recorders' patches of the function's own module do not reach.  Then ``noted.read`` is {module name: names of
-    its globals the traced functions name}, ``noted.set`` the globals (``module.name``) the trace set or changed in
-    place, and ``noted.private`` the private names (not dunders) they read as attributes or name as strings."""
+    its globals the traced functions name}, ``noted.closures`` {function: the free variables of it they read} (a
+    factory's class or helper: ``def make(cfg): class M(nn.Module): def forward(self, x): ... cfg["k"]``), ``noted.set``
+    the globals (``module.name``) and free variables the trace set or changed in place, and ``noted.private`` the
+    private names (not dunders) they read as attributes or name as strings."""
 
     def __init__(self, lent: Optional[Dict[str, object]] = None, stand_ins: Iterable[Tuple[object, object]] = ()):
         self._lent = lent or {}
@@ -70,7 +76,10 @@ class ReadingGlobals:
         # module -> name -> (value, its snapshot, a copy of a container's items to put back)
         self._first: Dict[str, Dict[str, Tuple[object, object, object]]] = {}
         self._codes = set()
+        # function -> free variable -> (its cell, value, snapshot, a copy of a container's items to put back)
+        self._closure_first: Dict[types.FunctionType, Dict[str, Tuple[object, object, object, object]]] = {}
         self.read: Dict[str, Tuple[str, ...]] = {}
+        self.closures = ClosuresRead()
         self.set: List[str] = []
         self.private: Set[str] = set()
         self._stop = _watch_calls(self._entered)
@@ -105,6 +114,28 @@ class ReadingGlobals:
             if real is not None and values[name] is real:
                 values[name] = recorder
                 self._lent_to.append((values, name, recorder, real))
+        if code.co_freevars:
+            self._note_closure(frame, code)
+
+    def _note_closure(self, frame, code) -> None:
+        """The free variables of the function ``frame`` runs, where it was made before the trace: fx holds what the
+        forward computed from them, as from a global.  One made by a function the trace is running (a helper defined
+        in forward, a comprehension) has cells of that call's own, made anew in every call: not watched."""
+        outer = frame.f_back
+        while outer is not None:
+            if code in outer.f_code.co_consts:
+                return
+            outer = outer.f_back
+        names = [name for name in code.co_freevars if name != "__class__"]   # (super()'s cell: the class)
+        for function in _functions_of(code, frame):
+            cells = dict(zip(code.co_freevars, function.__closure__))
+            first = self._closure_first.setdefault(function, {})
+            for name in names:
+                if name in first:
+                    continue
+                value = _contents(cells[name])
+                items = copy.copy(value) if restorable(value) else None
+                first[name] = (cells[name], value, None if value is _MISSING else snapshot(value), items)
 
     def __exit__(self, *exc) -> None:
         if self._active:
@@ -137,6 +168,90 @@ class ReadingGlobals:
             names = tuple(sorted(name for name, (value, *_) in first.items() if value is not _MISSING))
             if names:
                 self.read[module] = names
+        for function, first in self._closure_first.items():
+            for name, (cell, value, was, items) in first.items():
+                now = _contents(cell)
+                if now is value and (was is None or not differs(was, now)):
+                    continue
+                self.set.append(f"{function.__qualname__}'s free variable {name}")
+                if value is _MISSING:
+                    continue   # (a cell cannot be emptied again)
+                cell.cell_contents = value
+                if items is not None:
+                    put_back(value, items)
+            names = tuple(sorted(name for name, (_, value, *_) in first.items() if value is not _MISSING))
+            if names:
+                self.closures[function] = names
+
+
+class ClosuresRead(dict):
+    """{function of the model's code: the free variables of it the trace read}.  A deepcopy holds the same functions
+    (as a deepcopy shares every function); a pickled one holds none (a factory's function pickles by a name that does
+    not resolve): its copy does not watch them."""
+
+    def __deepcopy__(self, memo) -> "ClosuresRead":
+        return ClosuresRead(self)
+
+    def __reduce__(self):
+        return ClosuresRead, ()
+
+
+class FreeVariables:
+    """A function's free variables by name, as a module's globals are in its dict: ``values[name]`` is the contents
+    of its closure cell (an empty cell: KeyError).  Each is read by a function of its own closed over the same cell
+    (torch.compile traces that as it traces the model's own read; it cannot trace a cell object handled as a value)."""
+
+    __slots__ = ("getters",)
+
+    def __init__(self, function: types.FunctionType):
+        self.getters = {name: types.FunctionType(_READ_CELL, globals(), name, None, (cell,))
+                        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ())}
+
+    def __getitem__(self, name: str):
+        try:
+            return self.getters[name]()
+        except NameError:   # (an empty cell)
+            raise KeyError(name) from None
+
+    def get(self, name: str, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.getters and _contents(self.getters[name].__closure__[0]) is not _MISSING
+
+
+def _cell_reader():
+    value = None
+
+    def read():
+        return value
+    return read
+
+
+_READ_CELL = _cell_reader().__code__   # (returns its one free variable: the cell a FreeVariables gives it)
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:   # (an empty cell: the variable is not bound yet, or was deleted)
+        return _MISSING
+
+
+def _functions_of(code, frame) -> List[types.FunctionType]:
+    """The functions of ``code`` with a closure (gc's referrers of the code); where there are several (a factory
+    called twice), those whose cells hold what ``frame`` sees in its free variables."""
+    found = [f for f in gc.get_referrers(code)
+             if type(f) is types.FunctionType and f.__code__ is code and f.__closure__]
+    if len(found) > 1:
+        seen = frame.f_locals
+        same = [f for f in found if all(_contents(cell) is seen.get(name, _MISSING)
+                                        for name, cell in zip(code.co_freevars, f.__closure__))]
+        found = same or found
+    return found
 
 
 def _watch_calls(entered: Callable[[object], None]) -> Optional[Callable[[], None]]:
