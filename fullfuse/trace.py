@@ -196,8 +196,8 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
                 _RecordingModuleReads(model, tracer) as reads, ReadingGlobalState() as outside, \
                 _RecordingTensorTests() as tensor_tests, RecordingOutputs() as outputs, \
                 ReadingGlobals(lent={**tensor_tests.lent, **outputs.lent},
-                               stand_ins=outside.stand_ins + tensor_tests.stand_ins + outputs.stand_ins
-                               ) as module_globals, \
+                               stand_ins=outside.stand_ins + tensor_tests.stand_ins + outputs.stand_ins,
+                               modules=model.modules()) as module_globals, \
                 RecordingEagerReads() as eager:
             graph = tracer.trace(model, concrete_args=concrete or None)
         _drop_specialization_guards(graph)

@@ -61,18 +61,25 @@ class ReadingGlobals:
     the model's modules meanwhile (those without a global of that name; taken back after, never noted as read), and
     each (real, recorder) pair of ``stand_ins`` for a global of the model's modules that is the real function, bound
     by name before the trace (``from warnings import warn``, ``from torch import is_grad_enabled``), which the
-    recorders' patches of the function's own module do not reach.  Then ``noted.read`` is {module name: names of
+    recorders' patches of the function's own module do not reach; so it does for such a function held by a free
+    variable of the model's code, by an attribute of one of ``modules`` (``self.query = torch.is_grad_enabled``) or
+    by their classes (``query = staticmethod(torch.is_grad_enabled)``; not torch's or fullfuse's classes).  Then ``noted.read`` is {module name: names of
     its globals the traced functions name}, ``noted.closures`` {function: the free variables of it they read} (a
     factory's class or helper: ``def make(cfg): class M(nn.Module): def forward(self, x): ... cfg["k"]``), ``noted.set``
     the globals (``module.name``) and free variables the trace set or changed in place, and ``noted.private`` the
     private names (not dunders) they read as attributes or name as strings."""
 
-    def __init__(self, lent: Optional[Dict[str, object]] = None, stand_ins: Iterable[Tuple[object, object]] = ()):
+    def __init__(self, lent: Optional[Dict[str, object]] = None, stand_ins: Iterable[Tuple[object, object]] = (),
+                 modules: Iterable[object] = ()):
         self._lent = lent or {}
         self._stand_ins = {id(real): (real, recorder) for real, recorder in stand_ins}
         self._lent_to: List[Tuple[dict, str, object, object]] = []   # (globals, name, lent object, value before)
+        self._cells_lent: List[Tuple[object, object, object]] = []   # (cell, recorder, real)
+        self._modules = tuple(modules)
+        self._attributes_lent: List[Tuple[object, str, object, object]] = []   # (holder, name, lent, before)
 
     def __enter__(self) -> "ReadingGlobals":
+        self._lend_attributes()
         # module -> name -> (value, its snapshot, a copy of a container's items to put back)
         self._first: Dict[str, Dict[str, Tuple[object, object, object]]] = {}
         self._codes = set()
@@ -136,11 +143,39 @@ class ReadingGlobals:
                 value = _contents(cells[name])
                 items = copy.copy(value) if restorable(value) else None
                 first[name] = (cells[name], value, None if value is _MISSING else snapshot(value), items)
+                real, recorder = self._stand_ins.get(id(value), (None, None))
+                if real is not None and value is real:   # (after the snapshot: watched as the real function)
+                    cells[name].cell_contents = recorder
+                    self._cells_lent.append((cells[name], recorder, real))
+                    if sys.version_info < (3, 11) and frame.f_locals.get(name) is real:
+                        # (before 3.11 the trace hook's caller writes the frame's locals dict back into its cells)
+                        frame.f_locals[name] = recorder
 
     def __exit__(self, *exc) -> None:
         if self._active:
             self._stop()
+        for holder, name, lent, before in reversed(self._attributes_lent):
+            if vars(holder).get(name) is lent:
+                setattr(holder, name, before) if isinstance(holder, type) else vars(holder).__setitem__(name, before)
+        if self._active:
             self._compare()
+
+    def _lend_attributes(self) -> None:
+        """The recorders in place of their real functions held by the modules' instance dicts and their classes."""
+        classes = dict.fromkeys(cls for m in self._modules for cls in type(m).__mro__
+                                if not _library_class(cls))
+        for holder in (*self._modules, *classes):
+            for name, value in list(vars(holder).items()):
+                wrapper = type(value) if type(value) in (staticmethod, classmethod) else None
+                real, recorder = self._stand_ins.get(id(value.__func__ if wrapper else value), (None, None))
+                if real is None or (wrapper is not None and wrapper is not staticmethod):
+                    continue
+                lent = wrapper(recorder) if wrapper else recorder
+                if isinstance(holder, type):
+                    setattr(holder, name, lent)
+                else:
+                    vars(holder)[name] = lent
+                self._attributes_lent.append((holder, name, lent, value))
 
     def _compare(self) -> None:
         """Take the lent names back; note the globals the trace read, and those it set (putting them back)."""
@@ -168,6 +203,9 @@ class ReadingGlobals:
             names = tuple(sorted(name for name, (value, *_) in first.items() if value is not _MISSING))
             if names:
                 self.read[module] = names
+        for cell, recorder, real in reversed(self._cells_lent):
+            if _contents(cell) is recorder:
+                cell.cell_contents = real
         for function, first in self._closure_first.items():
             for name, (cell, value, was, items) in first.items():
                 now = _contents(cell)
@@ -232,6 +270,13 @@ def _cell_reader():
 
 
 _READ_CELL = _cell_reader().__code__   # (returns its one free variable: the cell a FreeVariables gives it)
+
+
+def _library_class(cls: type) -> bool:
+    """Python's, torch's and fullfuse's own classes (``object``, ``nn.Module``, ``nn.Conv2d``): not the model's."""
+    module = getattr(cls, "__module__", "") or ""
+    return (module.partition(".")[0] in _STDLIB or module in ("torch", "fullfuse")
+            or module.startswith(("torch.", "fullfuse.")))
 
 
 def _contents(cell):

@@ -657,3 +657,56 @@ def test_a_function_imported_by_name_is_recorded_as_its_module_s(how):
                 torch.testing.assert_close(fused(x), model(x))
     pooled = [str(w.message) for w in caught if "pooled" in str(w.message)]
     assert pooled == ([f"pooled {torch.Size((SMALL_SHAPE['A'][0], 64))}"] * 4 if how == "warn" else [])
+
+
+def _held_in_a_closure(query):
+    class InAClosure(_RegionThen):
+        def forward(self, x):
+            y = self.body(x)
+            return y * 2 if query() else y
+    return InAClosure
+
+
+class _InTheClass(_RegionThen):
+    query = staticmethod(torch.is_grad_enabled)
+
+    def forward(self, x):
+        y = self.body(x)
+        return y * 2 if self.query() else y
+
+
+class _OnTheInstance(_RegionThen):
+    def __init__(self, how):
+        super().__init__(how)
+        self.query = torch.is_grad_enabled
+
+    def forward(self, x):
+        y = self.body(x)
+        return y * 2 if self.query() else y
+
+
+HOLDERS = {"a free variable": _held_in_a_closure(torch.is_grad_enabled), "a class attribute": _InTheClass,
+           "an instance attribute": _OnTheInstance}
+
+
+@pytest.mark.parametrize("holder", sorted(HOLDERS))
+def test_a_query_held_by_the_models_objects_is_recorded(holder):
+    """``torch.is_grad_enabled`` held by a variable of the function that made the model's class, by the class, or by
+    the instance: the trace would hold its answer, so the forward is not traced (its child fuses) and answers as the
+    model in every mode; the holders hold the real function again after the trace."""
+    torch.manual_seed(16)
+    model = HOLDERS[holder]("query").eval()
+    with pytest.raises(fullfuse.TraceError, match=r"torch.is_grad_enabled\(\)"):
+        fullfuse.trace.trace(model)
+    if holder == "a free variable":
+        held = dict(zip(type(model).forward.__code__.co_freevars, type(model).forward.__closure__))["query"]
+        held = held.cell_contents
+    else:
+        held = vars(type(model))["query"].__func__ if holder == "a class attribute" else vars(model)["query"]
+    assert held is torch.is_grad_enabled
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    for mode in (torch.no_grad, torch.enable_grad):
+        with mode():
+            torch.testing.assert_close(fused(x), model(x))
