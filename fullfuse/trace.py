@@ -551,8 +551,9 @@ class _LentType:
     """A stand-in for the builtin ``type`` in the model's modules during a trace, answering every use as ``type``:
     ``type(obj)`` (which first tells ``called_with(obj)``), ``type(name, bases, namespace)``, ``isinstance(x, type)``,
     ``issubclass(c, type)``, ``class Meta(type)`` (through ``__mro_entries__``: a metaclass, whose base is ``type``),
-    and its attributes (``type.__new__(mcs, ...)``, ``type.__call__(cls, ...)``, ``type.__name__``: type's own).  Not an
-    object it can be: ``type(c) is type`` is false in those modules meanwhile."""
+    and its attributes (``type.__new__(mcs, ...)``, ``type.__call__(cls, ...)``, ``type.__name__``: type's own).  Where
+    ``type(obj)`` is ``type`` (a class's, ``type(type)``) it answers itself, so that ``type(c) is type`` holds in those
+    modules too (``type(c) is builtins.type`` does not, meanwhile)."""
 
     __slots__ = ("called_with",)
 
@@ -561,14 +562,16 @@ class _LentType:
 
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and not kwargs:
-            object.__getattribute__(self, "called_with")(args[0])
+            obj = args[0]
+            object.__getattribute__(self, "called_with")(obj)
+            return self if obj is self or type(obj) is type else type(obj)
         return type(*args, **kwargs)
 
     def __instancecheck__(self, obj) -> bool:
-        return isinstance(obj, type)
+        return obj is self or isinstance(obj, type)
 
     def __subclasscheck__(self, sub) -> bool:
-        return issubclass(sub, type)
+        return sub is self or issubclass(sub, type)
 
     def __mro_entries__(self, bases) -> tuple:
         return (type,)

@@ -475,6 +475,9 @@ class _AsksForATensor(_RegionThen):
             made, once = Meta("Made", (), {"k": 2.0}), _Once("Once", (), {"k": 1.0})
             k = made.k * once().k if isinstance(made, type) and issubclass(type(made), type) else 1.0
             k = k if type(made) is Meta and type.__new__(Meta, "New", (), {}).__name__ == "New" else 1.0
+            # (a class's type is type, as is type's; both are classes and types)
+            k = k if type(_Once) is type and type(type(self)) is type and type(type) is type else 1.0
+            k = k if issubclass(type(type(self)), type) and isinstance(type(type(self)), type) else 1.0
             return y * k if type(self).__name__ == "_AsksForATensor" and type.__name__ == "type" else y
         return torch.stack(y) if isinstance(y, (list, tuple)) else y * 2   # (not a tensor test: traced)
 
