@@ -130,11 +130,11 @@ class ReadingGlobals:
         in forward, a comprehension) has cells of that call's own, made anew in every call: not watched."""
         outer = frame.f_back
         while outer is not None:
-            if code in outer.f_code.co_consts:
+            if any(const is code for const in outer.f_code.co_consts):
                 return
             outer = outer.f_back
         names = [name for name in code.co_freevars if name != "__class__"]   # (super()'s cell: the class)
-        for function in _functions_of(code, frame):
+        for function in _functions_of(code, frame) if names else ():
             cells = dict(zip(code.co_freevars, function.__closure__))
             first = self._closure_first.setdefault(function, {})
             for name in names:

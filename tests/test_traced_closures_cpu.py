@@ -210,3 +210,23 @@ def test_a_helper_made_by_a_factory_is_watched_and_the_fused_model_pickles():
             assert torch.isfinite(restored(x)).all()
     finally:
         _TABLE["k"] = 1.0
+
+
+class _CallsSuper(SeedA):
+    """A forward calling ``super()``: its one free variable is the class (``__class__``), nothing to watch."""
+
+    def forward(self, x):
+        return super().forward(x) * 2.0
+
+
+@_NOTED
+def test_a_forward_calling_super_fuses_and_watches_no_free_variable():
+    torch.manual_seed(26)
+    model = _CallsSuper().eval()
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    assert not fused.__dict__["_reads"][-1]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(fused(x), model(x))
