@@ -57,17 +57,18 @@ _STDLIB = _stdlib_names()
 
 
 class ReadingGlobals:
-    """``with ReadingGlobals(lent, stand_ins) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins in
-    the model's modules meanwhile (those without a global of that name; taken back after, never noted as read), and
-    each (real, recorder) pair of ``stand_ins`` for a global of the model's modules that is the real function, bound
-    by name before the trace (``from warnings import warn``, ``from torch import is_grad_enabled``), which the
+    """``with ReadingGlobals(lent, stand_ins) as noted: <trace>``: ``lent`` ({name: object}) stands in for builtins
+    in the model's modules meanwhile (those without a global of that name; taken back after, never noted as read),
+    and each (real, recorder) pair of ``stand_ins`` for a global of the model's modules that is the real function,
+    bound by name before the trace (``from warnings import warn``, ``from torch import is_grad_enabled``), which the
     recorders' patches of the function's own module do not reach; so it does for such a function held by a free
     variable of the model's code, by an attribute of one of ``modules`` (``self.query = torch.is_grad_enabled``) or
-    by their classes (``query = staticmethod(torch.is_grad_enabled)``; not torch's or fullfuse's classes).  Then ``noted.read`` is {module name: names of
-    its globals the traced functions name}, ``noted.closures`` {function: the free variables of it they read} (a
-    factory's class or helper: ``def make(cfg): class M(nn.Module): def forward(self, x): ... cfg["k"]``), ``noted.set``
-    the globals (``module.name``) and free variables the trace set or changed in place, and ``noted.private`` the
-    private names (not dunders) they read as attributes or name as strings."""
+    by their classes (``query = staticmethod(torch.is_grad_enabled)``; not torch's or fullfuse's classes). Then
+    ``noted.read`` is {module name: names of its globals the traced functions name}, ``noted.closures`` {function:
+    the free variables of it they read} (a factory's class or helper: ``def make(cfg): class M(nn.Module): def
+    forward(self, x): ... cfg["k"]``), ``noted.set`` the globals (``module.name``) and free variables the trace set
+    or changed in place, and ``noted.private`` the private names (not dunders) they read as attributes or name as
+    strings."""
 
     def __init__(self, lent: Optional[Dict[str, object]] = None, stand_ins: Iterable[Tuple[object, object]] = (),
                  modules: Iterable[object] = ()):

@@ -159,59 +159,6 @@ class _DefinesAHelper(nn.Module):
         return scaled(parts[0])
 
 
-@_NOTED
-def test_a_helper_the_forward_defines_is_neither_watched_nor_refused():
-    torch.manual_seed(23)
-    model = _DefinesAHelper().eval()
-    fused = _fused(model)
-    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
-    assert not fused.__dict__["_reads"][-1]
-    x = torch.randn(SMALL_SHAPE["A"])
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error")
-        torch.testing.assert_close(fused(x), model(x))
-        torch.testing.assert_close(fused(x), model(x))
-
-
-def _make_offset(table):
-    def offset(y):
-        return y + table["k"]
-    return offset
-
-
-_TABLE = {"k": 1.0}
-_OFFSET = _make_offset(_TABLE)
-
-
-class _CallsAClosure(nn.Module):
-    """A module-level model (it pickles) whose forward calls a helper a factory made at import."""
-
-    def __init__(self):
-        super().__init__()
-        self.body = SeedA()
-
-    def forward(self, x):
-        return _OFFSET(self.body(x))
-
-
-@_NOTED
-def test_a_helper_made_by_a_factory_is_watched_and_the_fused_model_pickles():
-    torch.manual_seed(24)
-    model = _CallsAClosure().eval()
-    fused = _fused(model)
-    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
-    restored = pickle.loads(pickle.dumps(fused))   # (a factory's function does not pickle: the copy keeps none)
-    x = torch.randn(SMALL_SHAPE["A"])
-    try:
-        _TABLE["k"] = 4.0
-        with torch.no_grad():
-            with pytest.warns(UserWarning, match="offset"):
-                torch.testing.assert_close(fused(x), model(x))
-            assert torch.isfinite(restored(x)).all()
-    finally:
-        _TABLE["k"] = 1.0
-
-
 class _CallsSuper(SeedA):
     """A forward calling ``super()``: its one free variable is the class (``__class__``), nothing to watch."""
 
@@ -220,13 +167,15 @@ class _CallsSuper(SeedA):
 
 
 @_NOTED
-def test_a_forward_calling_super_fuses_and_watches_no_free_variable():
-    torch.manual_seed(26)
-    model = _CallsSuper().eval()
+@pytest.mark.parametrize("make", [_DefinesAHelper, _CallsSuper], ids=["a helper the forward defines", "super()"])
+def test_free_variables_of_the_call_itself_are_neither_watched_nor_refused(make):
+    torch.manual_seed(23)
+    model = make().eval()
     fused = _fused(model)
     assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
     assert not fused.__dict__["_reads"][-1]
     x = torch.randn(SMALL_SHAPE["A"])
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
+        torch.testing.assert_close(fused(x), model(x))
         torch.testing.assert_close(fused(x), model(x))
