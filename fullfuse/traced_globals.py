@@ -172,10 +172,13 @@ class ReadingGlobals:
                 if real is None or (wrapper is not None and wrapper is not staticmethod):
                     continue
                 lent = wrapper(recorder) if wrapper else recorder
-                if isinstance(holder, type):
-                    setattr(holder, name, lent)
-                else:
-                    vars(holder)[name] = lent
+                try:
+                    if isinstance(holder, type):
+                        setattr(holder, name, lent)
+                    else:
+                        vars(holder)[name] = lent
+                except (AttributeError, TypeError):   # (a class whose metaclass refuses it: left as it is)
+                    continue
                 self._attributes_lent.append((holder, name, lent, value))
 
     def _compare(self) -> None:
