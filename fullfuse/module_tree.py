@@ -309,12 +309,12 @@ def _kept(value, held: Collection[int]):
 
 def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...], held: Collection[int]) -> tuple:
     """(the sentence saying that one of them changed, with a {} for its name; where in the place they are, the dict
-    holding them, their names, an itemgetter of them giving a tuple — one name twice —, their snapshots in that
-    order)"""
+    holding them, their names, an itemgetter of them (a reader of free variables) giving a tuple — one name twice —,
+    their snapshots in that order)"""
     was = tuple(snapshot(values[name], held=held) for name in names)
-    if len(names) == 1:
-        return sentence, where, values, names, itemgetter(names[0], names[0]), was * 2
-    return sentence, where, values, names, itemgetter(*names), was
+    read = names * 2 if len(names) == 1 else names
+    get = values.reader(read) if isinstance(values, FreeVariables) else itemgetter(*read)
+    return sentence, where, values, names, get, was * 2 if len(names) == 1 else was
 
 
 def graph_tensors(graph: nn.Module) -> frozenset:

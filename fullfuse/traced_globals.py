@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dis
+import functools
 import gc
 import os
 import sys
@@ -264,6 +265,13 @@ class FreeVariables:
     def __contains__(self, name: str) -> bool:
         return name in self.getters and _contents(self.getters[name].__closure__[0]) is not _MISSING
 
+    def reader(self, names: Tuple[str, ...]) -> Callable[[object], tuple]:
+        """``read(_)``: the tuple of the variables ``names`` (two at least; a name may come twice), in one call
+        (host time per call of the fused model's change test: one Python frame for them all; an empty cell raises)."""
+        unique = list(dict.fromkeys(names))
+        return types.FunctionType(_tuple_reader(tuple(map(unique.index, names)), len(unique)), globals(), "read", None,
+                                  tuple(self.getters[name].__closure__[0] for name in unique))
+
 
 def _cell_reader():
     value = None
@@ -274,6 +282,17 @@ def _cell_reader():
 
 
 _READ_CELL = _cell_reader().__code__   # (returns its one free variable: the cell a FreeVariables gives it)
+
+
+@functools.lru_cache(maxsize=None)
+def _tuple_reader(order: Tuple[int, ...], count: int) -> types.CodeType:
+    """The code of ``read(_)`` returning its ``count`` free variables in ``order`` (indices, one possibly twice)."""
+    names = [f"v{i}" for i in range(count)]
+    source = (f"def outer():\n    {', '.join(names)} = {', '.join(['None'] * count)}\n"
+              f"    def read(_):\n        return ({', '.join(names[i] for i in order)},)\n    return read\n")
+    namespace: Dict[str, object] = {}
+    exec(source, namespace)   # (names of its own: no input reaches the source)
+    return namespace["outer"]().__code__
 
 
 def _library_class(cls: type) -> bool:
