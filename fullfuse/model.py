@@ -24,7 +24,7 @@ from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD,
 from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
-from .state_names import StateNames, not_called
+from .state_names import NOT_CALLED, StateNames, not_called
 from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, CLOSURES_READ, EAGER_READS, GLOBALS_READ, MISSING_READ,
                     PRIVATE_NAMES_READ, SCRIPTING_ASKED, TRACED_THROUGH, TRAINING_READ, bind_to_model,
                     optional_inputs, trace)
@@ -104,7 +104,7 @@ class FusedModel(nn.Module):
         if not self._as_module:   # (a traced graph holds only what the forward reaches: the rest joins it, and the
             # graph's children are placed in the model's order, which a larger model holding this one lists them in)
             for i, module in enumerate(not_called(original, self)):
-                graph_module.add_module(f"fullfuse_not_called_{i}", module)
+                graph_module.add_module(f"{NOT_CALLED}{i}", module)
             _in_model_order(graph_module, original)
         names = StateNames(original, self)
         names.register(self)

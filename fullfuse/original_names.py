@@ -16,6 +16,8 @@ from typing import Dict
 import torch
 from torch import nn
 
+from .state_names import NOT_CALLED
+
 
 class OriginalNames:
     """First components of the original model's module paths and state-dict keys -> the fused model's path to the
@@ -71,6 +73,10 @@ class OriginalNames:
         if (path is None and name not in self.objects) or not (value is None or isinstance(value, (torch.Tensor,
                                                                                                    nn.Module))):
             return False
+        if path is not None and path.startswith(f"graph_module.{NOT_CALLED}"):
+            raise AttributeError(f"fullfuse: {name} is a module the traced forward does not reach (held for the state "
+                                 f"dict, parameters() and train()); set it on the original model (the fused model "
+                                 f"then runs the model's own forward, saying so) and call fused_model again")
         if name in self.taken or (isinstance(value, nn.Module) and fused.__dict__.get("_optional")):
             raise AttributeError(f"fullfuse: {name} is part of a fused region (or of the graphs traced for optional "
                                  f"inputs); set it on the original model and call fused_model again")

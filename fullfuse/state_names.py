@@ -24,6 +24,9 @@ def _holder_names(model: nn.Module) -> Dict[int, str]:
     return names
 
 
+NOT_CALLED = "fullfuse_not_called_"   # (the graph's names of those modules: fullfuse_not_called_<i>)
+
+
 def not_called(original: nn.Module, fused: nn.Module) -> List[nn.Module]:
     """The original model's modules (and root tensors) that ``fused`` does not hold, in the original's order: what its
     traced forward does not reach — a head used only in training, a module behind a branch not taken, a tensor nothing

@@ -268,6 +268,12 @@ def test_modules_the_forward_does_not_reach_are_the_fused_models_too():
     x = torch.randn(SMALL_SHAPE["A"], dtype=torch.float64)
     with torch.no_grad():
         assert torch.equal(fused(x), model(x))
+    assert fused.aux is model.aux
+    with pytest.raises(AttributeError, match="does not reach .* set it on the original model"):
+        fused.aux = nn.Linear(64, 4)
+    model.aux = nn.Linear(64, 4).double()   # (as said: the fused model runs the model's own forward, saying so)
+    with torch.no_grad(), pytest.warns(UserWarning, match="aux"):
+        assert torch.equal(fused(x), model(x))
 
 
 def test_plain_tensors_and_attributes_are_the_models():
