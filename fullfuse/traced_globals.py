@@ -81,7 +81,6 @@ class ReadingGlobals:
         self._attributes_lent: List[Tuple[object, str, object, object]] = []   # (holder, name, lent, before)
 
     def __enter__(self) -> "ReadingGlobals":
-        self._lend_attributes()
         # module -> name -> (value, its snapshot, a copy of a container's items to put back)
         self._first: Dict[str, Dict[str, Tuple[object, object, object]]] = {}
         self._codes = set()
@@ -91,7 +90,13 @@ class ReadingGlobals:
         self.closures = ClosuresRead()
         self.set: List[str] = []
         self.private: Set[str] = set()
-        self._stop = _watch_calls(self._entered)
+        self._active = False
+        try:
+            self._lend_attributes()
+            self._stop = _watch_calls(self._entered)
+        except BaseException:
+            self._take_attributes_back()
+            raise
         self._active = self._stop is not None
         return self
 
@@ -156,11 +161,15 @@ class ReadingGlobals:
     def __exit__(self, *exc) -> None:
         if self._active:
             self._stop()
+        self._take_attributes_back()
+        if self._active:
+            self._compare()
+
+    def _take_attributes_back(self) -> None:
         for holder, name, lent, before in reversed(self._attributes_lent):
             if vars(holder).get(name) is lent:
                 setattr(holder, name, before) if isinstance(holder, type) else vars(holder).__setitem__(name, before)
-        if self._active:
-            self._compare()
+        self._attributes_lent.clear()
 
     def _lend_attributes(self) -> None:
         """The recorders in place of their real functions held by the modules' instance dicts and their classes."""
