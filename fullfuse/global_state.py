@@ -50,7 +50,11 @@ SCRIPTING_QUERIES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 
 def own_code(frame) -> bool:
     """Whether ``frame`` runs torch's or fullfuse's own code (not a model's: torchvision's is a model's)."""
-    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return own_module(frame.f_globals.get("__name__", "") if frame is not None else "")
+
+
+def own_module(name: str) -> bool:
+    """Whether the Python module ``name`` is torch's or fullfuse's."""
     return name in ("torch", "fullfuse") or name.startswith(("torch.", "fullfuse."))
 
 

@@ -101,8 +101,8 @@ class ModuleTree:
                     tuple(n for n in names if n in vars(sys.modules[name])))
                    for name, names in (globals_read or {}).items() if name in sys.modules]
         places += [(f"the variable '{{}}' that {function.__qualname__} (traced) takes from the function it was made in "
-                    f"changed", FreeVariables(function), tuple(n for n in names if n in FreeVariables(function)))
-                   for function, names in (closures_read or {}).items()]
+                    f"changed", free, tuple(n for n in names if n in free))
+                   for function, names in (closures_read or {}).items() for free in [FreeVariables(function)]]
         for sentence, values, names in places:
             if names:
                 settings.append(_entry(sentence, "", values, names, held))

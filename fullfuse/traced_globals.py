@@ -27,7 +27,7 @@ import threading
 import types
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from .global_state import own_code
+from .global_state import own_module
 from .watched_values import differs, put_back, restorable, snapshot
 
 _MISSING = object()
@@ -107,7 +107,7 @@ class ReadingGlobals:
             return
         self._codes.add(code)
         module = frame.f_globals.get("__name__")
-        if (not isinstance(module, str) or own_code(frame) or module.partition(".")[0] in _STDLIB
+        if (not isinstance(module, str) or _library_module(module)
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return
         names, private = _names_read(code)
@@ -174,7 +174,7 @@ class ReadingGlobals:
     def _lend_attributes(self) -> None:
         """The recorders in place of their real functions held by the modules' instance dicts and their classes."""
         classes = dict.fromkeys(cls for m in self._modules for cls in type(m).__mro__
-                                if not _library_class(cls))
+                                if not _library_module(getattr(cls, "__module__", None) or ""))
         for holder in (*self._modules, *classes):
             for name, value in list(vars(holder).items()):
                 wrapper = type(value) if type(value) in (staticmethod, classmethod) else None
@@ -304,11 +304,10 @@ def _tuple_reader(order: Tuple[int, ...], count: int) -> types.CodeType:
     return namespace["outer"]().__code__
 
 
-def _library_class(cls: type) -> bool:
-    """Python's, torch's and fullfuse's own classes (``object``, ``nn.Module``, ``nn.Conv2d``): not the model's."""
-    module = getattr(cls, "__module__", "") or ""
-    return (module.partition(".")[0] in _STDLIB or module in ("torch", "fullfuse")
-            or module.startswith(("torch.", "fullfuse.")))
+def _library_module(name: str) -> bool:
+    """Whether the Python module ``name`` is the standard library's, torch's or fullfuse's: not the model's code (nor
+    its classes: ``object``, ``nn.Module``, ``nn.Conv2d``)."""
+    return name.partition(".")[0] in _STDLIB or own_module(name)
 
 
 def _contents(cell):
