@@ -95,10 +95,16 @@ def is_array(value) -> bool:
     return numpy is not None and isinstance(value, numpy.ndarray)
 
 
-@torch.compiler.disable
+# torch.compile's caller runs _same_version as Python (a graph break: ``fullgraph=True`` refuses it, as it does a
+# NumPy array's comparison).  torch._disable_dynamo is torch.compiler.disable made on the first call (under
+# torch.compile, where torch._dynamo is loaded already): torch.compiler.disable itself imports torch._dynamo (1.5-5 s),
+# which importing fullfuse should not cost
+_disable_dynamo = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+
+
+@_disable_dynamo
 def _same_version(tensor: torch.Tensor, version) -> bool:
-    """Whether the tensor's version counter is ``version``, run by torch.compile's caller as Python (a graph break:
-    ``fullgraph=True`` refuses it, as it does a NumPy array's comparison)."""
+    """Whether the tensor's version counter is ``version`` (outside torch.compile's graphs)."""
     return tensor_version(tensor) == version
 
 

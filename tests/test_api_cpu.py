@@ -2620,3 +2620,38 @@ def test_python_m_fullfuse_is_the_command():
     out = subprocess.run([sys.executable, "-m", "fullfuse", "--help"], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert out.returncode == 0 and "{info,build,check,bench}" in out.stdout, out.stderr
+
+
+def test_importing_and_a_first_call_do_not_import_torch_compile():
+    """torch._dynamo takes 1.5-5 s to import: importing fullfuse, fusing a model that reads a plain tensor and its
+    first calls (a tensor changed in place among them) leave it unimported, where torch's own import does."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = "\n".join([
+        "import sys, torch",
+        "before = 'torch._dynamo' in sys.modules",
+        "import fullfuse",
+        "from fullfuse.seed_models import SeedA",
+        "class M(torch.nn.Module):",
+        "    def __init__(self):",
+        "        super().__init__()",
+        "        self.body, self.t = SeedA(), torch.tensor(2.0)",
+        "    def forward(self, x):",
+        "        return self.body(x) * self.t.item()",
+        "m = M().eval()",
+        "fused = fullfuse.fused_model(m)",
+        "x = torch.randn(1, 8, 16, 16)",
+        "with torch.no_grad():",
+        "    assert torch.equal(fused(x), m(x))",
+        "    m.t.add_(1.0)",
+        "    assert torch.equal(fused(x), m(x))",
+        "print(before, 'torch._dynamo' in sys.modules)",
+    ])
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.split()
+    if before == "True":
+        pytest.skip("this torch imports torch._dynamo itself")
+    assert after == "False"

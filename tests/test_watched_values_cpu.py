@@ -5,6 +5,7 @@ plain data (NaN, an array), leaves the fused graph running (CPU: the torch path 
 import copy
 import dataclasses
 import math
+import pickle
 import warnings
 from collections import OrderedDict, namedtuple
 from types import SimpleNamespace
@@ -639,3 +640,22 @@ def test_differs_answers_as_the_snapshots_comparison(value, later):
     None: the value itself."""
     was, now = snapshot(value), value if later is None else later
     assert differs(was, now) == (was is not now and was != now), (was, now)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_fused_model_under_torch_compile_sees_a_tensor_changed_in_place(how):
+    """A copy's snapshots of the plain tensors the trace read keep their version and read it under torch.compile as
+    the original's do (a graph break, the comparison made outside torch.compile's graph)."""
+    torch.manual_seed(13)
+    model = _ReadsTensorValues().eval()
+    fused = _quiet_fused(model)
+    copied = copy.deepcopy(fused) if how == "deepcopy" else pickle.loads(pickle.dumps(fused))
+    original = copied.__dict__["_original"]
+    compiled = torch.compile(copied, backend="eager")
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        assert torch.equal(compiled(x), original(x))
+        original.t.add_(1.0)
+        want = original(x)
+        assert not torch.equal(want, copied.graph_module(x))
+        assert torch.equal(compiled(x), want)
