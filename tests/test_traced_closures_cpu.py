@@ -3,7 +3,6 @@ forward computed from them as constants, as from a global.  The fused model watc
 change gives the model's answer (its own forward runs, with a warning), a forward that sets one is not traced, and a
 helper the forward itself defines (cells of its own call) is neither watched nor refused."""
 import copy
-import pickle
 import sys
 import warnings
 from types import SimpleNamespace
