@@ -1,9 +1,10 @@
-"""What a forward reads from outside its modules while fx traces it: torch's global modes and settings, and the global
-random generators.
+"""What a forward reads from outside its modules while fx traces it: torch's global modes and settings, the process's
+environment variables, and the global random generators.
 
 fx runs the forward's Python once and keeps every value that Python computed as a constant of the graph.  A forward
 that asks torch for a mode or setting (``torch.is_grad_enabled()``, ``torch.get_default_dtype()``,
-``torch.backends.cudnn.allow_tf32``) would answer every call as the trace was answered, and one that draws from a
+``torch.backends.cudnn.allow_tf32``) or reads an environment variable (``os.environ.get("DEBUG")``) would answer
+every call as the trace was answered, and one that draws from a
 global random generator outside the graph's ops (``torch.randn(64)`` with no traced value among its arguments,
 ``random.random()``) would add the trace's draw to every call.  ``ReadingGlobalState`` records both for one trace in
 one thread, where the caller refuses the trace (``fused_model`` then fuses the model's children that trace).  Reads
@@ -12,6 +13,7 @@ attributes it reads ``module_tree``'s.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import random
 import sys
@@ -61,7 +63,8 @@ def own_module(name: str) -> bool:
 class ReadingGlobalState:
     """``with ReadingGlobalState() as state: <trace>``: then ``state.read`` names the queries of torch's global modes
     and settings the traced code made in this thread (``torch.get_default_dtype()``, ``torch.backends.cudnn.
-    allow_tf32``), and ``state.drawn`` the global random generators whose state the trace changed (torch's CPU and
+    allow_tf32``), ``state.environment`` the environment variables it read (``os.environ``, ``os.getenv``, also
+    bound by name), and ``state.drawn`` the global random generators whose state the trace changed (torch's CPU and
     CUDA default generators, Python's ``random``, NumPy's ``numpy.random``).  The queries are wrapped for the
     duration (other threads' calls pass through unrecorded); the generators' states are compared before and after."""
 
@@ -70,6 +73,7 @@ class ReadingGlobalState:
         self.drawn: List[str] = []
         self.stand_ins: List[Tuple[object, object]] = []   # (query, its wrapper), for ReadingGlobals
         self.scripting: List[str] = []   # the SCRIPTING_QUERIES the traced code made
+        self.environment: List[str] = []   # the environment variables it read, as os.environ['NAME']
 
     def __enter__(self) -> "ReadingGlobalState":
         patch_lock.acquire()
@@ -79,6 +83,7 @@ class ReadingGlobalState:
         try:
             self._wrap_functions()
             self._wrap_backend_flags()
+            self._wrap_environment()
         except BaseException:
             self._restore()
             raise
@@ -142,6 +147,38 @@ class ReadingGlobalState:
                 return _real(obj, name)
             cls.__getattr__ = getattr_
             self._undo.append(lambda: setattr(cls, "__getattr__", real))
+
+
+    def _wrap_environment(self) -> None:
+        """Reads of os.environ's class (``os.environ[...]``, ``.get``, ``in``, ``os.getenv``, iteration: each goes
+        through ``__getitem__`` or ``__iter__``), noted for the first caller outside ``os`` and the mapping ABCs
+        (torch reading its own variables is torch's)."""
+        cls = type(os.environ)
+        note, environment = self._note, self.environment
+        real_getitem, real_iter = cls.__dict__.get("__getitem__"), cls.__dict__.get("__iter__")
+        if real_getitem is None or real_iter is None:
+            return
+
+        def getitem(env, key):
+            note(f"os.environ[{key!r}]", _reader(sys._getframe(1)), environment)
+            return real_getitem(env, key)
+
+        def iterate(env):
+            note("os.environ (all of it)", _reader(sys._getframe(1)), environment)
+            return real_iter(env)
+        cls.__getitem__, cls.__iter__ = getitem, iterate
+        self._undo.append(lambda: (setattr(cls, "__getitem__", real_getitem), setattr(cls, "__iter__", real_iter)))
+
+
+_ENVIRONMENT_HELPERS = frozenset(("os", "_collections_abc", "collections.abc", "typing"))
+
+
+def _reader(frame):
+    """The frame that reads the environment: the first one outside os.getenv and the mapping methods that call
+    os.environ's ``__getitem__`` / ``__iter__``."""
+    while frame is not None and frame.f_globals.get("__name__", "") in _ENVIRONMENT_HELPERS:
+        frame = frame.f_back
+    return frame
 
 
 class _RecordedFlag:

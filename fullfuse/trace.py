@@ -252,6 +252,9 @@ def _refusal(gm: torch.fx.GraphModule, changed: List[str], globals_set: List[str
     if outside.read:
         return (f"asks torch for a global mode or setting ({', '.join(outside.read)}), whose answer a traced graph "
                 f"would hold as it was during the trace, where the forward asks in every call")
+    if outside.environment:
+        return (f"reads environment variables ({', '.join(outside.environment[:3])}), whose values a traced graph "
+                f"would hold as they were during the trace, where the forward reads them in every call")
     if outside.drawn:
         return (f"draws random numbers outside the traced ops (from {', '.join(outside.drawn)}: e.g. torch.rand(1) "
                 f"or torch.randn(64), with no traced value among its arguments, or random.random()), which a traced "

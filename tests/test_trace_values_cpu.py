@@ -8,10 +8,12 @@ import contextlib
 import functools
 import logging
 import operator
+import os
 import random
 import sys
 import warnings
 from collections.abc import Sequence
+from os import environ, getenv
 from warnings import warn
 
 import pytest
@@ -297,6 +299,55 @@ def test_a_forward_drawing_random_numbers_outside_its_ops_draws_anew_in_every_ca
                 torch.manual_seed(seed), random.seed(seed), numpy.random.seed(seed)
                 answers.append(call(x))
             assert torch.equal(*answers)
+
+
+_VARIABLE = "FULLFUSE_TEST_SCALE"
+
+
+class _ReadsTheEnvironment(_RegionThen):
+    """A region, then a scale read from an environment variable (fx would keep the value read at the trace)."""
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "os.environ.get":
+            return y * float(os.environ.get(_VARIABLE, "1"))
+        if self.how == "os.environ[]":
+            return y * float(os.environ[_VARIABLE]) if _VARIABLE in os.environ else y
+        if self.how == "getenv by name":
+            return y * float(getenv(_VARIABLE, "1"))
+        if self.how == "environ by name":
+            return y * float(environ.get(_VARIABLE, "1"))
+        return y * len([name for name in os.environ if name == _VARIABLE])   # (iterated)
+
+
+@pytest.mark.parametrize("how", ["os.environ.get", "os.environ[]", "getenv by name", "environ by name", "iterated"])
+def test_a_forward_reading_an_environment_variable_reads_it_in_every_call(how, monkeypatch):
+    """The trace's value would be the graph's in every call: the model as a whole is not traced (its region is
+    fused), and a variable set later gives the model's answer."""
+    monkeypatch.setenv(_VARIABLE, "2")
+    model = _ReadsTheEnvironment(how).eval()
+    with pytest.raises(fullfuse.TraceError, match="reads environment variables \\(os.environ"):
+        fullfuse.trace.trace(model)
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for value in ("2", "3", None):
+            if value is None:
+                monkeypatch.delenv(_VARIABLE)
+            else:
+                monkeypatch.setenv(_VARIABLE, value)
+            assert torch.equal(fused(x), model(x))
+
+
+def test_torchs_own_environment_reads_during_a_trace_do_not_count():
+    """torch reading its own variables while fx traces (here through a wrapped function of torch's) is no reason to
+    refuse the trace, and os.environ's class is as it was after it."""
+    before = dict(vars(type(os.environ)))
+    namespace = {"__name__": "torch.fullfuse_test_reader", "os": os}
+    exec("def reads(): return os.environ.get('FULLFUSE_TEST_UNSET') is None", namespace)
+    fullfuse.trace.trace(_ReadsASetting(namespace["reads"]))
+    assert dict(vars(type(os.environ))) == before
 
 
 def _rand_of_shape(y):
