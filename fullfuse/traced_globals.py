@@ -110,7 +110,7 @@ class ReadingGlobals:
         if (not isinstance(module, str) or _library_module(module)
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return
-        names, private = _names_read(code)
+        names, private, chains = _names_read(code)
         first, values = self._first.setdefault(module, {}), frame.f_globals
         for name, obj in self._lent.items():
             if name in names and name not in values:   # (lent to a module whose traced code names it, alone)
@@ -123,6 +123,7 @@ class ReadingGlobals:
                 value = values.get(name, _MISSING)
                 items = copy.copy(value) if restorable(value) else None
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
+        self._note_module_attributes(values, chains)
         for name in names:   # (after the snapshot: the global is watched as the real function)
             real, recorder = self._stand_ins.get(id(values.get(name, _MISSING)), (None, None))
             if real is not None and values[name] is real:
@@ -130,6 +131,23 @@ class ReadingGlobals:
                 self._lent_to.append((values, name, recorder, real))
         if code.co_freevars:
             self._note_closure(frame, code)
+
+    def _note_module_attributes(self, values: dict, chains: Set[Tuple[str, ...]]) -> None:
+        """The model's own modules that its code names as globals (``import config`` ... ``config.SCALE``;
+        ``config.sub.K``): each attribute it reads of such a module is noted as that module's global, as read (fx holds
+        what the forward computes from it); the standard library's, torch's and fullfuse's modules aside, and any not
+        in ``sys.modules`` under its name (where the fused model reads them)."""
+        for name, *path in chains:
+            value = values.get(name)
+            for attribute in path:
+                module = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
+                if (not isinstance(module, str) or _library_module(module) or sys.modules.get(module) is not value
+                        or attribute.startswith("__") or attribute not in vars(value)):
+                    break   # (not in its dict: a module's __getattr__ answers it, a lazy module may set it meanwhile)
+                first, value = self._first.setdefault(module, {}), vars(value)[attribute]
+                if attribute not in first:
+                    items = copy.copy(value) if restorable(value) else None
+                    first[attribute] = (value, snapshot(value), items)
 
     def _note_closure(self, frame, code) -> None:
         """The free variables of the function ``frame`` runs, where it was made before the trace: fx holds what the
@@ -365,14 +383,27 @@ def _watch_calls(entered: Callable[[object], None]) -> Optional[Callable[[], Non
 _TOOL_IDS = (3, 4)   # (sys.monitoring's ids no tool is given: 0 debugger, 1 coverage, 2 profiler, 5 optimizer)
 _GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"))
 _ATTRIBUTE_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "LOAD_CONST"))
+_CHAIN_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"))
 
 
-def _names_read(code) -> Tuple[Tuple[str, ...], Set[str]]:
+def _names_read(code) -> Tuple[Tuple[str, ...], Set[str], Set[Tuple[str, ...]]]:
     """(the globals ``code`` reads or sets, the private names it reads as attributes or holds as string constants:
-    ``getattr(obj, "_k")``), from one pass over its instructions (not ``co_names``, which holds attribute names too: a
-    notebook's global ``model`` is not what ``self.model`` reads)."""
+    ``getattr(obj, "_k")``, the attribute chains it reads or sets of a global: ``cfg.sub.K`` as ("cfg", "sub", "K")),
+    from one pass over its instructions (not ``co_names``, which holds attribute names too: a notebook's global
+    ``model`` is not what ``self.model`` reads)."""
     instructions = list(dis.get_instructions(code))
     names = tuple(dict.fromkeys(ins.argval for ins in instructions if ins.opname in _GLOBAL_OPS))
     private = {ins.argval for ins in instructions if ins.opname in _ATTRIBUTE_OPS
                and type(ins.argval) is str and ins.argval[:1] == "_" and ins.argval[:2] != "__"}
-    return names, private
+    chains, chain = set(), None
+    for ins in instructions + [None]:
+        if chain is not None and ins is not None and ins.opname in ("COPY", "DUP_TOP"):   # (``cfg.K += 1``)
+            continue
+        if chain is not None and ins is not None and ins.opname in _CHAIN_OPS and type(ins.argval) is str:
+            chain = (*chain, ins.argval)
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                continue
+        if chain is not None and len(chain) > 1:
+            chains.add(chain)
+        chain = (ins.argval,) if ins is not None and ins.opname == "LOAD_GLOBAL" else None
+    return names, private, chains

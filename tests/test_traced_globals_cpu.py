@@ -7,6 +7,7 @@ import itertools
 import logging
 import re
 import sys
+import types
 import warnings
 from types import SimpleNamespace
 
@@ -252,3 +253,100 @@ def test_the_standard_librarys_globals_are_never_the_models(names, monkeypatch):
     x = torch.randn(SMALL_SHAPE["A"])
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x))
+
+
+def _settings_module(name: str) -> types.ModuleType:
+    """A module of the model's own (``import settings``), registered as an import makes it, with a submodule."""
+    module, sub = types.ModuleType(name), types.ModuleType(f"{name}.sub")
+    module.SCALE, module.CALLS, module.sub, sub.K = 2.0, 0, sub, 1.0
+    module.scaled = lambda y: y * 3.0
+    sys.modules[module.__name__], sys.modules[sub.__name__] = module, sub
+    return module
+
+
+settings = _settings_module("fullfuse_test_settings")
+
+
+class _ReadsAModule(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.how == "attribute":
+            return y * settings.SCALE
+        if self.how == "submodule's attribute":
+            return y + settings.sub.K
+        if self.how == "function":
+            return settings.scaled(y)
+        settings.CALLS += 1
+        return y
+
+
+MODULE_CHANGES = {"attribute": (settings, "SCALE", 5.0), "submodule's attribute": (settings.sub, "K", -1.0),
+                  "function": (settings, "scaled", lambda y: y * 7.0)}
+
+
+@_NOTED
+@pytest.mark.parametrize("change", sorted(MODULE_CHANGES))
+def test_an_attribute_of_the_models_own_module_changed_after_fusing_gives_the_models_answer(change):
+    """``import settings`` ... ``settings.SCALE``: fx keeps what the forward computed from it, as from a global of
+    the model's own module; a change after fused_model gives the model's answer."""
+    torch.manual_seed(12)
+    model = _ReadsAModule(change).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert [plan.name for plan in fused.plans] == ["fullfuse_region_0"]
+    holder, name, value = MODULE_CHANGES[change]
+    before = getattr(holder, name)
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert torch.equal(fused(x), model(x))
+            setattr(holder, name, value)
+            want = model(x)
+            assert not torch.equal(want, fused.graph_module(x))   # (the change changes the answer)
+            with pytest.warns(UserWarning, match="of module .* changed"):
+                assert torch.equal(fused(x), want)
+    finally:
+        setattr(holder, name, before)
+
+
+@_NOTED
+def test_a_forward_setting_an_attribute_of_the_models_own_module_runs_as_written():
+    settings.CALLS = 0
+    model = _ReadsAModule("sets").eval()
+    with pytest.raises(fullfuse.TraceError, match="sets global variables"):
+        fullfuse.trace.trace(model)
+    assert settings.CALLS == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    with torch.no_grad():
+        fused(torch.randn(SMALL_SHAPE["A"]))
+        fused(torch.randn(SMALL_SHAPE["A"]))
+    assert settings.CALLS == 2
+
+
+@_NOTED
+def test_the_attributes_watched_of_a_module_are_those_read_of_it():
+    """Of a module the forward names, only the attributes its code reads of that module are watched (those of every
+    branch, as of the globals it names): ``self.body`` is not the module's ``body``."""
+    settings.body = None
+    model = _ReadsAModule("attribute").eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    assert fused.__dict__["_reads"][2].get(settings.__name__) == ("CALLS", "SCALE", "scaled", "sub")
+    settings.body = SeedA()
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(fused(x), model(x))
+    finally:
+        del settings.body
