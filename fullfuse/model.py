@@ -211,8 +211,9 @@ class FusedModel(nn.Module):
         """The tree of ``original`` as ``graph`` was traced from it: what the trace went into and read, and the
         tensors the graph holds as they are (less those the trace also computed with eagerly)."""
         d = self.__dict__
-        held = held_by_the_graph(graph_tensors(graph), original, d.get("_eager_reads", ()))
-        return ModuleTree(original, d["_traced_through"], *d.get("_reads", ()), held=held)
+        eager = d.get("_eager_reads", ())
+        held = held_by_the_graph(graph_tensors(graph), original, eager)
+        return ModuleTree(original, d["_traced_through"], *d.get("_reads", ()), held=held, eager=eager)
 
     def _apply(self, fn, recurse=True):
         """Conversions (``to``, ``cuda``, ``half``...) reach the original module too where a call can run its own

@@ -30,7 +30,7 @@ from torch import nn
 from .calls import compiling
 from .original_ops import SETTING_TYPES
 from .traced_globals import FreeVariables
-from .watched_values import Same, differs, plain_objects, public_fields, snapshot
+from .watched_values import Same, SameLayout, differs, plain_objects, public_fields, snapshot
 
 _DELETED = object()
 
@@ -45,14 +45,15 @@ class ModuleTree:
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values",
-                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names", "missing")
+                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names", "missing", "read_tensors")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
                  class_read: Optional[Dict[str, Sequence[str]]] = None,
                  globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = (),
                  missing_read: Optional[Dict[str, Sequence[str]]] = None,
-                 closures_read: Optional[Dict[Callable, Sequence[str]]] = None, held: Collection[int] = ()):
+                 closures_read: Optional[Dict[Callable, Sequence[str]]] = None, held: Collection[int] = (),
+                 eager: Sequence[Tuple[str, str, str]] = ()):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
         on the module / its class} (``trace.ATTRIBUTES_READ``, ``CLASS_ATTRIBUTES_READ``); globals_read: {Python
@@ -61,7 +62,9 @@ class ModuleTree:
         too; missing_read: {module path: the names the model's code asked of the module and it did not have}
         (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent; closures_read: {function of
         the model's code: the free variables of it the trace read} (``trace.CLOSURES_READ``); held: the ids of the
-        tensors the graph holds as constants (``graph_tensors``), whose changes in place reach it."""
+        tensors the graph holds as constants (``graph_tensors``), whose changes in place reach it; eager: where the
+        tensors are that the trace computed with outside the graph (``trace.EAGER_READS``), of which the parameters
+        and buffers are watched here."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -163,7 +166,18 @@ class ModuleTree:
                              for path, names in (missing_read or {}).items()
                              for m in [_submodule(model, path)] if m is not None and id(m) in paths
                              for dicts in [(vars(m), m._parameters, m._buffers, m._modules)])
-        self.watched = bool(through or self.settings or self.tensors or self.shadows or self.missing)
+        # the parameters and buffers the trace reached as tensors (``next(self.parameters()).dtype``): their dtype,
+        # device and shape, and their values where it read them, as fx kept them (parameter / buffer dict, name, kind,
+        # path, a SameLayout of the tensor as fused)
+        self.read_tensors = tuple(
+            (tensors, name, kind.partition(" ")[0], f"{place}.{name}" if place else name,
+             SameLayout(tensors[name], values=not kind.endswith(" layout")))
+            for kind, place, name in eager if kind.startswith(("parameter", "buffer"))
+            for module in [_submodule(model, place) if place else model] if module is not None
+            for tensors in [module._parameters if kind.startswith("parameter") else module._buffers]
+            if tensors.get(name) is not None)
+        self.watched = bool(through or self.settings or self.tensors or self.shadows or self.missing
+                            or self.read_tensors)
 
     def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
@@ -183,6 +197,9 @@ class ModuleTree:
             return True
         for _, instance, name, kept in self.tensors:
             if not kept.matches(instance.get(name)):
+                return True
+        for tensors, name, _, _, kept in self.read_tensors:
+            if not kept.matches(tensors.get(name)):
                 return True
         if not all(map(KEYS_DISJOINT, self.shadow_keys, self.shadow_names)):
             return True
@@ -240,6 +257,11 @@ class ModuleTree:
             if not kept.matches(instance.get(name)):
                 return (f"the model's {_traced(path)} changed its tensor attribute '{name}' in place (the graph may "
                         f"hold what the forward computed from its values: a buffer, register_buffer, is read as it is)")
+        for tensors, name, kind, where, kept in self.read_tensors:
+            if not kept.matches(tensors.get(name)):
+                values = ", or its values" if kept.same is not None else ""
+                return (f"the model's {kind} '{where}' has another dtype, device or shape{values} than the trace read "
+                        f"(the graph holds what the forward computed from them: convert the model, then fuse it)")
         for instance, names, path in self.shadows:
             for name in names:
                 if name in instance:

@@ -213,7 +213,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[GLOBALS_READ] = module_globals.read
         gm.__dict__[CLOSURES_READ] = module_globals.closures
         gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
-        gm.__dict__[EAGER_READS] = where_read(model, eager.ids, module_globals.read)
+        gm.__dict__[EAGER_READS] = where_read(model, eager.ids, module_globals.read, eager.values)
         gm.__dict__[SCRIPTING_ASKED] = bool(outside.scripting)
     except Exception as e:  # fx raises TraceError, TypeError, AttributeError, ... depending on the construct
         state.restore()

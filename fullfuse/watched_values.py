@@ -72,6 +72,24 @@ class SameTensor(Same):
         return tensor_version(other) == self.version
 
 
+class SameLayout:
+    """Equal to a tensor of the dtype, device and shape one had (a parameter or buffer the traced code reached as a
+    tensor: ``next(self.parameters()).dtype``), and with ``values`` that tensor unchanged in place too
+    (``SameTensor``): fx kept what the forward computed from them as constants."""
+
+    __slots__ = ("layout", "same")
+    __hash__ = None
+
+    def __init__(self, tensor: torch.Tensor, values: bool):
+        self.layout = (tensor.dtype, tensor.device, tensor.shape)
+        self.same = SameTensor(tensor) if values else None
+
+    def matches(self, other) -> bool:
+        if not isinstance(other, torch.Tensor) or (other.dtype, other.device, other.shape) != self.layout:
+            return False
+        return self.same is None or self.same.matches(other)
+
+
 class SameArray(Same):
     """Equal to one NumPy array alone, with the shape, dtype and bytes it had: fx keeps what the forward computed from
     an array's values at the trace (``float(self.w[0])``, ``self.w * 2``) as constants, which a change in place

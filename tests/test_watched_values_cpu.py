@@ -659,3 +659,61 @@ def test_a_copied_fused_model_under_torch_compile_sees_a_tensor_changed_in_place
         want = original(x)
         assert not torch.equal(want, copied.graph_module(x))
         assert torch.equal(compiled(x), want)
+
+
+class _ReadsItsParameters(nn.Module):
+    """A forward that reaches its parameters as tensors, not through fx's proxies: fx keeps what it computes from
+    their dtype (``how`` "dtype": the input cast to the first parameter's dtype, as ``ModelMixin.dtype`` gives it) or
+    their values ("values": a bias entry read as a number)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.body, self.how = SeedA(), how
+
+    def forward(self, x):
+        if self.how == "dtype":
+            return self.body(x.to(next(self.parameters()).dtype))
+        return self.body(x) * float(dict(self.named_parameters())["body.conv.bias"][0])
+
+
+@pytest.mark.parametrize("change", ["double() of the model", "double() of the fused model", "bfloat16",
+                                    "bias updated in place", "bias replaced"])
+def test_a_parameter_the_trace_reached_as_a_tensor_changed_gives_the_models_answer(change):
+    """fx keeps ``next(self.parameters()).dtype`` (the input's cast) or a value read from a parameter as constants: a
+    conversion of the model after fused_model (which the model's own cast follows), an update in place or a
+    replacement runs the model's own forward, with a warning naming the parameter; the model as fused runs the graph
+    quietly."""
+    torch.manual_seed(14)
+    how = "dtype" if change in ("double() of the model", "double() of the fused model", "bfloat16") else "values"
+    model = _ReadsItsParameters(how).eval()
+    fused = _quiet_fused(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        _answers_quietly(fused, model, x)
+        if change == "double() of the model":
+            model.double()
+        elif change == "double() of the fused model":
+            fused.double()
+        elif change == "bfloat16":
+            model.to(torch.bfloat16)
+        elif change == "bias updated in place":
+            model.body.conv.bias.add_(1.0)
+        else:
+            model.body.conv.bias = nn.Parameter(model.body.conv.bias + 1.0)
+        want = model(x)
+        with pytest.warns(UserWarning, match="parameter 'body.conv.(weight|bias)' has another"):
+            got = fused(x)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_parameters_layout_read_alone_is_not_watched_for_its_values():
+    """Reading a parameter's dtype alone: an update of its values in place (a training step) reaches the graph,
+    which reads the parameter as it is, and changes nothing of what the fused model watches."""
+    torch.manual_seed(15)
+    model = _ReadsItsParameters("dtype").eval()
+    fused = _quiet_fused(model)
+    x = torch.randn(SMALL_SHAPE["A"])
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.5)
+        _answers_quietly(fused, model, x)
