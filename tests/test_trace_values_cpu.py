@@ -31,6 +31,16 @@ def _fused(model):
         return fullfuse.fused_model(model)
 
 
+def _fused_in_its_body(model, refusal: str):
+    """``model`` (a ``_RegionThen``) refused as a whole by the trace (``refusal``: the reason's pattern), fused: its
+    body's region alone."""
+    with pytest.raises(fullfuse.TraceError, match=refusal):
+        fullfuse.trace.trace(model)
+    fused = _fused(model)
+    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    return fused
+
+
 class _RegionThen(nn.Module):
     """Seed A's region as ``body``, then what ``how`` names (each subclass's forward)."""
 
@@ -287,10 +297,7 @@ def test_a_forward_drawing_random_numbers_outside_its_ops_draws_anew_in_every_ca
     every call draws as the model's does (the same generator state gives the same answer)."""
     numpy = pytest.importorskip("numpy")
     model = _Draws(how).eval()
-    with pytest.raises(fullfuse.TraceError, match="draws random numbers outside the traced ops"):
-        fullfuse.trace.trace(model)
-    fused = _fused(model)
-    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    fused = _fused_in_its_body(model, "draws random numbers outside the traced ops")
     x = torch.randn(SMALL_SHAPE["A"])
     with torch.no_grad():
         for seed in range(4):
@@ -326,10 +333,7 @@ def test_a_forward_reading_an_environment_variable_reads_it_in_every_call(how, m
     fused), and a variable set later gives the model's answer."""
     monkeypatch.setenv(_VARIABLE, "2")
     model = _ReadsTheEnvironment(how).eval()
-    with pytest.raises(fullfuse.TraceError, match="reads environment variables \\(os.environ"):
-        fullfuse.trace.trace(model)
-    fused = _fused(model)
-    assert [plan.name for plan in fused.plans] == ["body.fullfuse_region_0"]
+    fused = _fused_in_its_body(model, "reads environment variables \\(os.environ")
     x = torch.randn(SMALL_SHAPE["A"])
     with torch.no_grad():
         for value in ("2", "3", None):
