@@ -25,7 +25,7 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import NOT_CALLED, StateNames, not_called
-from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, CLOSURES_READ, EAGER_READS, GLOBALS_READ, MISSING_READ,
+from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, CLASSES_READ, CLOSURES_READ, EAGER_READS, GLOBALS_READ, MISSING_READ,
                     PRIVATE_NAMES_READ, SCRIPTING_ASKED, TRACED_THROUGH, TRAINING_READ, bind_to_model,
                     optional_inputs, trace)
 
@@ -93,7 +93,8 @@ class FusedModel(nn.Module):
         traced = {} if self._as_module else graph_module.__dict__
         self.__dict__["_reads"] = (traced.get(ATTRIBUTES_READ, {}), traced.get(CLASS_ATTRIBUTES_READ, {}),
                                    traced.get(GLOBALS_READ, {}), traced.get(PRIVATE_NAMES_READ, ()),
-                                   traced.get(MISSING_READ, {}), traced.get(CLOSURES_READ, {}))
+                                   traced.get(MISSING_READ, {}), traced.get(CLOSURES_READ, {}),
+                                   traced.get(CLASSES_READ, {}))
         self.__dict__["_eager_reads"] = traced.get(EAGER_READS, ())
         self.__dict__["_asks_scripting"] = traced.get(SCRIPTING_ASKED, False)
         self.__dict__["_tree"] = None if graph_module is original else self._module_tree(graph_module, original)

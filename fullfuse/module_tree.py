@@ -29,7 +29,7 @@ from torch import nn
 
 from .calls import compiling
 from .original_ops import SETTING_TYPES
-from .traced_globals import FreeVariables
+from .traced_globals import ClassAttributes, FreeVariables
 from .watched_values import Same, SameLayout, differs, plain_objects, public_fields, snapshot
 
 _DELETED = object()
@@ -52,7 +52,8 @@ class ModuleTree:
                  class_read: Optional[Dict[str, Sequence[str]]] = None,
                  globals_read: Optional[Dict[str, Sequence[str]]] = None, private_read: Sequence[str] = (),
                  missing_read: Optional[Dict[str, Sequence[str]]] = None,
-                 closures_read: Optional[Dict[Callable, Sequence[str]]] = None, held: Collection[int] = (),
+                 closures_read: Optional[Dict[Callable, Sequence[str]]] = None,
+                 classes_read: Optional[Dict[type, Sequence[str]]] = None, held: Collection[int] = (),
                  eager: Sequence[Tuple[str, str, str]] = ()):
         """traced_through: the modules (not the root) the trace of ``model`` went into; None where the fused model
         calls ``model`` itself, not a traced graph.  read / class_read: {module path: the attributes the trace read
@@ -61,10 +62,11 @@ class ModuleTree:
         trace's code reads as attributes (``trace.PRIVATE_NAMES_READ``: ``config._k``), watched on config objects
         too; missing_read: {module path: the names the model's code asked of the module and it did not have}
         (``trace.MISSING_READ``: ``hasattr(self, "extra")``), watched for staying absent; closures_read: {function of
-        the model's code: the free variables of it the trace read} (``trace.CLOSURES_READ``); held: the ids of the
-        tensors the graph holds as constants (``graph_tensors``), whose changes in place reach it; eager: where the
-        tensors are that the trace computed with outside the graph (``trace.EAGER_READS``), of which the parameters
-        and buffers are watched here."""
+        the model's code: the free variables of it the trace read} (``trace.CLOSURES_READ``); classes_read: {class of
+        the model's code: its attributes the trace's code read through a global} (``trace.CLASSES_READ``); held: the
+        ids of the tensors the graph holds as constants (``graph_tensors``), whose changes in place reach it; eager:
+        where the tensors are that the trace computed with outside the graph (``trace.EAGER_READS``), of which the
+        parameters and buffers are watched here."""
         # (not a TorchScript module's: its children live in TorchScript, where Python assignment does not reach; every
         # module inside one is a ScriptModule too)
         parents = [(path, module) for path, module in model.named_modules(remove_duplicate=False)
@@ -106,6 +108,9 @@ class ModuleTree:
         places += [(f"the variable '{{}}' that {function.__qualname__} (traced) takes from the function it was made in "
                     f"changed", free, tuple(n for n in names if n in free))
                    for function, names in (closures_read or {}).items() for free in [FreeVariables(function)]]
+        places += [(f"the attribute '{{}}' of class {cls.__qualname__} (the traced code reads it) changed",
+                    ClassAttributes(cls), tuple(n for n in names if n in ClassAttributes(cls)))
+                   for cls, names in (classes_read or {}).items()]
         for sentence, values, names in places:
             if names:
                 settings.append(_entry(sentence, "", values, names, held))
@@ -335,7 +340,7 @@ def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...], held
     their snapshots in that order)"""
     was = tuple(snapshot(values[name], held=held) for name in names)
     read = names * 2 if len(names) == 1 else names
-    get = values.reader(read) if isinstance(values, FreeVariables) else itemgetter(*read)
+    get = values.reader(read) if isinstance(values, (FreeVariables, ClassAttributes)) else itemgetter(*read)
     return sentence, where, values, names, get, was * 2 if len(names) == 1 else was
 
 

@@ -212,6 +212,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[MISSING_READ] = {path: tuple(sorted(names)) for path, names in reads.missing.items()}
         gm.__dict__[GLOBALS_READ] = module_globals.read
         gm.__dict__[CLOSURES_READ] = module_globals.closures
+        gm.__dict__[CLASSES_READ] = module_globals.classes
         gm.__dict__[PRIVATE_NAMES_READ] = tuple(sorted(module_globals.private))
         gm.__dict__[EAGER_READS] = where_read(model, eager.ids, module_globals.read, eager.values)
         gm.__dict__[SCRIPTING_ASKED] = bool(outside.scripting)
@@ -373,6 +374,7 @@ ATTRIBUTES_READ = "_fullfuse_attributes_read"
 CLASS_ATTRIBUTES_READ = "_fullfuse_class_attributes_read"
 # a traced graph's: {module name: the names of its globals the model's code read during the trace} (traced_globals)
 GLOBALS_READ = "_fullfuse_globals_read"
+CLASSES_READ = "_fullfuse_classes_read"   # (the attributes of the model's classes its code read through a global)
 CLOSURES_READ = "_fullfuse_closures_read"   # (the free variables of the model's functions the trace read)
 # where the model's plain tensors are that the forward also computed with eagerly (eager_reads.where_read)
 EAGER_READS = "_fullfuse_eager_reads"

@@ -87,6 +87,9 @@ class ReadingGlobals:
         # function -> free variable -> (its cell, value, snapshot, a copy of a container's items to put back)
         self._closure_first: Dict[types.FunctionType, Dict[str, Tuple[object, object, object, object]]] = {}
         self.read: Dict[str, Tuple[str, ...]] = {}
+        self.classes = ClassesRead()
+        # class -> attribute -> (its value, snapshot, a copy of a container's items to put back)
+        self._class_first: Dict[type, Dict[str, Tuple[object, object, object]]] = {}
         self.closures = ClosuresRead()
         self.set: List[str] = []
         self.private: Set[str] = set()
@@ -123,7 +126,7 @@ class ReadingGlobals:
                 value = values.get(name, _MISSING)
                 items = copy.copy(value) if restorable(value) else None
                 first[name] = (value, None if value is _MISSING else snapshot(value), items)
-        self._note_module_attributes(values, chains)
+        self._note_attribute_chains(values, chains)
         for name in names:   # (after the snapshot: the global is watched as the real function)
             real, recorder = self._stand_ins.get(id(values.get(name, _MISSING)), (None, None))
             if real is not None and values[name] is real:
@@ -132,17 +135,29 @@ class ReadingGlobals:
         if code.co_freevars:
             self._note_closure(frame, code)
 
-    def _note_module_attributes(self, values: dict, chains: Set[Tuple[str, ...]]) -> None:
-        """The model's own modules that its code names as globals (``import config`` ... ``config.SCALE``;
-        ``config.sub.K``): each attribute it reads of such a module is noted as that module's global, as read (fx holds
-        what the forward computes from it); the standard library's, torch's and fullfuse's modules aside, and any not
-        in ``sys.modules`` under its name (where the fused model reads them)."""
+    def _note_attribute_chains(self, values: dict, chains: Set[Tuple[str, ...]]) -> None:
+        """The model's own modules and classes that its code names as globals (``import config`` ...
+        ``config.SCALE``, ``config.sub.K``; ``class Consts: EPS = 1e-5`` ... ``Consts.EPS``): each attribute it reads
+        of such a module is noted as that module's global, as read (fx holds what the forward computes from it), and
+        each it reads of such a class as the class's (as ``getattr`` finds it, through the class's bases); the standard
+        library's, torch's and fullfuse's aside, and a module not in ``sys.modules`` under its name (where the fused
+        model reads them)."""
         for name, *path in chains:
             value = values.get(name)
             for attribute in path:
+                if attribute.startswith("__"):
+                    break
+                if isinstance(value, type):   # (one missing too: a forward may set it)
+                    if _library_module(getattr(value, "__module__", None) or ""):
+                        break
+                    first, value = self._class_first.setdefault(value, {}), class_attribute(value, attribute)
+                    if attribute not in first:
+                        first[attribute] = (value, None if value is _MISSING else snapshot(value),
+                                            copy.copy(value) if restorable(value) else None)
+                    break
                 module = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
                 if (not isinstance(module, str) or _library_module(module) or sys.modules.get(module) is not value
-                        or attribute.startswith("__") or attribute not in vars(value)):
+                        or attribute not in vars(value)):
                     break   # (not in its dict: a module's __getattr__ answers it, a lazy module may set it meanwhile)
                 first, value = self._first.setdefault(module, {}), vars(value)[attribute]
                 if attribute not in first:
@@ -235,6 +250,23 @@ class ReadingGlobals:
             names = tuple(sorted(name for name, (value, *_) in first.items() if value is not _MISSING))
             if names:
                 self.read[module] = names
+        for cls, first in self._class_first.items():
+            for name, (value, was, items) in first.items():
+                now = class_attribute(cls, name)
+                if now is value and (was is None or not differs(was, now)):
+                    continue
+                self.set.append(f"{cls.__qualname__}.{name}")
+                if value is _MISSING:
+                    if name in vars(cls):
+                        delattr(cls, name)
+                    continue
+                if name in vars(cls) or now is _MISSING:
+                    setattr(cls, name, value)
+                if items is not None:
+                    put_back(value, items)
+            names = tuple(sorted(name for name, (value, *_) in first.items() if value is not _MISSING))
+            if names:
+                self.classes[cls] = names
         for cell, recorder, real in reversed(self._cells_lent):
             if _contents(cell) is recorder:
                 cell.cell_contents = real
@@ -264,6 +296,62 @@ class ClosuresRead(dict):
 
     def __reduce__(self):
         return ClosuresRead, ()
+
+
+class ClassesRead(dict):
+    """{class of the model's code: the attributes of it the trace read through a global}.  A deepcopy holds the same
+    classes; a pickled one those a name finds again (a class made in a function does not pickle)."""
+
+    def __deepcopy__(self, memo) -> "ClassesRead":
+        return ClassesRead(self)
+
+    def __reduce__(self):
+        return ClassesRead, (), None, None, iter([(cls, names) for cls, names in self.items() if _by_name(cls)])
+
+
+def _by_name(cls: type) -> bool:
+    """Whether pickle finds ``cls`` again by its module and qualified name."""
+    value = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        value = getattr(value, part, None)
+    return value is cls
+
+
+def class_attribute(cls: type, name: str):
+    """``name`` as the class or the first of its bases holding it holds it (a classmethod as the classmethod: getattr
+    would make a new bound method each time); _MISSING where none does."""
+    for klass in cls.__mro__:
+        found = vars(klass).get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
+
+
+class ClassAttributes:
+    """A class's attributes by name, as the class or its bases hold them (``class_attribute``), as a module's globals
+    are in its dict: ``values[name]``, ``values.get(name, default)``, ``reader(names)``."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: type):
+        self.cls = cls
+
+    def __getitem__(self, name: str):
+        found = class_attribute(self.cls, name)
+        if found is _MISSING:
+            raise KeyError(name)
+        return found
+
+    def get(self, name: str, default=None):
+        found = class_attribute(self.cls, name)
+        return default if found is _MISSING else found
+
+    def __contains__(self, name: str) -> bool:
+        return class_attribute(self.cls, name) is not _MISSING
+
+    def reader(self, names: Tuple[str, ...]) -> Callable[[object], tuple]:
+        """``read(_)``: the tuple of the attributes ``names``, in one call (a missing one: KeyError)."""
+        return lambda _: tuple(map(self.__getitem__, names))
 
 
 class FreeVariables:

@@ -39,6 +39,19 @@ def _settings_module(name: str) -> types.ModuleType:
 
 settings = _settings_module("fullfuse_test_settings")
 
+
+class _BaseConstants:
+    SHIFT = 0.5
+
+
+class _Constants(_BaseConstants):
+    """A class as a namespace of settings (``Constants.GAIN``), one inherited, one a classmethod's answer."""
+    GAIN = 2.0
+
+    @classmethod
+    def offset(cls):
+        return 1.0
+
 # (the globals are noted through Python's trace hook, which coverage or a debugger may hold)
 _NOTED = pytest.mark.skipif(sys.gettrace() is not None and not hasattr(sys, "monitoring"),
                             reason="another tracer holds Python's trace hook, and no sys.monitoring (Python < 3.12)")
@@ -62,7 +75,8 @@ class _ReadsGlobals(nn.Module):
 
     def forward(self, x):
         y = _kept_as_a_call(_times_table(self.body(x) * SCALE + CONFIG.shift))
-        return settings.scaled(y * settings.SCALE + settings.sub.K)
+        y = settings.scaled(y * settings.SCALE + settings.sub.K)
+        return y * _Constants.GAIN + _Constants.SHIFT + _Constants.offset()
 
 
 # (the change, a setter and a getter of the value changed)
@@ -73,7 +87,13 @@ CHANGES = {"number": (3.0, lambda v: setattr(HERE, "SCALE", v), lambda: SCALE),
            # an attribute of a module of the model's own: ``import settings`` ... ``settings.SCALE``
            "module's attribute": (5.0, lambda v: setattr(settings, "SCALE", v), lambda: settings.SCALE),
            "submodule's attribute": (-1.0, lambda v: setattr(settings.sub, "K", v), lambda: settings.sub.K),
-           "module's function": (lambda y: y * 7.0, lambda v: setattr(settings, "scaled", v), lambda: settings.scaled)}
+           "module's function": (lambda y: y * 7.0, lambda v: setattr(settings, "scaled", v), lambda: settings.scaled),
+           # an attribute of a class of the model's code: ``Constants.GAIN``, through its base, a classmethod
+           "class's attribute": (3.0, lambda v: setattr(_Constants, "GAIN", v), lambda: vars(_Constants)["GAIN"]),
+           "base class's attribute": (2.0, lambda v: setattr(_BaseConstants, "SHIFT", v),
+                                      lambda: vars(_BaseConstants)["SHIFT"]),
+           "class's classmethod": (classmethod(lambda cls: 4.0), lambda v: setattr(_Constants, "offset", v),
+                                   lambda: vars(_Constants)["offset"])}
 
 
 @_NOTED
@@ -97,7 +117,7 @@ def test_a_global_the_forward_reads_changed_after_fusing_gives_the_models_answer
             set_(value)
             want = model(x)
             assert not torch.equal(want, fused.graph_module(x))   # (the change changes the answer)
-            with pytest.warns(UserWarning, match="of module .* changed"):
+            with pytest.warns(UserWarning, match="of (module|class) .* changed"):
                 assert torch.equal(fused(x), want)
     finally:
         set_(before)
@@ -314,3 +334,52 @@ def test_the_attributes_watched_of_a_module_are_those_read_of_it():
             assert torch.equal(fused(x), model(x))
     finally:
         del settings.body
+
+
+class _SetsAClassAttribute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = SeedA()
+
+    def forward(self, x):
+        _Constants.CALLS = getattr(_Constants, "CALLS", 0) + 1
+        return self.body(x) * _Constants.GAIN
+
+
+@_NOTED
+def test_a_forward_setting_an_attribute_of_a_class_runs_as_written():
+    """The trace would set it once, the graph never: not traced as a whole, the class as it was after fused_model."""
+    model = _SetsAClassAttribute().eval()
+    try:
+        with pytest.raises(fullfuse.TraceError, match="sets global variables .*_Constants.CALLS"):
+            fullfuse.trace.trace(model)
+        assert "CALLS" not in vars(_Constants)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fused = fullfuse.fused_model(model)
+        with torch.no_grad():
+            fused(torch.randn(SMALL_SHAPE["A"]))
+        assert _Constants.CALLS == 1
+    finally:
+        if "CALLS" in vars(_Constants):
+            del _Constants.CALLS
+
+
+@_NOTED
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_watches_the_class_attributes_the_trace_read(how):
+    import copy
+    import pickle
+    model = _ReadsGlobals().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = fullfuse.fused_model(model)
+    copied = copy.deepcopy(fused) if how == "deepcopy" else pickle.loads(pickle.dumps(fused))
+    x = torch.randn(SMALL_SHAPE["A"])
+    try:
+        with torch.no_grad():
+            _Constants.GAIN = 5.0
+            with pytest.warns(UserWarning, match="attribute 'GAIN' of class _Constants"):
+                assert torch.equal(copied(x), copied.__dict__["_original"](x))
+    finally:
+        _Constants.GAIN = 2.0
