@@ -25,7 +25,7 @@ import operator
 import re
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 import torch.fx
@@ -38,7 +38,7 @@ from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recordi
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
-from .traced_globals import ReadingGlobals
+from .traced_globals import ReadingGlobals, library_module
 from .watched_values import differs, put_back, restorable, snapshot, tensor_version
 
 Node = torch.fx.Node
@@ -207,6 +207,7 @@ def trace(model: nn.Module, given: frozenset = frozenset()) -> torch.fx.GraphMod
         gm.__dict__[TRACED_THROUGH] = tuple(tracer.traced_through.values())
         gm.__dict__[ATTRIBUTES_READ] = {path: tuple(sorted(names)) for path, names in reads.attributes.items()}
         reads.class_attributes.setdefault("", set()).add("forward")   # (fx traced the root's class forward)
+        _class_reads_by_name(reads, (model, *tracer.traced_through.values()), module_globals.attributes)
         gm.__dict__[CLASS_ATTRIBUTES_READ] = {path: tuple(sorted(names))
                                               for path, names in reads.class_attributes.items()}
         gm.__dict__[MISSING_READ] = {path: tuple(sorted(names)) for path, names in reads.missing.items()}
@@ -267,6 +268,23 @@ def _refusal(gm: torch.fx.GraphModule, changed: List[str], globals_set: List[str
         return ("changes in place a tensor it makes (torch.zeros(...), then t[i] = ... or t += ...), which a traced "
                 "graph makes once, at the trace, and would change again in every call")
     return None
+
+
+def _class_reads_by_name(reads: "_RecordingModuleReads", modules: Iterable[nn.Module], names: Set[str]) -> None:
+    """The class attributes the traced code reads other than through its module (``type(self).GAIN``,
+    ``self.__class__.GAIN``), which the module's ``__getattribute__`` does not see: of the names the code reads as
+    attributes, those the class of the root or of a module the trace went into holds (a class of the model's code, not
+    torch's or the standard library's) and the module itself does not, noted as read on that class."""
+    for module in modules:
+        path = reads.paths.get(id(module))
+        if path is None:
+            continue
+        for name in names:
+            if name[:2] == "__" or name in vars(module):
+                continue
+            holder = next((cls for cls in type(module).__mro__ if name in vars(cls)), None)
+            if holder is not None and not library_module(getattr(holder, "__module__", None) or "builtins"):
+                reads.class_attributes.setdefault(path, set()).add(name)
 
 
 def _forward_hooks(index: int, args: tuple, kwargs: dict, result):

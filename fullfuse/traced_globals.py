@@ -93,6 +93,7 @@ class ReadingGlobals:
         self.closures = ClosuresRead()
         self.set: List[str] = []
         self.private: Set[str] = set()
+        self.attributes: Set[str] = set()
         self._active = False
         try:
             self._lend_attributes()
@@ -110,10 +111,11 @@ class ReadingGlobals:
             return
         self._codes.add(code)
         module = frame.f_globals.get("__name__")
-        if (not isinstance(module, str) or _library_module(module)
+        if (not isinstance(module, str) or library_module(module)
                 or vars(sys.modules.get(module, sys)) is not frame.f_globals):
             return
-        names, private, chains = _names_read(code)
+        names, private, chains, attributes = _names_read(code)
+        self.attributes |= attributes
         first, values = self._first.setdefault(module, {}), frame.f_globals
         for name, obj in self._lent.items():
             if name in names and name not in values:   # (lent to a module whose traced code names it, alone)
@@ -148,7 +150,7 @@ class ReadingGlobals:
                 if attribute.startswith("__"):
                     break
                 if isinstance(value, type):   # (one missing too: a forward may set it)
-                    if _library_module(getattr(value, "__module__", None) or ""):
+                    if library_module(getattr(value, "__module__", None) or ""):
                         break
                     first, value = self._class_first.setdefault(value, {}), class_attribute(value, attribute)
                     if attribute not in first:
@@ -156,7 +158,7 @@ class ReadingGlobals:
                                             copy.copy(value) if restorable(value) else None)
                     break
                 module = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
-                if (not isinstance(module, str) or _library_module(module) or sys.modules.get(module) is not value
+                if (not isinstance(module, str) or library_module(module) or sys.modules.get(module) is not value
                         or attribute not in vars(value)):
                     break   # (not in its dict: a module's __getattr__ answers it, a lazy module may set it meanwhile)
                 first, value = self._first.setdefault(module, {}), vars(value)[attribute]
@@ -207,7 +209,7 @@ class ReadingGlobals:
     def _lend_attributes(self) -> None:
         """The recorders in place of their real functions held by the modules' instance dicts and their classes."""
         classes = dict.fromkeys(cls for m in self._modules for cls in type(m).__mro__
-                                if not _library_module(getattr(cls, "__module__", None) or ""))
+                                if not library_module(getattr(cls, "__module__", None) or ""))
         for holder in (*self._modules, *classes):
             for name, value in list(vars(holder).items()):
                 wrapper = type(value) if type(value) in (staticmethod, classmethod) else None
@@ -410,7 +412,7 @@ def _tuple_reader(order: Tuple[int, ...], count: int) -> types.CodeType:
     return namespace["outer"]().__code__
 
 
-def _library_module(name: str) -> bool:
+def library_module(name: str) -> bool:
     """Whether the Python module ``name`` is the standard library's, torch's or fullfuse's: not the model's code (nor
     its classes: ``object``, ``nn.Module``, ``nn.Conv2d``)."""
     return name.partition(".")[0] in _STDLIB or own_module(name)
@@ -474,15 +476,15 @@ _ATTRIBUTE_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "LOAD
 _CHAIN_OPS = frozenset(("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"))
 
 
-def _names_read(code) -> Tuple[Tuple[str, ...], Set[str], Set[Tuple[str, ...]]]:
+def _names_read(code) -> Tuple[Tuple[str, ...], Set[str], Set[Tuple[str, ...]], Set[str]]:
     """(the globals ``code`` reads or sets, the private names it reads as attributes or holds as string constants:
-    ``getattr(obj, "_k")``, the attribute chains it reads or sets of a global: ``cfg.sub.K`` as ("cfg", "sub", "K")),
-    from one pass over its instructions (not ``co_names``, which holds attribute names too: a notebook's global
-    ``model`` is not what ``self.model`` reads)."""
+    ``getattr(obj, "_k")``, the attribute chains it reads or sets of a global: ``cfg.sub.K`` as ("cfg", "sub", "K"),
+    every name it reads as an attribute or holds as a string constant), from one pass over its instructions (not
+    ``co_names``, which holds attribute names too: a notebook's global ``model`` is not what ``self.model`` reads)."""
     instructions = list(dis.get_instructions(code))
     names = tuple(dict.fromkeys(ins.argval for ins in instructions if ins.opname in _GLOBAL_OPS))
-    private = {ins.argval for ins in instructions if ins.opname in _ATTRIBUTE_OPS
-               and type(ins.argval) is str and ins.argval[:1] == "_" and ins.argval[:2] != "__"}
+    attributes = {ins.argval for ins in instructions if ins.opname in _ATTRIBUTE_OPS and type(ins.argval) is str}
+    private = {name for name in attributes if name[:1] == "_" and name[:2] != "__"}
     chains, chain = set(), None
     for ins in instructions + [None]:
         if chain is not None and ins is not None and ins.opname in ("COPY", "DUP_TOP"):   # (``cfg.K += 1``)
@@ -494,4 +496,4 @@ def _names_read(code) -> Tuple[Tuple[str, ...], Set[str], Set[Tuple[str, ...]]]:
         if chain is not None and len(chain) > 1:
             chains.add(chain)
         chain = (ins.argval,) if ins is not None and ins.opname == "LOAD_GLOBAL" else None
-    return names, private, chains
+    return names, private, chains, attributes

@@ -179,14 +179,17 @@ def test_a_private_attribute_the_forward_reads_is_watched():
 
 
 class _Gained(nn.Module):
-    """A custom module the trace goes into, reading class-level settings (a number, a list, a config object) and a
-    method."""
+    """A custom module the trace goes into, reading class-level settings (a number, a list, a config object; two through
+    the class itself, which the module's attribute reads do not see) and a method."""
 
     GAIN = 1.0
     OFFSETS = [0.0]
     SETTINGS = SimpleNamespace(bias=0.0)
+    SCALE = 1.0
+    LIFT = 0.0
 
     def forward(self, x):
+        x = x * type(self).SCALE + self.__class__.LIFT
         return self.shift(x * self.GAIN + self.OFFSETS[0] + self.SETTINGS.bias)
 
     def shift(self, x):
@@ -205,7 +208,8 @@ class _WithGained(nn.Module):
         return y
 
 
-@pytest.mark.parametrize("patch", ["forward", "method", "class setting", "root forward"])
+@pytest.mark.parametrize("patch", ["forward", "method", "class setting", "root forward", "setting by type(self)",
+                                   "setting by self.__class__"])
 def test_a_class_patched_after_fusing_gives_the_models_answer(patch):
     """The graph holds what the classes' forward and methods did at the trace: a class patched since (a forward or
     method set on it, a class-level setting) runs the model's own forward, with a warning, until it is as it was."""
@@ -213,10 +217,12 @@ def test_a_class_patched_after_fusing_gives_the_models_answer(patch):
     model = _WithGained().eval()
     fused = fullfuse.fused_model(model)
     cls, name = {"forward": (_Gained, "forward"), "method": (_Gained, "shift"), "class setting": (_Gained, "GAIN"),
-                 "root forward": (_WithGained, "forward")}[patch]
+                 "root forward": (_WithGained, "forward"), "setting by type(self)": (_Gained, "SCALE"),
+                 "setting by self.__class__": (_Gained, "LIFT")}[patch]
     was = cls.__dict__[name]
     new = {"forward": lambda self, x: x * 3, "method": lambda self, x: x - 1, "class setting": 2.0,
-           "root forward": lambda self, x: self.body(x) * 5}[patch]
+           "root forward": lambda self, x: self.body(x) * 5, "setting by type(self)": 2.0,
+           "setting by self.__class__": 1.0}[patch]
     x = torch.randn(SMALL_SHAPE["A"])
     try:
         with torch.no_grad():
