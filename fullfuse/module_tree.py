@@ -30,7 +30,7 @@ from torch import nn
 from .calls import compiling
 from .original_ops import SETTING_TYPES
 from .traced_globals import ClassAttributes, FreeVariables
-from .watched_values import Same, SameLayout, differs, plain_objects, public_fields, snapshot
+from .watched_values import Same, SameLayout, differs, fields_of, plain_objects, public_fields, snapshot
 
 _DELETED = object()
 
@@ -118,7 +118,7 @@ class ModuleTree:
                 for where, obj in plain_objects(values[name], name, seen=seen, also=private_read):
                     fields = public_fields(obj, also=private_read)
                     if fields:
-                        objects.append(_entry(sentence, f"{where}.", vars(obj), fields, held))
+                        objects.append(_entry(sentence, f"{where}.", fields_of(obj), fields, held))
         # their plain tensor attributes (not parameters or buffers: fx keeps the tensor object itself in the graph, or
         # what the forward computed from its values), compared by identity, and by version where the forward read it
         # and the graph does not hold it (``.item()``, ``self.t * 2`` at the trace): (path, instance dict, name, a
@@ -162,7 +162,7 @@ class ModuleTree:
                 fields = public_fields(obj, also=private_read)
                 if fields:
                     kind = f"class {holder.__qualname__}" if isinstance(holder, type) else "root module"
-                    objects.append(_entry(f"the model's {kind} changed its setting '{{}}'", f"{where}.", vars(obj),
+                    objects.append(_entry(f"the model's {kind} changed its setting '{{}}'", f"{where}.", fields_of(obj),
                                           fields, held))
         self.settings = tuple(settings + objects)
         # the names the model's code found missing on a module (the graph holds the branch for their absence): (path,
@@ -340,7 +340,7 @@ def _entry(sentence: str, where: str, values: dict, names: Tuple[str, ...], held
     their snapshots in that order)"""
     was = tuple(snapshot(values[name], held=held) for name in names)
     read = names * 2 if len(names) == 1 else names
-    get = values.reader(read) if isinstance(values, (FreeVariables, ClassAttributes)) else itemgetter(*read)
+    get = values.reader(read) if hasattr(values, "reader") else itemgetter(*read)
     return sentence, where, values, names, get, was * 2 if len(names) == 1 else was
 
 

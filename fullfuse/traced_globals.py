@@ -28,7 +28,7 @@ import types
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .global_state import own_module
-from .watched_values import differs, put_back, restorable, snapshot
+from .watched_values import FieldsView, differs, put_back, restorable, snapshot
 
 _MISSING = object()
 
@@ -329,9 +329,9 @@ def class_attribute(cls: type, name: str):
     return _MISSING
 
 
-class ClassAttributes:
+class ClassAttributes(FieldsView):
     """A class's attributes by name, as the class or its bases hold them (``class_attribute``), as a module's globals
-    are in its dict: ``values[name]``, ``values.get(name, default)``, ``reader(names)``."""
+    are in its dict."""
 
     __slots__ = ("cls",)
 
@@ -344,19 +344,12 @@ class ClassAttributes:
             raise KeyError(name)
         return found
 
-    def get(self, name: str, default=None):
-        found = class_attribute(self.cls, name)
-        return default if found is _MISSING else found
-
-    def __contains__(self, name: str) -> bool:
-        return class_attribute(self.cls, name) is not _MISSING
-
     def reader(self, names: Tuple[str, ...]) -> Callable[[object], tuple]:
         """``read(_)``: the tuple of the attributes ``names``, in one call (a missing one: KeyError)."""
         return lambda _: tuple(map(self.__getitem__, names))
 
 
-class FreeVariables:
+class FreeVariables(FieldsView):
     """A function's free variables by name, as a module's globals are in its dict: ``values[name]`` is the contents
     of its closure cell (an empty cell: KeyError).  Each is read by a function of its own closed over the same cell
     (torch.compile traces that as it traces the model's own read; it cannot trace a cell object handled as a value)."""
@@ -372,12 +365,6 @@ class FreeVariables:
             return self.getters[name]()
         except NameError:   # (an empty cell)
             raise KeyError(name) from None
-
-    def get(self, name: str, default=None):
-        try:
-            return self[name]
-        except KeyError:
-            return default
 
     def __contains__(self, name: str) -> bool:
         return name in self.getters and _contents(self.getters[name].__closure__[0]) is not _MISSING

@@ -227,18 +227,82 @@ def _same_kind(value, items):
 
 
 def is_plain_object(value) -> bool:
-    """Whether ``value`` is an object with fields of its own (a config, a namespace, a dataclass): not data, a module,
-    a tensor, a class, a function, a Python module, or an object of torch's or fullfuse's (an fx proxy, a handle)."""
-    if not isinstance(getattr(value, "__dict__", None), dict) or isinstance(value, _NOT_PLAIN_OBJECTS):
+    """Whether ``value`` is an object with fields of its own (a config, a namespace, a dataclass, also one with
+    ``__slots__``): not data, a module, a tensor, a class, a function, a Python module, a built-in type's object, or an
+    object of torch's or fullfuse's (an fx proxy, a handle)."""
+    if isinstance(value, _NOT_PLAIN_OBJECTS):
+        return False
+    if not isinstance(getattr(value, "__dict__", None), dict) and not _slot_names(type(value)):
         return False
     home = type(value).__module__ or ""
-    return not (home in ("torch", "fullfuse") or home.startswith(("torch.", "fullfuse.")))
+    return not (home in ("torch", "fullfuse", "builtins") or home.startswith(("torch.", "fullfuse.")))
+
+
+def _slot_names(cls: type) -> Tuple[str, ...]:
+    """The fields ``__slots__`` declare on ``cls`` and its bases (not ``__dict__`` / ``__weakref__``)."""
+    names = []
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+class FieldsView:
+    """Named values held elsewhere than in a dict (an object's slots, a class's attributes through its bases, a
+    function's free variables), read as a dict's: ``values[name]`` (KeyError where absent), ``values.get(name,
+    default)``, ``name in values``; a subclass gives ``__getitem__`` and ``reader(names)``, which the fused model's
+    change test calls per call (``module_tree._entry``)."""
+
+    __slots__ = ()
+
+    def get(self, name: str, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name, _UNSET) is not _UNSET
+
+
+class SlotFields(FieldsView):
+    """An object's ``__slots__`` fields by name, as an object's ``__dict__`` holds its others; iteration gives the
+    fields set."""
+
+    __slots__ = ("obj", "names")
+
+    def __init__(self, obj):
+        self.obj, self.names = obj, _slot_names(type(obj))
+
+    def __getitem__(self, name: str):
+        try:
+            return getattr(self.obj, name) if name in self.names else vars(self.obj)[name]
+        except (AttributeError, TypeError):   # (a slot not set; no __dict__)
+            raise KeyError(name) from None
+
+    def __iter__(self):
+        return iter([name for name in self.names if name in self])
+
+    def reader(self, names: Tuple[str, ...]):
+        """``read(_)``: the tuple of the fields ``names``, in one call (one not set: KeyError)."""
+        return lambda _: tuple(map(self.__getitem__, names))
+
+
+_UNSET = object()
+
+
+def fields_of(obj):
+    """Where a plain object's fields are: its ``__dict__``, or for an object without one its ``SlotFields``."""
+    fields = getattr(obj, "__dict__", None)
+    return fields if isinstance(fields, dict) else SlotFields(obj)
 
 
 def public_fields(obj, also: Collection[str] = ()) -> Tuple[str, ...]:
     """An object's public fields, and its private ones named in ``also`` (those the model's code reads:
     ``traced_globals.ReadingGlobals.private``)."""
-    return tuple(sorted(name for name in vars(obj) if not name.startswith("_") or name in also))
+    return tuple(sorted(name for name in fields_of(obj) if not name.startswith("_") or name in also))
 
 
 def plain_objects(value, where: str, seen: set, depth: int = 3, limit: int = 64,
@@ -258,4 +322,4 @@ def plain_objects(value, where: str, seen: set, depth: int = 3, limit: int = 64,
         elif is_plain_object(value) and id(value) not in seen:
             seen.add(id(value))
             yield where, value
-            todo += [(f"{where}.{name}", vars(value)[name], depth - 1) for name in public_fields(value, also)]
+            todo += [(f"{where}.{name}", fields_of(value)[name], depth - 1) for name in public_fields(value, also)]

@@ -29,6 +29,21 @@ class _Config:
     inner: SimpleNamespace = dataclasses.field(default_factory=lambda: SimpleNamespace(bias=0.0))
 
 
+class _SlottedConfig:
+    """A config object with ``__slots__`` (as ``@dataclass(slots=True)`` makes), its fields in no ``__dict__``."""
+    __slots__ = ("scale", "inner")
+
+    def __init__(self):
+        self.scale, self.inner = 1.0, _SlottedInner()
+
+
+class _SlottedInner:
+    __slots__ = ("bias",)
+
+    def __init__(self):
+        self.bias = 0.0
+
+
 def _unchanged(x):
     return x
 
@@ -39,7 +54,8 @@ class _Reads(nn.Module):
     def __init__(self, how: str):
         super().__init__()
         self.body, self.how = SeedA(), how
-        self.table, self.ordered, self.config = {"k": [1.0]}, OrderedDict(k=1.0), _Config()
+        self.table, self.ordered = {"k": [1.0]}, OrderedDict(k=1.0)
+        self.config = _SlottedConfig() if how == "slots" else _Config()
         self.tensors, self.fn, self.names = [torch.ones(64)], _unchanged, {"scale"}
         self.array = torch.arange(64.0).numpy() if how == "array" else None
         self.unread = {}   # (written by a hook on a child each call, never read by the forward)
@@ -50,7 +66,7 @@ class _Reads(nn.Module):
             return y * self.table["k"][0]
         if self.how == "ordered dict":
             return y * self.ordered["k"]
-        if self.how == "dataclass":
+        if self.how in ("dataclass", "slots"):
             return y * self.config.scale + self.config.inner.bias
         if self.how == "tensor in a list":
             return y * self.tensors[0]
@@ -67,7 +83,7 @@ def _change(model: _Reads) -> None:
         model.table["k"][0] = 3.0   # (inside a list inside the dict)
     elif how == "ordered dict":
         model.ordered["k"] = 3.0
-    elif how == "dataclass":
+    elif how in ("dataclass", "slots"):
         model.config.inner.bias = 0.5   # (an object in the config)
     elif how == "tensor in a list":
         model.tensors[0] = torch.full((64,), 2.0)
@@ -79,7 +95,8 @@ def _change(model: _Reads) -> None:
         model.array = model.array + 1
 
 
-@pytest.mark.parametrize("how", ["dict", "ordered dict", "dataclass", "tensor in a list", "function", "set", "array"])
+@pytest.mark.parametrize("how", ["dict", "ordered dict", "dataclass", "slots", "tensor in a list", "function", "set",
+                                 "array"])
 def test_a_value_the_forward_reads_changed_after_fusing_gives_the_models_answer(how):
     """Before the change the fused graph runs (no warning); after it the model's own forward, with a warning naming
     what changed; a copy of the fused model made before the change watches its own copy alike."""
