@@ -148,7 +148,6 @@ class ReadingGlobalState:
             cls.__getattr__ = getattr_
             self._undo.append(lambda: setattr(cls, "__getattr__", real))
 
-
     def _wrap_environment(self) -> None:
         """Reads of os.environ's class (``os.environ[...]``, ``.get``, ``in``, ``os.getenv``, iteration: each goes
         through ``__getitem__`` or ``__iter__``), noted for the first caller outside ``os`` and the mapping ABCs

@@ -25,8 +25,8 @@ from .plan import Plan, make_plan
 from .precision import check_precision
 from .region import FusedRegion, fx_tracing, jit_tracing, keep_as_fx_call
 from .state_names import NOT_CALLED, StateNames, not_called
-from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, CLASSES_READ, CLOSURES_READ, EAGER_READS, GLOBALS_READ, MISSING_READ,
-                    PRIVATE_NAMES_READ, SCRIPTING_ASKED, TRACED_THROUGH, TRAINING_READ, bind_to_model,
+from .trace import (ATTRIBUTES_READ, CLASS_ATTRIBUTES_READ, CLASSES_READ, CLOSURES_READ, EAGER_READS, GLOBALS_READ,
+                    MISSING_READ, PRIVATE_NAMES_READ, SCRIPTING_ASKED, TRACED_THROUGH, TRAINING_READ, bind_to_model,
                     optional_inputs, trace)
 
 

@@ -109,8 +109,8 @@ class ModuleTree:
                     f"changed", free, tuple(n for n in names if n in free))
                    for function, names in (closures_read or {}).items() for free in [FreeVariables(function)]]
         places += [(f"the attribute '{{}}' of class {cls.__qualname__} (the traced code reads it) changed",
-                    ClassAttributes(cls), tuple(n for n in names if n in ClassAttributes(cls)))
-                   for cls, names in (classes_read or {}).items()]
+                    attributes, tuple(n for n in names if n in attributes))
+                   for cls, names in (classes_read or {}).items() for attributes in [ClassAttributes(cls)]]
         for sentence, values, names in places:
             if names:
                 settings.append(_entry(sentence, "", values, names, held))

@@ -125,9 +125,7 @@ class ReadingGlobals:
         for name in names:
             if name not in first and not name.startswith("__") and (name not in self._lent
                                                                           or values.get(name) is not self._lent[name]):
-                value = values.get(name, _MISSING)
-                items = copy.copy(value) if restorable(value) else None
-                first[name] = (value, None if value is _MISSING else snapshot(value), items)
+                first[name] = _as_first_seen(values.get(name, _MISSING))
         self._note_attribute_chains(values, chains)
         for name in names:   # (after the snapshot: the global is watched as the real function)
             real, recorder = self._stand_ins.get(id(values.get(name, _MISSING)), (None, None))
@@ -152,10 +150,9 @@ class ReadingGlobals:
                 if isinstance(value, type):   # (one missing too: a forward may set it)
                     if library_module(getattr(value, "__module__", None) or ""):
                         break
-                    first, value = self._class_first.setdefault(value, {}), class_attribute(value, attribute)
+                    first = self._class_first.setdefault(value, {})
                     if attribute not in first:
-                        first[attribute] = (value, None if value is _MISSING else snapshot(value),
-                                            copy.copy(value) if restorable(value) else None)
+                        first[attribute] = _as_first_seen(class_attribute(value, attribute))
                     break
                 module = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
                 if (not isinstance(module, str) or library_module(module) or sys.modules.get(module) is not value
@@ -163,8 +160,7 @@ class ReadingGlobals:
                     break   # (not in its dict: a module's __getattr__ answers it, a lazy module may set it meanwhile)
                 first, value = self._first.setdefault(module, {}), vars(value)[attribute]
                 if attribute not in first:
-                    items = copy.copy(value) if restorable(value) else None
-                    first[attribute] = (value, snapshot(value), items)
+                    first[attribute] = _as_first_seen(value)
 
     def _note_closure(self, frame, code) -> None:
         """The free variables of the function ``frame`` runs, where it was made before the trace: fx holds what the
@@ -183,8 +179,7 @@ class ReadingGlobals:
                 if name in first:
                     continue
                 value = _contents(cells[name])
-                items = copy.copy(value) if restorable(value) else None
-                first[name] = (cells[name], value, None if value is _MISSING else snapshot(value), items)
+                first[name] = (cells[name], *_as_first_seen(value))
                 real, recorder = self._stand_ins.get(id(value), (None, None))
                 if real is not None and value is real:   # (after the snapshot: watched as the real function)
                     cells[name].cell_contents = recorder
@@ -344,10 +339,6 @@ class ClassAttributes(FieldsView):
             raise KeyError(name)
         return found
 
-    def reader(self, names: Tuple[str, ...]) -> Callable[[object], tuple]:
-        """``read(_)``: the tuple of the attributes ``names``, in one call (a missing one: KeyError)."""
-        return lambda _: tuple(map(self.__getitem__, names))
-
 
 class FreeVariables(FieldsView):
     """A function's free variables by name, as a module's globals are in its dict: ``values[name]`` is the contents
@@ -403,6 +394,13 @@ def library_module(name: str) -> bool:
     """Whether the Python module ``name`` is the standard library's, torch's or fullfuse's: not the model's code (nor
     its classes: ``object``, ``nn.Module``, ``nn.Conv2d``)."""
     return name.partition(".")[0] in _STDLIB or own_module(name)
+
+
+def _as_first_seen(value) -> Tuple[object, object, object]:
+    """(``value``, its snapshot (None: missing), a copy of a container's items to put back (None: none)): what the
+    trace notes of a global, a module's or class's attribute or a free variable when first read, to tell after it
+    whether the forward set or changed it and to put it back."""
+    return (value, None if value is _MISSING else snapshot(value), copy.copy(value) if restorable(value) else None)
 
 
 def _contents(cell):

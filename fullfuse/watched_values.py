@@ -266,6 +266,10 @@ class FieldsView:
     def __contains__(self, name: str) -> bool:
         return self.get(name, _UNSET) is not _UNSET
 
+    def reader(self, names: Tuple[str, ...]):
+        """``read(_)``: the tuple of the values ``names``, in one call (one missing: KeyError)."""
+        return lambda _: tuple(map(self.__getitem__, names))
+
 
 class SlotFields(FieldsView):
     """An object's ``__slots__`` fields by name, as an object's ``__dict__`` holds its others; iteration gives the
@@ -277,17 +281,15 @@ class SlotFields(FieldsView):
         self.obj, self.names = obj, _slot_names(type(obj))
 
     def __getitem__(self, name: str):
+        if name not in self.names:
+            raise KeyError(name)
         try:
-            return getattr(self.obj, name) if name in self.names else vars(self.obj)[name]
-        except (AttributeError, TypeError):   # (a slot not set; no __dict__)
+            return getattr(self.obj, name)
+        except AttributeError:   # (a slot not set)
             raise KeyError(name) from None
 
     def __iter__(self):
         return iter([name for name in self.names if name in self])
-
-    def reader(self, names: Tuple[str, ...]):
-        """``read(_)``: the tuple of the fields ``names``, in one call (one not set: KeyError)."""
-        return lambda _: tuple(map(self.__getitem__, names))
 
 
 _UNSET = object()
