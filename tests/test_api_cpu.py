@@ -1595,7 +1595,7 @@ def test_a_fused_model_with_optional_inputs_pickles_without_the_models_hooks():
 def test_optional_inputs_under_torch_compile():
     """torch.compile (fullgraph) of a fused model called with an optional input: the model's own forward where the
     graph for that input is not made yet (dynamo does not trace fx's tracing), that graph once an eager call made it.
-    (torch 2.4's dynamo fails on the model's own forward there: README, known limits.)"""
+    (torch 2.4's dynamo fails on the model's own forward there: README, versions.)"""
     if torch.__version__ < "2.5":
         pytest.skip("torch 2.4's dynamo cannot compile the model's own forward of a fused model (README)")
     torch.manual_seed(0)
