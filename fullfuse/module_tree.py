@@ -45,7 +45,8 @@ class ModuleTree:
 
     __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values",
-                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names", "missing", "read_tensors")
+                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names", "missing", "read_tensors",
+                 "hooks_only")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
@@ -146,10 +147,11 @@ class ModuleTree:
             dotted, values = dotted * 2, values * 2
         self.class_get, self.class_values = (attrgetter(*dotted), values) if dotted else (_NO_CLASSES, ())
         # the names read on the classes of the traced-through and called modules, which one set on such a module
-        # would hide: (instance dict, the names, path) each; ``traced_parts_changed`` tests them
+        # would hide: (instance dict, the names, path) each; ``traced_parts_changed`` tests them.  Not ``forward``: one
+        # set on a traced-through module is ``forwards``' test, and a module the graph calls runs its own
         read_on = {}
         for holder, name, _ in lookups:
-            if isinstance(holder, type):
+            if isinstance(holder, type) and name != "forward":
                 for m in through + called:
                     if type(m) is holder:
                         read_on.setdefault(id(m), (vars(m), set(), paths[id(m)]))[1].add(name)
@@ -181,8 +183,8 @@ class ModuleTree:
             for module in [_submodule(model, place) if place else model] if module is not None
             for tensors in [module._parameters if kind.startswith("parameter") else module._buffers]
             if tensors.get(name) is not None)
-        self.watched = bool(through or self.settings or self.tensors or self.shadows or self.missing
-                            or self.read_tensors)
+        self.hooks_only = not (self.settings or self.tensors or self.shadows or self.missing or self.read_tensors)
+        self.watched = bool(through) or not self.hooks_only
 
     def traced_parts_changed(self) -> bool:
         """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
@@ -194,6 +196,8 @@ class ModuleTree:
         elif (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
               or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards):
             return True
+        if self.hooks_only:   # (the common case: nothing below to test, host time per call)
+            return False
         try:
             for _, _, values, _, get, was in self.settings:
                 if was != get(values):

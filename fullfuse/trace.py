@@ -498,7 +498,10 @@ class _RecordingModuleReads:
                 if name in object.__getattribute__(module, "__dict__"):
                     attributes.setdefault(paths[id(module)], set()).add(name)
                 elif hasattr(type(module), name):   # (a method, a class-level setting)
-                    class_attributes.setdefault(paths[id(module)], set()).add(name)
+                    # (the model's code's reads, and ``forward``, which nn.Module's call reads: fx's and torch's own
+                    # reads, ``named_modules()``, ask nothing of the model's class, and each costs host time per call)
+                    if name == "forward" or not own_code(sys._getframe(1)):
+                        class_attributes.setdefault(paths[id(module)], set()).add(name)
                 elif not any(name in object.__getattribute__(module, d) for d in _TENSOR_AND_MODULE_DICTS) and \
                         not own_code(sys._getframe(1)):   # (model code asking for what is not there: hasattr)
                     missing.setdefault(paths[id(module)], set()).add(name)

@@ -255,6 +255,22 @@ def test_a_class_patched_after_fusing_gives_the_models_answer(patch):
         assert torch.equal(fused(x), model(x))
 
 
+def test_what_torch_and_fx_read_on_the_models_classes_is_not_watched():
+    """The names watched on the model's classes are those its code read and ``forward`` (nn.Module's call reads it):
+    not what fx's tracer and torch read of them meanwhile (``named_modules``, ``named_children``), which the model does
+    not define and a fused call would test for nothing (host time per call).  Where only hooks and forwards are to be
+    tested on the traced-through modules, their test stops there (``hooks_only``)."""
+    fused = fullfuse.fused_model(_WithGained().eval())
+    tree = fused.__dict__["_tree"]
+    read = {(getattr(holder, "__name__", type(holder).__name__), name) for holder, name, _ in tree.class_lookups}
+    assert read == {("_WithGained", "forward"), ("_WithGained", "post"), ("SeedA", "forward"),
+                    ("_Gained", "forward"), ("_Gained", "shift"), ("_Gained", "GAIN"), ("_Gained", "OFFSETS"),
+                    ("_Gained", "SETTINGS"), ("_Gained", "SCALE"), ("_Gained", "LIFT")}, read
+    plain = fullfuse.fused_model(nn.Sequential(SeedA(), nn.Linear(64, 10)).eval())
+    tree = plain.__dict__["_tree"]
+    assert {name for _, name, _ in tree.class_lookups} == {"forward"} and tree.hooks_only and not tree.shadows
+
+
 def _put_back_gained():
     _Gained.OFFSETS[:] = [0.0]
     _Gained.SETTINGS.bias = 0.0
