@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from .eager_reads import RecordingEagerReads, where_read
 from .errors import TraceError
-from .global_state import ReadingGlobalState, own_code
+from .global_state import ReadingGlobalState, own_code, own_module
 from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recording_autocast
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
@@ -447,6 +447,14 @@ class _TrainingAttribute:
         module.__dict__["training"] = flag
 
 
+def _torchs(cls: type, name: str) -> bool:
+    """Whether ``cls`` finds ``name`` on one of torch's (or fullfuse's) classes: not one of the model's code."""
+    for base in cls.__mro__:
+        if name in vars(base):
+            return own_module(base.__module__)
+    return False
+
+
 class _RecordingModuleReads:
     """For the duration of a trace in this thread: the modules whose ``training`` flag the traced code reads
     (``self.training`` in a forward fx traces through), as {path: value} in ``read``.  fx bakes the value into the
@@ -498,9 +506,10 @@ class _RecordingModuleReads:
                 if name in object.__getattribute__(module, "__dict__"):
                     attributes.setdefault(paths[id(module)], set()).add(name)
                 elif hasattr(type(module), name):   # (a method, a class-level setting)
-                    # (the model's code's reads, and ``forward``, which nn.Module's call reads: fx's and torch's own
-                    # reads, ``named_modules()``, ask nothing of the model's class, and each costs host time per call)
-                    if name == "forward" or not own_code(sys._getframe(1)):
+                    # (the model's code's reads, ``forward``, which nn.Module's call reads, and what torch's code reads
+                    # of the model's own classes: fx's and torch's reads of torch's own methods, ``named_modules()``,
+                    # ask nothing of the model, and each would cost host time per call)
+                    if name == "forward" or not own_code(sys._getframe(1)) or not _torchs(type(module), name):
                         class_attributes.setdefault(paths[id(module)], set()).add(name)
                 elif not any(name in object.__getattribute__(module, d) for d in _TENSOR_AND_MODULE_DICTS) and \
                         not own_code(sys._getframe(1)):   # (model code asking for what is not there: hasattr)

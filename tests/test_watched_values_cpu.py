@@ -270,6 +270,13 @@ def test_what_torch_and_fx_read_on_the_models_classes_is_not_watched():
     tree = plain.__dict__["_tree"]
     assert {name for _, name, _ in tree.class_lookups} == {"forward"} and tree.hooks_only and not tree.shadows
 
+    class OwnNamedModules(nn.Sequential):   # (a method of the model's code that torch's code calls: watched)
+        def named_modules(self, *args, **kwargs):
+            return super().named_modules(*args, **kwargs)
+
+    own = fullfuse.fused_model(OwnNamedModules(SeedA(), nn.Linear(64, 10)).eval())
+    assert {name for _, name, _ in own.__dict__["_tree"].class_lookups} == {"forward", "named_modules"}
+
 
 def _put_back_gained():
     _Gained.OFFSETS[:] = [0.0]
