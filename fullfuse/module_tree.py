@@ -29,7 +29,7 @@ from torch import nn
 
 from .calls import compiling
 from .original_ops import SETTING_TYPES
-from .traced_globals import ClassAttributes, FreeVariables
+from .traced_globals import ClassAttributes, FreeVariables, class_holding
 from .watched_values import Same, SameLayout, differs, fields_of, plain_objects, public_fields, snapshot
 
 _DELETED = object()
@@ -322,11 +322,11 @@ def _class_attributes(root: Sequence[nn.Module], modules: Sequence[nn.Module], p
 
 
 def _data_descriptor(cls: type, name: str) -> bool:
-    for base in cls.__mro__:
-        if name in vars(base):
-            kind = type(vars(base)[name])
-            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
-    return False
+    holder = class_holding(cls, name)
+    if holder is None:
+        return False
+    kind = type(vars(holder)[name])
+    return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
 
 
 def _kept(value, held: Collection[int]):

@@ -38,7 +38,7 @@ from .mode_blocks import AUTOCAST, GRAD_MODE, patch_lock as _patch_lock, recordi
 from .mode_blocks import CALLS as MODE_BLOCK_CALLS
 from .module_hooks import ForwardHooks, has_call_hooks
 from .trace_outputs import RecordingOutputs
-from .traced_globals import ReadingGlobals, library_module
+from .traced_globals import ReadingGlobals, class_holding, library_module
 from .watched_values import differs, put_back, restorable, snapshot, tensor_version
 
 Node = torch.fx.Node
@@ -282,7 +282,7 @@ def _class_reads_by_name(reads: "_RecordingModuleReads", modules: Iterable[nn.Mo
         for name in names:
             if name[:2] == "__" or name in vars(module):
                 continue
-            holder = next((cls for cls in type(module).__mro__ if name in vars(cls)), None)
+            holder = class_holding(type(module), name)
             if holder is not None and not library_module(getattr(holder, "__module__", None) or "builtins"):
                 reads.class_attributes.setdefault(path, set()).add(name)
 
@@ -449,10 +449,8 @@ class _TrainingAttribute:
 
 def _torchs(cls: type, name: str) -> bool:
     """Whether ``cls`` finds ``name`` on one of torch's (or fullfuse's) classes: not one of the model's code."""
-    for base in cls.__mro__:
-        if name in vars(base):
-            return own_module(base.__module__)
-    return False
+    holder = class_holding(cls, name)
+    return holder is not None and own_module(holder.__module__)
 
 
 class _RecordingModuleReads:

@@ -314,14 +314,16 @@ def _by_name(cls: type) -> bool:
     return value is cls
 
 
+def class_holding(cls: type, name: str) -> Optional[type]:
+    """The class or the first of its bases whose own dict holds ``name`` (None: none does), as lookup finds it."""
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
 def class_attribute(cls: type, name: str):
     """``name`` as the class or the first of its bases holding it holds it (a classmethod as the classmethod: getattr
     would make a new bound method each time); _MISSING where none does."""
-    for klass in cls.__mro__:
-        found = vars(klass).get(name, _MISSING)
-        if found is not _MISSING:
-            return found
-    return _MISSING
+    holder = class_holding(cls, name)
+    return _MISSING if holder is None else vars(holder)[name]
 
 
 class ClassAttributes(FieldsView):
