@@ -17,7 +17,7 @@ from .match import counts_dims_from_the_batch, find_matches
 from .mode_blocks import AUTOCAST, GRAD_MODE, grad_mode, keep_mode_blocks, node_autocast, one_autocast, region_mode
 from .mode_blocks import without_mode_blocks
 from .module_hooks import ForwardHooks
-from .module_tree import CHILDREN, ModuleTree, StaleTree, graph_tensors
+from .module_tree import ModuleTree, StaleTree, graph_tensors
 from .original_names import OriginalNames
 from .original_ops import (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE, GLOBAL_FORWARD, GLOBAL_FORWARD_PRE,
                            region_graph, region_modules)
@@ -158,13 +158,13 @@ class FusedModel(nn.Module):
                 or d.get("_compiled_call_impl") is not None or "forward" in d or jit_tracing() or fx_tracing()
                 or calls.compiling()):
             return super().__call__(*args, **kwargs)
-        tree = d["_tree"]   # (ModuleTree.unchanged, inline: host time)
-        if tree is not None and (tuple(map(CHILDREN, tree.instances)) != tree.copies
-                                 or tree.class_values != tree.class_get(tree.class_holder)
-                                 or (tree.watched and tree.traced_parts_changed())):
+        tree = d["_tree"]   # (ModuleTree.traced_parts_changed, inline: host time)
+        if tree is not None and (tree.was != tree.live(tree.holder) or (not tree.hooks_only and tree.rest_changed())):
             return self.forward(*args, **kwargs)   # (which says what changed)
-        if len(args) == 1 and not kwargs and not any(d["_root_hooks"]):
-            gm = d["_modules"]["graph_module"]
+        if any(d["_root_hooks"]):
+            return self._tree_forward(*args, **kwargs)
+        gm = d["_modules"]["graph_module"]
+        if len(args) == 1 and not kwargs:
             # (fx sets a graph's forward on its own class; a TorchScript module's class has a descriptor there that
             # raises AttributeError: None, and lone_region says None for it)
             forward = getattr(type(gm), "forward", None)
@@ -175,7 +175,9 @@ class FusedModel(nn.Module):
                 region = gm._modules.get(d["_lone_name"])
                 if type(region) is FusedRegion and "forward" not in region.__dict__:
                     return region.run(args[0])
-        return self._tree_forward(*args, **kwargs)
+        if d["_plain"]:   # (_tree_forward's common case, inline: no global forward hooks, tested above)
+            return gm.forward(*args, **kwargs)
+        return self._graph_forward(*args, **kwargs)
 
     def __getstate__(self):
         """Pickling and deepcopy: without the generated forward looked at last (a function fx made, which pickle cannot

@@ -20,7 +20,7 @@ well. The modules the graph calls run their own hooks; those a region replaced a
 from __future__ import annotations
 
 import sys
-from operator import attrgetter, itemgetter, methodcaller
+from operator import attrgetter, itemgetter
 from types import BuiltinFunctionType, FunctionType, MethodType, SimpleNamespace
 from typing import Callable, Collection, Dict, Optional, Sequence, Tuple
 
@@ -39,14 +39,14 @@ class ModuleTree:
     """``ModuleTree(model, traced_through).changed()``: what changed on ``model`` since it was fused (the module text),
     as a sentence naming the module (None: nothing).  A module without children when fused may get some (a
     parametrization registered on a conv adds ``parametrizations``): its class's forward decides what they do, as the
-    graph's.  Host time per call: one C-level comparison of each parent's ``_modules`` (which
-    ``nn.Module.__setattr__``, ``register_module`` and the containers' methods change) with its copy, and where
-    anything is ``watched``, ``traced_parts_changed`` (both inline in ``FusedModel``)."""
+    graph's.  Host time per call: one C-level comparison, ``was != live(holder)`` (each parent's ``_modules``, which
+    ``nn.Module.__setattr__``, ``register_module`` and the containers' methods change, the class attributes read, the
+    traced-through modules' hooks and forwards), and where more is watched, ``rest_changed`` (both inline in
+    ``FusedModel``)."""
 
-    __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "bare", "hook_items", "through_instances",
-                 "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values",
-                 "class_holder", "class_get", "shadows", "shadow_keys", "shadow_names", "missing", "read_tensors",
-                 "hooks_only")
+    __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "hook_items", "through_instances",
+                 "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values", "shadows",
+                 "shadow_keys", "shadow_names", "missing", "read_tensors", "hooks_only", "holder", "live", "was")
 
     def __init__(self, model: nn.Module, traced_through: Optional[Sequence[nn.Module]] = None,
                  read: Optional[Dict[str, Sequence[str]]] = None,
@@ -82,13 +82,11 @@ class ModuleTree:
         # (the common case: one C-level truth test of each dict per call)
         paths = {id(module): path for path, module in model.named_modules(remove_duplicate=False)}
         through = [module for module in traced_through or () if id(module) in paths and module is not model]
-        self.hook_dicts = tuple(d for m in through for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
-                                                             m._backward_pre_hooks))
+        self.hook_dicts = tuple(getattr(m, name) for m in through for name in _HOOK_DICTS)
         self.hook_items = tuple(tuple(d.items()) for d in self.hook_dicts)
         self.through_instances = tuple(vars(m) for m in through)
         self.forwards = tuple(instance.get("forward") for instance in self.through_instances)
         self.through_paths = tuple(paths[id(m)] for m in through)
-        self.bare = not any(self.hook_dicts) and not any(f is not None for f in self.forwards)
         # the settings of the root and the traced-through modules, which fx reads as constants: their public plain
         # attributes (numbers, strings, tuples, lists) and any other attribute the trace read (a dict, a config
         # object, a function); the globals the trace's code read; then the public fields of the plain objects among
@@ -128,24 +126,16 @@ class ModuleTree:
                               snapshot(value, held=held) if name in (read or {}).get(paths[id(m)], ()) else Same(value))
                              for m in modules for name, value in vars(m).items() if isinstance(value, torch.Tensor))
         # what the trace read on the classes of the root and the traced-through modules (their ``forward``, methods,
-        # class-level settings): host time per call, one C-level ``class_values != class_get(class_holder)`` (inline in
-        # FusedModel; an attrgetter of the dotted names ``h<i>.<name>`` on a holder of the root and the classes, two
-        # names at least, so that it gives a tuple).  The root's are looked up on the root itself, so that one set on
-        # it (``model.forward = f``, ``model.GAIN = 3.0``) shows; the others' on their classes, and a name set on one
-        # of those modules is ``shadows``' (below).  Kept as ``_kept`` keeps them: a class-level list or dict changed
-        # in place shows too.
+        # class-level settings), in the per-call comparison (below).  The root's are looked up on the root itself, so
+        # that one set on it (``model.forward = f``, ``model.GAIN = 3.0``) shows; the others' on their classes, and a
+        # name set on one of those modules is ``shadows``' (below).  Kept as ``_kept`` keeps them: a class-level list
+        # or dict changed in place shows too.
         root = [model] if traced_through is not None else []
         lookups = _class_attributes(root, through + called, paths, class_read or {})
-        holders = {id(holder): (i, holder) for i, holder in enumerate(dict.fromkeys(h for h, _, _ in lookups))}
-        self.class_holder = SimpleNamespace(**{f"h{i}": holder for i, holder in holders.values()})
         # (holder, name, what the class held as fused): the by-name test (``_class_change``) looks on the classes alone
         self.class_lookups = tuple((holder, name, getattr(holder if isinstance(holder, type) else type(holder), name))
                                    for holder, name, _ in lookups)
-        dotted = [f"h{holders[id(holder)][0]}.{name}" for holder, name, _ in lookups]
-        values = tuple(_kept(value, held) for _, _, value in lookups)
-        if len(dotted) == 1:
-            dotted, values = dotted * 2, values * 2
-        self.class_get, self.class_values = (attrgetter(*dotted), values) if dotted else (_NO_CLASSES, ())
+        self.class_values = tuple(_kept(value, held) for _, _, value in lookups)
         # the names read on the classes of the traced-through and called modules, which one set on such a module
         # would hide: (instance dict, the names, path) each; ``traced_parts_changed`` tests them.  Not ``forward``: one
         # set on a traced-through module is ``forwards``' test, and a module the graph calls runs its own
@@ -185,19 +175,37 @@ class ModuleTree:
             if tensors.get(name) is not None)
         self.hooks_only = not (self.settings or self.tensors or self.shadows or self.missing or self.read_tensors)
         self.watched = bool(through) or not self.hooks_only
+        # the per-call test, one C-level tuple comparison ``was != live(holder)`` (inline in FusedModel): ``live`` an
+        # attrgetter of dotted names on a namespace holding views of the parents' instance dicts (``p<i>._modules``:
+        # dicts, compared by content, their values by identity first), the holders of the class attributes read
+        # (``h<i>.<name>``) and views of the traced-through modules' instance dicts (their four hook dicts,
+        # OrderedDicts compared in order, and their own ``forward``, None where they have none); ``was`` what they
+        # gave as fused (copies of the dicts).  Two names at least, so that the getter gives a tuple.
+        holders = list(dict.fromkeys(h for h, _, _ in lookups))
+        index = {id(holder): i for i, holder in enumerate(holders)}
+        spaces = {f"p{i}": _InstanceView.of(instance) for i, instance in enumerate(self.instances)}
+        spaces.update({f"h{i}": holder for i, holder in enumerate(holders)})
+        spaces.update({f"t{i}": _InstanceView.of(instance) for i, instance in enumerate(self.through_instances)})
+        dotted = ([f"p{i}._modules" for i in range(len(parents))]
+                  + [f"h{index[id(holder)]}.{name}" for holder, name, _ in lookups]
+                  + [f"t{i}.{name}" for i in range(len(through)) for name in _HOOK_DICTS + ("forward",)])
+        hook_copies = [_ordered_copy(d) for d in self.hook_dicts]
+        was = (self.copies + self.class_values
+               + tuple(x for i in range(len(through)) for x in hook_copies[4 * i:4 * i + 4] + [self.forwards[i]]))
+        if len(dotted) == 1:
+            dotted, was = dotted * 2, was * 2
+        self.holder = SimpleNamespace(**spaces)
+        self.live, self.was = (attrgetter(*dotted), was) if dotted else (_NOTHING, ())
 
     def traced_parts_changed(self) -> bool:
-        """Whether a traced-through module got a hook or an instance forward, or lost one, or the root or one of
-        them another setting or plain tensor, since it was fused.  Outside torch.compile (``unchanged`` and
-        ``FusedModel.__call__``'s eager path)."""
-        if self.bare:
-            if any(self.hook_dicts) or any(map(HAS_FORWARD, self.through_instances)):
-                return True
-        elif (tuple(tuple(d.items()) for d in self.hook_dicts) != self.hook_items
-              or tuple(instance.get("forward") for instance in self.through_instances) != self.forwards):
-            return True
-        if self.hooks_only:   # (the common case: nothing below to test, host time per call)
-            return False
+        """Whether the parents' children, the class attributes read, or a traced-through module's hooks or forward
+        changed since the model was fused, or the root or a traced-through module got another setting or plain
+        tensor.  Outside torch.compile (``unchanged``; inline in ``FusedModel.__call__``)."""
+        return self.was != self.live(self.holder) or (not self.hooks_only and self.rest_changed())
+
+    def rest_changed(self) -> bool:
+        """``traced_parts_changed``'s tests beyond the per-call comparison: settings, plain tensor attributes, tensors
+        read, shadowed class attributes, names found missing."""
         try:
             for _, _, values, _, get, was in self.settings:
                 if was != get(values):
@@ -219,11 +227,7 @@ class ModuleTree:
         if compiling():   # (torch.compile cannot trace an itemgetter or methodcaller: the same tests, by name)
             return (tuple(instance["_modules"] for instance in self.instances) == self.copies
                     and self._class_change() is None and (not self.watched or self._traced_change() is None))
-        if self.watched and self.traced_parts_changed():
-            return False
-        # (dicts compare their values by identity first: modules compare so; so do tuples)
-        return (tuple(map(CHILDREN, self.instances)) == self.copies
-                and self.class_values == self.class_get(self.class_holder))
+        return not self.traced_parts_changed()
 
     def changed(self) -> Optional[str]:
         """What changed since the model was fused, as a sentence about the model's module (None: nothing)."""
@@ -253,8 +257,10 @@ class ModuleTree:
     def _traced_change(self) -> Optional[str]:
         """``traced_parts_changed``'s tests one by one, by name: the first difference as a sentence (None: none)."""
         for i, (instance, path) in enumerate(zip(self.through_instances, self.through_paths)):
-            hooks = zip(self.hook_dicts[4 * i:4 * i + 4], self.hook_items[4 * i:4 * i + 4])
-            if instance.get("forward") is not self.forwards[i] or any(tuple(d.items()) != was for d, was in hooks):
+            # (the hook dicts the module has now: one may have been replaced)
+            hooks = zip((instance.get(name) for name in _HOOK_DICTS), self.hook_items[4 * i:4 * i + 4])
+            if (instance.get("forward") is not self.forwards[i]
+                    or any(not isinstance(d, dict) or tuple(d.items()) != was for d, was in hooks)):
                 return f"the model's {_traced(path)} got other hooks or another forward"
         for sentence, where, values, names, _, was in self.settings:
             for name, value in zip(names, was):
@@ -379,9 +385,9 @@ class StaleTree:
 
     __slots__ = ("what",)
     instances = copies = class_values = shadows = shadow_keys = shadow_names = missing = ()
-    class_holder = None
-    class_get = staticmethod(lambda holder: ())
-    watched = True
+    # (the per-call comparison says changed: FusedModel then asks ``changed``)
+    holder, was, live = None, 0, staticmethod(lambda holder: 1)
+    watched = hooks_only = True
 
     def __init__(self, what: str):
         self.what = what
@@ -396,7 +402,27 @@ class StaleTree:
         return f"{self.what} (before this copy of the fused model was made)"
 
 
-CHILDREN = itemgetter("_modules")
-_NO_CLASSES = (lambda holder: ())
+class _InstanceView:
+    """An object whose attributes are a module's instance dict (``of``: that dict is its ``__dict__``, shared): reading
+    one is a dict lookup, without nn.Module's attribute hook (``__getattr__``), which makes every attribute read of a
+    module slower (host time per call); ``forward`` is None where the module has none of its own."""
+
+    forward = None
+
+    @classmethod
+    def of(cls, instance: dict) -> "_InstanceView":
+        view = cls()
+        view.__dict__ = instance
+        return view
+
+
+def _ordered_copy(hooks: dict) -> dict:
+    """A copy of a hook dict as it is, which compares with the live one as torch runs hooks: in order where that is an
+    OrderedDict (torch's), by content otherwise."""
+    return type(hooks)(hooks)
+
+
+_NOTHING = (lambda holder: ())
+# a module's hook dicts that torch registers into (as they are when fused: the per-call comparison's and the graph's)
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 KEYS_DISJOINT = type({}.keys()).isdisjoint   # (an instance dict's keys and the names read on its class)
-HAS_FORWARD = methodcaller("__contains__", "forward")   # (an instance dict: a forward set on the module)

@@ -46,18 +46,24 @@ def region_modules(gm: GraphModule, nodes: Sequence[Node]) -> Tuple[nn.Module, .
 
 def settings_of(modules: Sequence[nn.Module]) -> Tuple[Tuple[Tuple[str, ...], tuple], ...]:
     """Each module's settings as it is now — its public plain instance attributes other than ``training`` (a conv's
-    stride, padding...; GELU's ``approximate``; a pool's sizes): per module, their names and values (lists copied).
-    What the region's plan was made from; kept with the region from the match on (a copy or pickle keeps it too)."""
+    stride, padding...; GELU's ``approximate``; a pool's sizes) — then its forward hook dicts (``FORWARD_HOOK_DICTS``,
+    the dict objects themselves): per module, their names and values (lists copied).  What the region's plan was made
+    from; kept with the region from the match on (a copy or pickle keeps it too)."""
     out = []
     for m in modules:
         names = tuple(k for k, v in vars(m).items()
                       if not k.startswith("_") and k != "training" and isinstance(v, SETTING_TYPES))
+        names += FORWARD_HOOK_DICTS
         out.append((names, tuple(list(v) if isinstance(v, list) else v for v in (vars(m)[k] for k in names))))
     return tuple(out)
 
 
 SETTING_TYPES = (int, float, str, tuple, list, type(None))
 _DELETED = object()
+# a module's hook dicts, which torch registers hooks into (in place) and runs them from
+FORWARD_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
+_BACKWARD_NAMES = ("_backward_hooks", "_backward_pre_hooks")
+_BACKWARD_HOOK_DICTS = itemgetter(*_BACKWARD_NAMES)
 
 
 class Changes:
@@ -66,32 +72,40 @@ class Changes:
     global module hook, or one of their settings (``settings_of``) set to another value since they were matched (before
     the first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts and
     instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings by
-    one itemgetter per module; plain attribute reads, which torch.compile traces."""
+    one itemgetter per module (the forward hook dicts among them: one put in place of the module's own shows there,
+    compared by content; the backward ones are read as they are now where autograd is on); plain attribute reads,
+    which torch.compile traces."""
 
-    __slots__ = ("_forward", "_backward", "_modules", "_named")
+    __slots__ = ("_forward", "_backward", "_instances", "_backward_was", "_modules", "_named")
 
     def __init__(self, modules: Sequence[nn.Module], settings: Tuple[Tuple[Tuple[str, ...], tuple], ...]):
-        # (torch's global hook dicts among them: one C-level test for all)
-        self._forward = (GLOBAL_FORWARD, GLOBAL_FORWARD_PRE) + tuple(
-            d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
-        self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(
-            d for m in modules for d in (m._backward_hooks, m._backward_pre_hooks))
+        # the forward hook dicts of the match (``settings_of``: its last two) and torch's global ones: one C-level
+        # test for all
+        self._forward = (GLOBAL_FORWARD, GLOBAL_FORWARD_PRE) + tuple(d for _, was in settings for d in was[-2:])
+        # (where autograd is on: the modules' backward hook dicts now, which one put in place of another shows in;
+        # made by name: torch.compile may trace the first call)
+        self._instances = tuple(vars(m) for m in modules)
+        self._backward_was = tuple(tuple(instance[name] for name in _BACKWARD_NAMES) for instance in self._instances)
+        self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(d for was in self._backward_was for d in was)
         # per module: its instance dict (where a forward set on it lands, and its settings), an itemgetter of its
-        # setting names and their values at the match (an itemgetter of one name gives the value itself, of several a
-        # tuple; a module with none: its _parameters, the same dict always)
-        self._modules = tuple((vars(m), itemgetter(*names) if names else itemgetter("_parameters"),
-                               (was if len(names) > 1 else was[0]) if names else vars(m)["_parameters"])
-                              for m, (names, was) in zip(modules, settings))
+        # setting and hook dict names and their values at the match (several names: the itemgetter gives a tuple)
+        self._modules = tuple((vars(m), itemgetter(*names), was) for m, (names, was) in zip(modules, settings))
         self._named = tuple((vars(m), names, was) for m, (names, was) in zip(modules, settings))
 
     def since_match(self, compiling: bool) -> bool:
         """(``compiling``: whether torch.compile is tracing the call.)"""
-        if any(self._forward) or (_grad_enabled() and any(self._backward)):
+        if any(self._forward):
             return True
         if compiling:   # (torch.compile cannot trace an itemgetter: the same tests by name)
+            if _grad_enabled() and (any(self._backward) or any(
+                    instance.get(name) for instance in self._instances for name in _BACKWARD_NAMES)):
+                return True
             return any("forward" in attributes or any(attributes.get(name, _DELETED) != value
                                                       for name, value in zip(names, was))
                        for attributes, names, was in self._named)
+        if _grad_enabled() and (any(self._backward) or tuple(map(_BACKWARD_HOOK_DICTS, self._instances))
+                                != self._backward_was):
+            return True
         try:
             for attributes, settings, was in self._modules:
                 if "forward" in attributes or settings(attributes) != was:

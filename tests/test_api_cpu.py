@@ -849,11 +849,13 @@ def _shifting_pre_hook(module, args):
 
 @pytest.mark.parametrize("when", ["after a call", "before the first call"])
 @pytest.mark.parametrize("change", ["conv hook", "conv pre-hook", "activation hook", "pool pre-hook",
-                                    "global hook", "conv padding", "conv stride", "second module's setting"])
+                                    "conv hook dict replaced", "global hook", "conv padding", "conv stride",
+                                    "second module's setting"])
 @pytest.mark.parametrize("family", ["A", "B"])
 def test_changes_after_fused_model_give_the_models_answer(family, change, when):
     """What the plan cannot see, made after fused_model (before its first call too): a forward hook or pre-hook on one
-    of the region's modules (which may change what flows on), torch's global module hooks, a setting of one of its
+    of the region's modules (which may change what flows on; also in a hook dict put in place of the module's own),
+    torch's global module hooks, a setting of one of its
     modules changed (the conv's padding or stride, GELU's approximation, a max-pool's window).  The region runs its
     own ops then (every hook fires, as in the model); once undone, the plan's path again."""
     torch.manual_seed(0)
@@ -877,6 +879,10 @@ def test_changes_after_fused_model_give_the_models_answer(family, change, when):
             undo = second.register_forward_hook(lambda m, a, out: fired.append(1) or out * 2).remove
         elif change == "pool pre-hook":
             undo = modules[-1].register_forward_pre_hook(lambda m, a: fired.append(1) or (a[0] * 3,)).remove
+        elif change == "conv hook dict replaced":
+            hooks = conv._forward_hooks
+            conv._forward_hooks = type(hooks)({-1: lambda m, a, out: fired.append(1) or out * 2})
+            undo = lambda: setattr(conv, "_forward_hooks", hooks)   # noqa: E731
         elif change == "global hook":
             undo = torch.nn.modules.module.register_module_forward_hook(
                 lambda m, a, out: fired.append(m) or None).remove
@@ -2382,13 +2388,15 @@ def _double(module, inputs, output):
 
 
 @pytest.mark.parametrize("where", ["body", "scale"])
-@pytest.mark.parametrize("change", ["forward hook", "forward pre-hook", "hook with kwargs", "instance forward",
-                                   "hook removed", "instance forward deleted"])
+@pytest.mark.parametrize("change", ["forward hook", "forward pre-hook", "hook with kwargs", "backward hook",
+                                    "instance forward", "hook removed", "instance forward deleted", "hooks reordered",
+                                    "hook dict replaced"])
 def test_a_hook_or_forward_on_a_traced_through_module_after_fused_model(monkeypatch, where, change):
     """fx traces into a Sequential or a custom module: the graph holds their ops and the hooks and instance forward
     they had, not their calls.  A hook registered on one after fused_model, one removed since, a forward set on the
-    instance or deleted: the fused model runs the model's own forward (PyTorch's answer, with a warning naming the
-    module and the fix) until the module is as it was, then the kernel path (stubbed: NaN) again."""
+    instance or deleted, its hooks run in another order, its hook dict replaced by another: the fused model runs the
+    model's own forward (PyTorch's answer, with a warning naming the module and the fix) until the module is as it
+    was, then the kernel path (stubbed: NaN) again."""
     launched = _stub_kernel_path(monkeypatch)
     torch.manual_seed(0)
     model, x = _TracedThrough().eval(), torch.randn(2, 8, 9, 9)
@@ -2398,6 +2406,8 @@ def test_a_hook_or_forward_on_a_traced_through_module_after_fused_model(monkeypa
         before = module.register_forward_hook(_double)
     elif change == "instance forward deleted":
         module.forward = lambda *args: type(module).forward(module, *args) * 3
+    elif change == "hooks reordered":
+        first, second = module.register_forward_hook(_double), module.register_forward_hook(lambda m, i, out: out + 1)
     fused = fullfuse.fused_model(model)
     with torch.no_grad():
         assert torch.isnan(fused(x)).all() and len(launched) == 1
@@ -2407,6 +2417,14 @@ def test_a_hook_or_forward_on_a_traced_through_module_after_fused_model(monkeypa
             handle = module.register_forward_pre_hook(lambda m, inputs: (inputs[0] * 3,))
         elif change == "hook with kwargs":
             handle = module.register_forward_hook(lambda m, args, kwargs, out: out + 1, with_kwargs=True)
+        elif change == "backward hook":
+            handle = module.register_full_backward_hook(lambda m, grad_in, grad_out: None)
+        elif change == "hooks reordered":   # (the graph doubles, then adds 1; the model now the other way round)
+            module._forward_hooks.move_to_end(first.id)
+            handle = type("Handle", (), {"remove": lambda self: module._forward_hooks.move_to_end(second.id)})()
+        elif change == "hook dict replaced":
+            hooks, module._forward_hooks = module._forward_hooks, type(module._forward_hooks)({-1: _double})
+            handle = type("Handle", (), {"remove": lambda self: setattr(module, "_forward_hooks", hooks)})()
         elif change == "instance forward":
             module.forward = lambda *args: torch.zeros(2, 6)
             handle = type("Handle", (), {"remove": lambda self: module.__dict__.pop("forward")})()
