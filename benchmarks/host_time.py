@@ -177,7 +177,7 @@ def main() -> int:
                 rows.append(row)
                 print(" ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in row.items()),
                       flush=True)
-        rows.append(untouched_rest(calls=300))
+        rows.append(untouched_rest(calls=2000))
         print(rows[-1], flush=True)
         rows.append(after_waits(cycles_per_us, calls=200))
         print(rows[-1], flush=True)
