@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .calls import compiling
-from .original_ops import SETTING_TYPES
+from .original_ops import HOOK_DICTS, SETTING_TYPES
 from .traced_globals import ClassAttributes, FreeVariables, class_holding
 from .watched_values import Same, SameLayout, differs, fields_of, plain_objects, public_fields, snapshot
 
@@ -44,7 +44,7 @@ class ModuleTree:
     traced-through modules' hooks and forwards), and where more is watched, ``rest_changed`` (both inline in
     ``FusedModel``)."""
 
-    __slots__ = ("instances", "copies", "paths", "watched", "hook_dicts", "hook_items", "through_instances",
+    __slots__ = ("instances", "copies", "paths", "watched", "hook_items", "through_instances",
                  "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values", "shadows",
                  "shadow_keys", "shadow_names", "missing", "read_tensors", "hooks_only", "holder", "live", "was")
 
@@ -77,13 +77,11 @@ class ModuleTree:
         self.instances = tuple(vars(module) for _, module in parents)
         self.copies = tuple(dict(module._modules) for _, module in parents)
         self.paths = tuple(path for path, _ in parents)
-        # the traced-through modules: their forward and backward hook dicts (torch registers hooks into these in place)
-        # and instance dicts, with their contents as fused; ``bare`` where none had a hook or an instance forward then
-        # (the common case: one C-level truth test of each dict per call)
+        # the traced-through modules: their hook dicts' items as fused (the by-name test, ``_traced_change``), their
+        # instance dicts and their own forwards (None: none); the per-call comparison (below) reads them all
         paths = {id(module): path for path, module in model.named_modules(remove_duplicate=False)}
         through = [module for module in traced_through or () if id(module) in paths and module is not model]
-        self.hook_dicts = tuple(getattr(m, name) for m in through for name in _HOOK_DICTS)
-        self.hook_items = tuple(tuple(d.items()) for d in self.hook_dicts)
+        self.hook_items = tuple(tuple(getattr(m, name).items()) for m in through for name in HOOK_DICTS)
         self.through_instances = tuple(vars(m) for m in through)
         self.forwards = tuple(instance.get("forward") for instance in self.through_instances)
         self.through_paths = tuple(paths[id(m)] for m in through)
@@ -186,12 +184,12 @@ class ModuleTree:
         spaces = {f"p{i}": _InstanceView.of(instance) for i, instance in enumerate(self.instances)}
         spaces.update({f"h{i}": holder for i, holder in enumerate(holders)})
         spaces.update({f"t{i}": _InstanceView.of(instance) for i, instance in enumerate(self.through_instances)})
-        dotted = ([f"p{i}._modules" for i in range(len(parents))]
-                  + [f"h{index[id(holder)]}.{name}" for holder, name, _ in lookups]
-                  + [f"t{i}.{name}" for i in range(len(through)) for name in _HOOK_DICTS + ("forward",)])
-        hook_copies = [_ordered_copy(d) for d in self.hook_dicts]
-        was = (self.copies + self.class_values
-               + tuple(x for i in range(len(through)) for x in hook_copies[4 * i:4 * i + 4] + [self.forwards[i]]))
+        dotted = [f"p{i}._modules" for i in range(len(parents))]
+        dotted += [f"h{index[id(holder)]}.{name}" for holder, name, _ in lookups]
+        was = self.copies + self.class_values
+        for i, (instance, forward) in enumerate(zip(self.through_instances, self.forwards)):
+            dotted += [f"t{i}.{name}" for name in HOOK_DICTS + ("forward",)]
+            was += tuple(_ordered_copy(instance[name]) for name in HOOK_DICTS) + (forward,)
         if len(dotted) == 1:
             dotted, was = dotted * 2, was * 2
         self.holder = SimpleNamespace(**spaces)
@@ -258,7 +256,7 @@ class ModuleTree:
         """``traced_parts_changed``'s tests one by one, by name: the first difference as a sentence (None: none)."""
         for i, (instance, path) in enumerate(zip(self.through_instances, self.through_paths)):
             # (the hook dicts the module has now: one may have been replaced)
-            hooks = zip((instance.get(name) for name in _HOOK_DICTS), self.hook_items[4 * i:4 * i + 4])
+            hooks = zip((instance.get(name) for name in HOOK_DICTS), self.hook_items[4 * i:4 * i + 4])
             if (instance.get("forward") is not self.forwards[i]
                     or any(not isinstance(d, dict) or tuple(d.items()) != was for d, was in hooks)):
                 return f"the model's {_traced(path)} got other hooks or another forward"
@@ -423,6 +421,4 @@ def _ordered_copy(hooks: dict) -> dict:
 
 
 _NOTHING = (lambda holder: ())
-# a module's hook dicts that torch registers into (as they are when fused: the per-call comparison's and the graph's)
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 KEYS_DISJOINT = type({}.keys()).isdisjoint   # (an instance dict's keys and the names read on its class)

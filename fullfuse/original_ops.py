@@ -46,14 +46,14 @@ def region_modules(gm: GraphModule, nodes: Sequence[Node]) -> Tuple[nn.Module, .
 
 def settings_of(modules: Sequence[nn.Module]) -> Tuple[Tuple[Tuple[str, ...], tuple], ...]:
     """Each module's settings as it is now — its public plain instance attributes other than ``training`` (a conv's
-    stride, padding...; GELU's ``approximate``; a pool's sizes) — then its forward hook dicts (``FORWARD_HOOK_DICTS``,
-    the dict objects themselves): per module, their names and values (lists copied).  What the region's plan was made
-    from; kept with the region from the match on (a copy or pickle keeps it too)."""
+    stride, padding...; GELU's ``approximate``; a pool's sizes) — then its hook dicts (``HOOK_DICTS``, the dict objects
+    themselves): per module, their names and values (lists copied).  What the region's plan was made from; kept with
+    the region from the match on (a copy or pickle keeps it too)."""
     out = []
     for m in modules:
         names = tuple(k for k, v in vars(m).items()
                       if not k.startswith("_") and k != "training" and isinstance(v, SETTING_TYPES))
-        names += FORWARD_HOOK_DICTS
+        names += HOOK_DICTS
         out.append((names, tuple(list(v) if isinstance(v, list) else v for v in (vars(m)[k] for k in names))))
     return tuple(out)
 
@@ -61,32 +61,24 @@ def settings_of(modules: Sequence[nn.Module]) -> Tuple[Tuple[Tuple[str, ...], tu
 SETTING_TYPES = (int, float, str, tuple, list, type(None))
 _DELETED = object()
 # a module's hook dicts, which torch registers hooks into (in place) and runs them from
-FORWARD_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
-_BACKWARD_NAMES = ("_backward_hooks", "_backward_pre_hooks")
-_BACKWARD_HOOK_DICTS = itemgetter(*_BACKWARD_NAMES)
+HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 class Changes:
     """``changes.since_match(compiling)``: whether a region's modules now do more than its plan — a forward hook or
     pre-hook on one of them or a forward set on one (as accelerate's hooks do), a backward hook where autograd is on, a
     global module hook, or one of their settings (``settings_of``) set to another value since they were matched (before
-    the first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts and
-    instance dicts are read as they were when matched (torch registers hooks into those dicts in place), the settings by
-    one itemgetter per module (the forward hook dicts among them: one put in place of the module's own shows there,
-    compared by content; the backward ones are read as they are now where autograd is on); plain attribute reads,
-    which torch.compile traces."""
+    the first call too; an equal value re-assigned changes nothing).  Host time per call: the modules' hook dicts of
+    the match are tested for hooks (torch registers hooks into those dicts in place), and the settings and hook dicts
+    the modules have now are compared with the match's by one itemgetter per module (a hook dict put in place of the
+    module's own compares by content); plain attribute reads, which torch.compile traces."""
 
-    __slots__ = ("_forward", "_backward", "_instances", "_backward_was", "_modules", "_named")
+    __slots__ = ("_forward", "_backward", "_modules", "_named")
 
     def __init__(self, modules: Sequence[nn.Module], settings: Tuple[Tuple[Tuple[str, ...], tuple], ...]):
-        # the forward hook dicts of the match (``settings_of``: its last two) and torch's global ones: one C-level
-        # test for all
-        self._forward = (GLOBAL_FORWARD, GLOBAL_FORWARD_PRE) + tuple(d for _, was in settings for d in was[-2:])
-        # (where autograd is on: the modules' backward hook dicts now, which one put in place of another shows in;
-        # made by name: torch.compile may trace the first call)
-        self._instances = tuple(vars(m) for m in modules)
-        self._backward_was = tuple(tuple(instance[name] for name in _BACKWARD_NAMES) for instance in self._instances)
-        self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(d for was in self._backward_was for d in was)
+        # the hook dicts of the match (``settings_of``: its last four) and torch's global ones: one C-level test each
+        self._forward = (GLOBAL_FORWARD, GLOBAL_FORWARD_PRE) + tuple(d for _, was in settings for d in was[-4:-2])
+        self._backward = (GLOBAL_BACKWARD, GLOBAL_BACKWARD_PRE) + tuple(d for _, was in settings for d in was[-2:])
         # per module: its instance dict (where a forward set on it lands, and its settings), an itemgetter of its
         # setting and hook dict names and their values at the match (several names: the itemgetter gives a tuple)
         self._modules = tuple((vars(m), itemgetter(*names), was) for m, (names, was) in zip(modules, settings))
@@ -94,18 +86,12 @@ class Changes:
 
     def since_match(self, compiling: bool) -> bool:
         """(``compiling``: whether torch.compile is tracing the call.)"""
-        if any(self._forward):
+        if any(self._forward) or (_grad_enabled() and any(self._backward)):
             return True
         if compiling:   # (torch.compile cannot trace an itemgetter: the same tests by name)
-            if _grad_enabled() and (any(self._backward) or any(
-                    instance.get(name) for instance in self._instances for name in _BACKWARD_NAMES)):
-                return True
             return any("forward" in attributes or any(attributes.get(name, _DELETED) != value
                                                       for name, value in zip(names, was))
                        for attributes, names, was in self._named)
-        if _grad_enabled() and (any(self._backward) or tuple(map(_BACKWARD_HOOK_DICTS, self._instances))
-                                != self._backward_was):
-            return True
         try:
             for attributes, settings, was in self._modules:
                 if "forward" in attributes or settings(attributes) != was:
