@@ -44,7 +44,7 @@ class ModuleTree:
     traced-through modules' hooks and forwards), and where more is watched, ``rest_changed`` (both inline in
     ``FusedModel``)."""
 
-    __slots__ = ("instances", "copies", "paths", "watched", "hook_items", "through_instances",
+    __slots__ = ("instances", "copies", "paths", "watched", "hook_copies", "through_instances",
                  "forwards", "through_paths", "settings", "tensors", "class_lookups", "class_values", "shadows",
                  "shadow_keys", "shadow_names", "missing", "read_tensors", "hooks_only", "holder", "live", "was")
 
@@ -77,11 +77,12 @@ class ModuleTree:
         self.instances = tuple(vars(module) for _, module in parents)
         self.copies = tuple(dict(module._modules) for _, module in parents)
         self.paths = tuple(path for path, _ in parents)
-        # the traced-through modules: their hook dicts' items as fused (the by-name test, ``_traced_change``), their
-        # instance dicts and their own forwards (None: none); the per-call comparison (below) reads them all
+        # the traced-through modules: copies of their hook dicts as fused (four per module, in ``HOOK_DICTS``' order),
+        # their instance dicts and their own forwards (None: none); the per-call comparison (below) and the by-name
+        # test (``_traced_change``) both compare with these
         paths = {id(module): path for path, module in model.named_modules(remove_duplicate=False)}
         through = [module for module in traced_through or () if id(module) in paths and module is not model]
-        self.hook_items = tuple(tuple(getattr(m, name).items()) for m in through for name in HOOK_DICTS)
+        self.hook_copies = tuple(_ordered_copy(getattr(m, name)) for m in through for name in HOOK_DICTS)
         self.through_instances = tuple(vars(m) for m in through)
         self.forwards = tuple(instance.get("forward") for instance in self.through_instances)
         self.through_paths = tuple(paths[id(m)] for m in through)
@@ -187,9 +188,9 @@ class ModuleTree:
         dotted = [f"p{i}._modules" for i in range(len(parents))]
         dotted += [f"h{index[id(holder)]}.{name}" for holder, name, _ in lookups]
         was = self.copies + self.class_values
-        for i, (instance, forward) in enumerate(zip(self.through_instances, self.forwards)):
+        for i, forward in enumerate(self.forwards):
             dotted += [f"t{i}.{name}" for name in HOOK_DICTS + ("forward",)]
-            was += tuple(_ordered_copy(instance[name]) for name in HOOK_DICTS) + (forward,)
+            was += self.hook_copies[4 * i:4 * i + 4] + (forward,)
         if len(dotted) == 1:
             dotted, was = dotted * 2, was * 2
         self.holder = SimpleNamespace(**spaces)
@@ -256,9 +257,9 @@ class ModuleTree:
         """``traced_parts_changed``'s tests one by one, by name: the first difference as a sentence (None: none)."""
         for i, (instance, path) in enumerate(zip(self.through_instances, self.through_paths)):
             # (the hook dicts the module has now: one may have been replaced)
-            hooks = zip((instance.get(name) for name in HOOK_DICTS), self.hook_items[4 * i:4 * i + 4])
+            hooks = zip((instance.get(name) for name in HOOK_DICTS), self.hook_copies[4 * i:4 * i + 4])
             if (instance.get("forward") is not self.forwards[i]
-                    or any(not isinstance(d, dict) or tuple(d.items()) != was for d, was in hooks)):
+                    or any(not isinstance(d, dict) or tuple(d.items()) != tuple(was.items()) for d, was in hooks)):
                 return f"the model's {_traced(path)} got other hooks or another forward"
         for sentence, where, values, names, _, was in self.settings:
             for name, value in zip(names, was):
